@@ -1,0 +1,326 @@
+"""What ctxbudget adds on top of talking to the upstream directly.
+
+Replays OpenClaw requests (the captured ones in ../shared/fixtures/openclaw when present, else
+built ones of the same size) straight to the stand-in upstream and through the proxy with the
+caps on, and prints:
+
+- added latency p50/p99 at concurrency 1 (largest request) and at concurrency 32,
+- requests/s at concurrency 32, through the proxy vs direct,
+- streaming time-to-first-byte added,
+- proxy RSS while serving 10,000 requests,
+- time from process start to the first served request.
+
+The stand-in and this client share core 0 and the proxy gets core 1 (2-core machines), so the
+proxy is never starved by its own load generator. Every measurement is repeated and the
+median of the repeats is printed.
+
+    .venv/bin/python bench/overhead.py            # full run, a few minutes
+    .venv/bin/python bench/overhead.py --quick    # smaller counts, to try it out
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.openclaw import load_fixtures, openclaw_request  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+def _pin(core: int) -> Any:
+    def apply() -> None:
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > core:
+            os.sched_setaffinity(0, {core})
+
+    return apply
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def requests() -> list[tuple[str, bytes]]:
+    """(name, body) pairs, non-streaming, largest first."""
+    found = load_fixtures()
+    if found:
+        source = "captured OpenClaw 2026.9.6 requests"
+        pairs = [(name, body) for name, body in found]
+    else:
+        source = "built OpenClaw-shaped requests (captures absent)"
+        pairs = [
+            (f"built-{size // 1000}k", openclaw_request(version="9.x", size_bytes=size))
+            for size in (150_000, 165_000, 180_000)
+        ]
+    out = []
+    for name, body in pairs:
+        body = {**body, "stream": False}
+        body.pop("stream_options", None)
+        out.append((name, json.dumps(body, ensure_ascii=False).encode()))
+    out.sort(key=lambda p: -len(p[1]))
+    print(f"requests: {source}: " + ", ".join(f"{n} {len(b) / 1000:.0f} KB" for n, b in out))
+    return out
+
+
+def start_standin() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.standin", "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_pin(0),
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("STANDIN_PORT="):
+            return proc, f"http://127.0.0.1:{int(line.split('=')[1])}/v1"
+    raise RuntimeError("stand-in did not start")
+
+
+def start_proxy(
+    workdir: Path, upstream: str, *, enabled: bool = True
+) -> tuple[subprocess.Popen[bytes], str, float]:
+    """Start `ctxbudget serve`; return it, its URL and seconds until it served a request."""
+    config = {
+        "proxy": {"upstream": {"baseUrl": upstream}, "logLevel": "warning"},
+        "agents": {"defaults": {"contextBudget": {"enabled": enabled}}},
+        "report": {"path": str(workdir / "report.db")},
+    }
+    path = workdir / "bench.jsonc"
+    path.write_text(json.dumps(config))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(BIN / "ctxbudget"), "serve", "--config", str(path), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_pin(1),
+    )
+    import urllib.request
+
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError("proxy exited during start")
+        try:
+            req = urllib.request.Request(
+                f"{url}/chat/completions", data=body, headers={"content-type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=1) as r:
+                r.read()
+            break
+        except OSError:
+            time.sleep(0.002)
+    return proc, url, time.perf_counter() - started
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    t = time.perf_counter()
+    async with session.post(
+        f"{url}/chat/completions", data=body, headers={"content-type": "application/json"}
+    ) as r:
+        await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
+    return time.perf_counter() - t
+
+
+async def _ttfb(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    t = time.perf_counter()
+    async with session.post(
+        f"{url}/chat/completions", data=body, headers={"content-type": "application/json"}
+    ) as r:
+        await r.content.readany()
+        first = time.perf_counter() - t
+        await r.read()
+    return first
+
+
+async def sequential(url: str, body: bytes, n: int, *, ttfb: bool = False) -> list[float]:
+    async with aiohttp.ClientSession() as s:
+        f = _ttfb if ttfb else _one
+        for _ in range(20):
+            await f(s, url, body)
+        return [await f(s, url, body) for _ in range(n)]
+
+
+async def concurrent(url: str, bodies: list[bytes], n: int, conc: int) -> tuple[float, list[float]]:
+    """Requests/s and latencies for `n` requests with `conc` in flight."""
+    connector = aiohttp.TCPConnector(limit=conc)
+    async with aiohttp.ClientSession(connector=connector) as s:
+        await asyncio.gather(*(_one(s, url, bodies[i % len(bodies)]) for i in range(conc)))
+        next_i = 0
+        lat: list[float] = []
+
+        async def worker() -> None:
+            nonlocal next_i
+            while next_i < n:
+                i = next_i
+                next_i += 1
+                lat.append(await _one(s, url, bodies[i % len(bodies)]))
+
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        return n / (time.perf_counter() - t), lat
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.3f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller counts")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    n_seq, n_conc, n_rss = (200, 1000, 2000) if args.quick else (1000, 4000, 10_000)
+    _pin(0)()
+    bodies = requests()
+    largest = bodies[0][1]
+    stream_body = largest.replace(b'"stream": false', b'"stream": true', 1)
+
+    standin, direct = start_standin()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        try:
+            starts = []
+            for i in range(args.repeats + 2):
+                (work / f"start{i}").mkdir()
+                proc, _, took = start_proxy(work / f"start{i}", direct)
+                starts.append(took)
+                stop(proc)
+            proxy, url, _ = start_proxy(work, direct)
+            try:
+                run(
+                    args.repeats,
+                    direct,
+                    url,
+                    proxy.pid,
+                    bodies,
+                    largest,
+                    stream_body,
+                    n_seq,
+                    n_conc,
+                    n_rss,
+                    starts,
+                )
+            finally:
+                stop(proxy)
+        finally:
+            stop(standin)
+
+
+def run(
+    repeats: int,
+    direct: str,
+    url: str,
+    pid: int,
+    bodies: list[tuple[str, bytes]],
+    largest: bytes,
+    stream_body: bytes,
+    n_seq: int,
+    n_conc: int,
+    n_rss: int,
+    starts: list[float],
+) -> None:
+    results: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        results.setdefault(key, []).append(value)
+
+    all_bodies = [b for _, b in bodies]
+    for _ in range(repeats):
+        d = asyncio.run(sequential(direct, largest, n_seq))
+        p = asyncio.run(sequential(url, largest, n_seq))
+        add("c1 direct p50", pct(d, 0.5))
+        add("c1 proxy p50", pct(p, 0.5))
+        add("c1 added p50", pct(p, 0.5) - pct(d, 0.5))
+        add("c1 added p99", pct(p, 0.99) - pct(d, 0.99))
+        rd, ld = asyncio.run(concurrent(direct, all_bodies, n_conc, 32))
+        rp, lp = asyncio.run(concurrent(url, all_bodies, n_conc, 32))
+        add("c32 direct rps", rd)
+        add("c32 proxy rps", rp)
+        add("c32 ratio", rp / rd)
+        add("c32 added p50", pct(lp, 0.5) - pct(ld, 0.5))
+        add("c32 added p99", pct(lp, 0.99) - pct(ld, 0.99))
+        td = asyncio.run(sequential(direct, stream_body, n_seq // 2, ttfb=True))
+        tp = asyncio.run(sequential(url, stream_body, n_seq // 2, ttfb=True))
+        add("ttfb added p50", pct(tp, 0.5) - pct(td, 0.5))
+        add("ttfb added p99", pct(tp, 0.99) - pct(td, 0.99))
+
+    rss = [rss_mb(pid)]
+    for _ in range(4):
+        asyncio.run(concurrent(url, all_bodies, n_rss // 4, 32))
+        rss.append(rss_mb(pid))
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nmedian of {repeats} repeats; proxy with contextBudget on, pinned to its own core")
+    print(f"concurrency 1, largest request ({len(largest) / 1000:.0f} KB), {n_seq} requests:")
+    print(f"  direct p50 {ms(med['c1 direct p50'])}, through proxy p50 {ms(med['c1 proxy p50'])}")
+    print(f"  added p50 {ms(med['c1 added p50'])}   (target <= 1 ms)")
+    print(f"  added p99 {ms(med['c1 added p99'])}   (target <= 5 ms)")
+    print(f"concurrency 32, all requests round-robin, {n_conc} requests:")
+    print(
+        f"  direct {med['c32 direct rps']:.0f} req/s,",
+        f"through proxy {med['c32 proxy rps']:.0f} req/s",
+    )
+    print(f"  ratio {med['c32 ratio'] * 100:.0f}% of direct   (target >= 60%)")
+    print(f"  added p50 {ms(med['c32 added p50'])}, added p99 {ms(med['c32 added p99'])}")
+    print("streaming, time to first byte:")
+    print(
+        f"  added p50 {ms(med['ttfb added p50'])}   (target <= 1 ms),",
+        f"p99 {ms(med['ttfb added p99'])}",
+    )
+    marks = ", ".join(f"{r:.1f}" for r in rss)
+    print(
+        f"proxy RSS (MB) at 0, {n_rss // 4}, ... {n_rss} requests: {marks}",
+        "  (target flat, <= 100 MB)",
+    )
+    print(
+        f"start to first served request: median {statistics.median(starts) * 1000:.0f} ms "
+        f"over {len(starts)} starts (min {min(starts) * 1000:.0f}, max {max(starts) * 1000:.0f})"
+        "   (target <= 1 s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Find the context-cost segments of a chat request and clamp them to their caps.
+
+Pure functions: no I/O, no configuration files, no clock.
+"""
+
+from caps._text import utf16_len
+from caps.clamp import clamp_request
+from caps.types import (
+    SEGMENT_KINDS,
+    Action,
+    Caps,
+    ChatRequest,
+    ClampResult,
+    Message,
+    Segment,
+    SegmentKind,
+    ToolNames,
+)
+
+__all__ = [
+    "Action",
+    "Caps",
+    "ChatRequest",
+    "ClampResult",
+    "Message",
+    "SEGMENT_KINDS",
+    "Segment",
+    "SegmentKind",
+    "ToolNames",
+    "clamp_request",
+    "utf16_len",
+]

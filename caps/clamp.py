@@ -1,0 +1,85 @@
+"""Clamp a whole chat request: the entry point of `caps`.
+
+`clamp_request` finds every capped segment in a request, clamps the ones over their cap and
+returns a new request plus one `Segment` per piece it recognised. It never mutates its input
+and is deterministic: the same request and caps always give the same bytes out, so provider
+prompt caches stay warm. Clamping a clamped request changes nothing (idempotent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from caps.bootstrap import clamp_system_text
+from caps.toolresults import clamp_tool_results
+from caps.types import Caps, ChatRequest, ClampResult, Message, Segment, ToolNames
+
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def clamp_request(
+    request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
+) -> ClampResult:
+    """Clamp bootstrap files, memory tool results and web_fetch results in `request`.
+
+    A request without a `messages` list is returned as it came, with no segments.
+    """
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        return ClampResult(request=request, segments=(), changed=False)
+    tools = tools or ToolNames()
+
+    segments: list[Segment] = []
+    new_messages: list[Any] = list(messages)
+    changed = False
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _SYSTEM_ROLES:
+            continue
+        new_message, found = _clamp_system_message(message, caps)
+        segments.extend(replace(s, message_index=index) for s in found)
+        if new_message is not message:
+            new_messages[index] = new_message
+            changed = True
+
+    tool_messages, tool_segments = clamp_tool_results(new_messages, caps, tools)
+    segments.extend(tool_segments)
+    if tool_messages is not new_messages:
+        new_messages = tool_messages
+        changed = True
+
+    if not changed:
+        return ClampResult(request=request, segments=tuple(segments), changed=False)
+    return ClampResult(
+        request={**request, "messages": new_messages}, segments=tuple(segments), changed=True
+    )
+
+
+def _clamp_system_message(message: Message, caps: Caps) -> tuple[Message, list[Segment]]:
+    content = message.get("content")
+    cap = caps.bootstrap_max_chars
+    if isinstance(content, str):
+        text, found = clamp_system_text(content, cap)
+        if text == content:
+            return message, found
+        return {**message, "content": text}, found
+    if not isinstance(content, list):
+        return message, []
+
+    found_all: list[Segment] = []
+    parts: list[Any] = list(content)
+    touched = False
+    for i, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            continue
+        part_text = part.get("text")
+        if not isinstance(part_text, str):
+            continue
+        new_text, found = clamp_system_text(part_text, cap)
+        found_all.extend(found)
+        if new_text != part_text:
+            parts[i] = {**part, "text": new_text}
+            touched = True
+    if not touched:
+        return message, found_all
+    return {**message, "content": parts}, found_all

@@ -1,0 +1,538 @@
+"""The Starlette app: routes, the request path, and the one error handler.
+
+POST /v1/chat/completions   parse → (chat command?) → clamp → forward → relay → record
+GET  /v1/models             passed through
+GET  /context/budget        the report (JSON, or text)
+GET  /context/budget/requests/{id}
+GET  /healthz
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from caps import ClampResult, Segment, clamp_request
+from proxy import command
+from proxy.config import ConfigSource
+from proxy.errors import (
+    BadRequest,
+    ClampError,
+    CtxBudgetError,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    UpstreamError,
+)
+from proxy.render import build_report, render_text
+from proxy.report import ReportStore, RequestRecord
+from proxy.settings import Settings, settings_for
+from proxy.upstream import Upstream, UpstreamResponse, forward_request_headers
+
+log = logging.getLogger("ctxbudget.proxy")
+
+Clamp = Callable[..., ClampResult]
+"""`clamp_request`'s signature: `(request, caps, *, tools) -> ClampResult`."""
+
+HEADER_PREFIX = "x-context-budget"
+
+
+class Proxy:
+    """Everything a request needs: config, upstream client, report store, environment."""
+
+    def __init__(
+        self,
+        config: ConfigSource,
+        *,
+        upstream: Upstream,
+        reports: ReportStore,
+        env: Mapping[str, str],
+        clamp: Clamp = clamp_request,
+    ) -> None:
+        self.clamp = clamp
+        self.config = config
+        self.upstream = upstream
+        self.reports = reports
+        self.env = env
+        self._settings: tuple[int, Settings] | None = None
+
+    def settings(self) -> Settings:
+        """Settings derived from the current config, recomputed only when it changes."""
+        cfg = self.config.get()
+        cached = self._settings
+        if cached is None or cached[0] != id(cfg):
+            cached = (id(cfg), settings_for(cfg, self.env))
+            self._settings = cached
+        return cached[1]
+
+    # -- auth ----------------------------------------------------------------------------
+
+    def check_key(self, request: Request, settings: Settings) -> None:
+        if not settings.proxy_keys:
+            return
+        given = _bearer(request.headers.get("authorization"))
+        if given is None or not any(secrets.compare_digest(given, k) for k in settings.proxy_keys):
+            raise Unauthorized(
+                "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
+                f"the keys in ${settings.proxy_keys_env}"
+            )
+
+    def upstream_authorization(self, request: Request, settings: Settings) -> str | None:
+        if settings.upstream_api_key:
+            return f"Bearer {settings.upstream_api_key}"
+        if settings.proxy_keys:
+            return None  # the client's header holds a proxy key, not a provider key
+        return request.headers.get("authorization")
+
+    # -- routes --------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        started = time.perf_counter()
+        settings = self.settings()
+        self.check_key(request, settings)
+        raw = await _read_body(request, settings.max_body_bytes)
+        body = _parse_chat_request(raw)
+        request_id = "cb-" + secrets.token_hex(8)
+        enabled = _enabled(request, settings)
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        stream = body.get("stream") is True
+
+        mode = command.find_command(body["messages"])
+        if mode is not None:
+            return await self._answer_command(mode, request_id, model, stream, body, settings)
+
+        result, clamp_error = self._clamp(body, settings, enabled)
+        segments = result.segments if result else ()
+        if not enabled:
+            segments = tuple(_would(s) for s in segments)
+        if enabled and result is not None and result.changed:
+            out = orjson.dumps(result.request)
+            forwarded = result.request
+        else:
+            out = raw  # byte-identical: budget off, nothing to clamp, or a clamp failed open
+            forwarded = body
+        headers = _budget_headers(request_id, enabled, segments, clamp_error)
+
+        record = _Recorder(
+            self.reports,
+            id=request_id,
+            model=model,
+            enabled=enabled,
+            stream=stream,
+            segments=segments,
+            encoding=settings.encoding_for(model),
+            clamp_error=clamp_error,
+            started=started,
+        )
+        route = settings.route_for(model)
+        try:
+            if route is not None:
+                from proxy.providers import litellm_completion
+
+                record.route = route.model
+                return await litellm_completion(
+                    forwarded, route, stream=stream, headers=headers, record=record, env=self.env
+                )
+            upstream = await self.upstream.request(
+                "POST",
+                settings.upstream_url("/chat/completions"),
+                body=out,
+                headers=forward_request_headers(
+                    request.headers, self.upstream_authorization(request, settings)
+                ),
+                connect_timeout=settings.connect_timeout,
+                read_timeout=settings.read_timeout,
+            )
+        except UpstreamError as exc:
+            exc.headers = {**exc.headers, **headers}
+            record.finish(exc.status, upstream_error=exc.message)
+            raise
+        if stream:
+            return StreamingResponse(
+                _relay(upstream, record),
+                status_code=upstream.status,
+                headers={**upstream.headers, **headers},
+            )
+        try:
+            data = await upstream.read()
+        except Exception as exc:
+            record.finish(502, upstream_error=str(exc))
+            raise UpstreamError(f"upstream connection broke while answering: {exc}") from exc
+        record.finish(upstream.status)
+        return Response(data, status_code=upstream.status, headers={**upstream.headers, **headers})
+
+    def _clamp(
+        self, body: dict[str, Any], settings: Settings, enabled: bool
+    ) -> tuple[ClampResult | None, str | None]:
+        try:
+            return self.clamp(body, settings.caps, tools=settings.tool_names), None
+        except Exception as exc:  # a clamp bug must not lose the user's request
+            message = f"{exc.__class__.__name__}: {exc}"
+            log.exception(
+                "clamp failed; %s",
+                "refusing (failClosed)"
+                if settings.fail_closed
+                else "forwarding the request untouched",
+            )
+            if settings.fail_closed and enabled:
+                raise ClampError(
+                    f"clamping failed and agents.defaults.contextBudget.failClosed is true, so "
+                    f"nothing was sent upstream: {message}"
+                ) from exc
+            return None, message
+
+    async def _answer_command(
+        self,
+        mode: command.CommandMode,
+        request_id: str,
+        model: str | None,
+        stream: bool,
+        body: dict[str, Any],
+        settings: Settings,
+    ) -> Response:
+        report = self.report(settings)
+        text = (
+            orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+            if mode == "json"
+            else render_text(report)
+        )
+        headers = _budget_headers(request_id, settings.enabled, (), None)
+        headers[f"{HEADER_PREFIX}-command"] = "context-budget"
+        name = model or "ctxbudget"
+        if stream:
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                command.completion_stream(
+                    text, model=name, request_id=request_id, include_usage=usage
+                ),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        return Response(
+            command.completion(text, model=name, request_id=request_id),
+            media_type="application/json",
+            headers=headers,
+        )
+
+    def report(self, settings: Settings) -> dict[str, Any]:
+        self.reports.flush()
+        summary = self.reports.summary(recent=settings.recent_requests)
+        return build_report(summary, settings=settings.describe(self.config))
+
+    async def models(self, request: Request) -> Response:
+        settings = self.settings()
+        self.check_key(request, settings)
+        upstream = await self.upstream.request(
+            "GET",
+            settings.upstream_url("/models"),
+            body=None,
+            headers=forward_request_headers(
+                request.headers, self.upstream_authorization(request, settings)
+            ),
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+        )
+        data = await upstream.read()
+        return Response(data, status_code=upstream.status, headers=upstream.headers)
+
+    async def budget(self, request: Request) -> Response:
+        settings = self.settings()
+        self.check_key(request, settings)
+        report = self.report(settings)
+        fmt = request.query_params.get("format")
+        if fmt not in (None, "json", "text"):
+            raise BadRequest(f"format must be 'json' or 'text', got {fmt!r}", param="format")
+        accept = request.headers.get("accept", "")
+        if fmt == "text" or (fmt is None and "text/plain" in accept and "json" not in accept):
+            return PlainTextResponse(render_text(report))
+        return JSONResponse(report)
+
+    async def budget_request(self, request: Request) -> Response:
+        settings = self.settings()
+        self.check_key(request, settings)
+        self.reports.flush()
+        request_id = request.path_params["id"]
+        found = self.reports.request(request_id)
+        if found is None:
+            raise NotFound(
+                f"no request {request_id!r} in the report (it keeps the latest ones; "
+                "ids come from the x-context-budget-request-id header)",
+                param="id",
+            )
+        return JSONResponse(found)
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+
+class _Recorder:
+    """Collects what happened to one request and queues it for the report, exactly once."""
+
+    def __init__(
+        self,
+        reports: ReportStore,
+        *,
+        id: str,
+        model: str | None,
+        enabled: bool,
+        stream: bool,
+        segments: tuple[Segment, ...],
+        encoding: str,
+        clamp_error: str | None,
+        started: float,
+    ) -> None:
+        self.reports = reports
+        self.fields: dict[str, Any] = dict(
+            id=id,
+            model=model,
+            enabled=enabled,
+            stream=stream,
+            segments=segments,
+            encoding=encoding,
+            clamp_error=clamp_error,
+        )
+        self.route = "openai"
+        self.started = started
+        self.done = False
+
+    def finish(self, status: int, *, upstream_error: str | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.reports.add(
+            RequestRecord(
+                ts=time.time(),
+                status=status,
+                duration_ms=(time.perf_counter() - self.started) * 1000,
+                upstream_error=upstream_error,
+                route=self.route,
+                extra={"worker": os.getpid()},
+                **self.fields,
+            )
+        )
+
+
+async def _relay(upstream: UpstreamResponse, record: _Recorder) -> AsyncIterator[bytes]:
+    """Relay upstream SSE bytes as they arrive; close upstream if the client goes away."""
+    completed = False
+    error: str | None = None
+    try:
+        async for chunk in upstream.iter_chunks():
+            yield chunk
+        completed = True
+    except Exception as exc:  # upstream broke mid-stream: the status line is already sent
+        error = f"upstream stream broke: {exc.__class__.__name__}: {exc}"
+        log.warning("%s", error)
+        body = UpstreamError(error).to_dict()
+        yield b"data: " + orjson.dumps(body) + b"\n\n"
+    finally:
+        if completed:
+            upstream.release()
+        else:
+            upstream.close()  # client disconnected or upstream broke: drop the connection
+        record.finish(
+            upstream.status if completed else 499 if error is None else 502,
+            upstream_error=error if error else None if completed else "client disconnected",
+        )
+
+
+def _would(segment: Segment) -> Segment:
+    if segment.action != "clamped":
+        return segment
+    from dataclasses import replace
+
+    return replace(segment, action="would-clamp")
+
+
+def _budget_headers(
+    request_id: str, enabled: bool, segments: tuple[Segment, ...], clamp_error: str | None
+) -> dict[str, str]:
+    clamped = [s for s in segments if s.action == "clamped"]
+    would = [s for s in segments if s.action == "would-clamp"]
+    headers = {
+        f"{HEADER_PREFIX}-request-id": request_id,
+        f"{HEADER_PREFIX}-enabled": "true" if enabled else "false",
+        f"{HEADER_PREFIX}-clamped": str(len(clamped)),
+        f"{HEADER_PREFIX}-saved-chars": str(sum(s.saved for s in clamped)),
+        f"{HEADER_PREFIX}-memories": "0",
+    }
+    if not enabled:
+        headers[f"{HEADER_PREFIX}-would-clamp"] = str(len(would))
+        headers[f"{HEADER_PREFIX}-would-save-chars"] = str(sum(s.saved for s in would))
+    if clamp_error:
+        headers[f"{HEADER_PREFIX}-clamp-error"] = "forwarded-untouched"
+    return headers
+
+
+def _bearer(value: str | None) -> str | None:
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _enabled(request: Request, settings: Settings) -> bool:
+    value = request.headers.get(HEADER_PREFIX)
+    if value is None:
+        return settings.enabled
+    value = value.strip().lower()
+    if value in ("on", "true", "1"):
+        return True
+    if value in ("off", "false", "0"):
+        return False
+    raise BadRequest(
+        f"header {HEADER_PREFIX} must be 'on' or 'off', got {value!r}", param=HEADER_PREFIX
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"request body is {int(declared):,} bytes, over proxy.maxBodyBytes ({limit:,}); "
+            "raise proxy.maxBodyBytes or send less context"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"request body is over proxy.maxBodyBytes ({limit:,} bytes); "
+                "raise proxy.maxBodyBytes or send less context"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_chat_request(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise BadRequest("request body is empty: send a JSON chat completion request")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # orjson refuses lone surrogates and integers past 64 bits, which are valid JSON;
+        # the stdlib parser takes them. Anything neither accepts is malformed.
+        import json
+
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest(
+            f"request body must be a JSON object, got {type(body).__name__}: "
+            'send {"model": ..., "messages": [...]}'
+        )
+    messages = body.get("messages")
+    if messages is None:
+        raise BadRequest("'messages' is required: a list of chat messages", param="messages")
+    if not isinstance(messages, list):
+        raise BadRequest(
+            f"'messages' must be a list of chat messages, got {type(messages).__name__}",
+            param="messages",
+        )
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {type(model).__name__}", param="model")
+    return body
+
+
+async def _error_response(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, CtxBudgetError):
+        headers = getattr(exc, "headers", None) or {}
+        return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+    if isinstance(exc, HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = {
+            404: f"no route {request.url.path}: ctxbudget serves /v1/chat/completions, "
+            "/v1/models, /context/budget and /healthz",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+        return JSONResponse(body, status_code=exc.status_code)
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    body = {
+        "error": {
+            "message": f"internal error in ctxbudget: {exc.__class__.__name__}",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
+    }
+    return JSONResponse(body, status_code=500)
+
+
+def create_app(
+    config: ConfigSource,
+    *,
+    upstream: Upstream | None = None,
+    reports: ReportStore | None = None,
+    env: Mapping[str, str] | None = None,
+    run: str | None = None,
+    clamp: Clamp = clamp_request,
+) -> Starlette:
+    """The proxy app. Dependencies are injected; defaults are built from `config`."""
+    env = os.environ if env is None else env
+    cfg = config.get()
+    owns_reports = reports is None
+    if reports is None:
+        reports = ReportStore(
+            cfg.report.path, run=run or env.get("CTXBUDGET_RUN_ID") or secrets.token_hex(6)
+        )
+    upstream = upstream or Upstream()
+    proxy = Proxy(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await upstream.start()
+        settings = proxy.settings()
+        if settings.routes:
+            from proxy.providers import preload_litellm
+
+            preload_litellm()
+        try:
+            yield
+        finally:
+            await upstream.close()
+            if owns_reports:
+                reports.close()
+
+    routes = [
+        Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),
+        Route("/chat/completions", proxy.chat_completions, methods=["POST"]),
+        Route("/v1/models", proxy.models, methods=["GET"]),
+        Route("/context/budget", proxy.budget, methods=["GET"]),
+        Route("/context/budget/requests/{id}", proxy.budget_request, methods=["GET"]),
+        Route("/healthz", proxy.healthz, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            CtxBudgetError: _error_response,
+            HTTPException: _error_response,
+            Exception: _error_response,
+        },
+    )
+    app.state.proxy = proxy
+    return app

@@ -1,0 +1,517 @@
+"""Configuration: one pydantic schema, read from JSONC, the environment and CLI flags.
+
+Precedence, highest first: **CLI flag → environment variable → config file → default.**
+
+- The file is JSONC/JSON5 (parsed with the `json5` library), keys in camelCase as in OpenClaw.
+- Environment variables `CTXBUDGET__<PATH>` override single keys: levels joined by `__`, each
+  level in UPPER_SNAKE (`CTXBUDGET__PROXY__PORT=5000`,
+  `CTXBUDGET__AGENTS__DEFAULTS__CONTEXT_BUDGET__ENABLED=true`). Values are read as JSON5
+  scalars when they are one (`true`, `8000`, `null`, `"text"`), else as plain strings.
+- CLI flags arrive as dotted paths (`{"proxy.port": 0}`).
+- Secrets never live in the file: it names the environment variable that holds each one.
+
+Unknown keys are errors naming the key's full path; file values are checked strictly (the
+string `"8000"` is not an integer). All problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import json5
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic.alias_generators import to_camel
+
+from caps import Caps, ToolNames
+from proxy.errors import ConfigError
+
+log = logging.getLogger("ctxbudget.config")
+
+ENV_PREFIX = "CTXBUDGET__"
+DEFAULT_FILE = "ctxbudget.jsonc"
+
+
+def _expand(value: Any) -> Any:
+    return Path(value).expanduser() if isinstance(value, str) else value
+
+
+FilePath = Annotated[Path, BeforeValidator(_expand), Field(strict=False)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Upstream(_Model):
+    base_url: str = Field("https://api.openai.com/v1", min_length=1)
+    """OpenAI-compatible base URL; requests go to `<baseUrl>/chat/completions`."""
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """Environment variable holding the upstream key; when set, it replaces the client's."""
+    connect_timeout_seconds: float = Field(10.0, gt=0)
+    """Seconds to wait for a connection to the upstream (502 after)."""
+    read_timeout_seconds: float = Field(600.0, gt=0)
+    """Seconds to wait for each read from the upstream (504 after)."""
+
+
+class Route(_Model):
+    model: str = Field(pattern=r"^[A-Za-z0-9_.-]+/.+")
+    """litellm model string with its provider prefix, e.g. `anthropic/claude-sonnet-4-5`."""
+    api_base: str | None = None
+    """Provider base URL, when not the provider's default."""
+    api_key_env: str | None = None
+    """Environment variable holding this provider's key."""
+
+
+class Proxy(_Model):
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(4141, ge=0, le=65535)
+    """Port to listen on (0 picks a free one)."""
+    upstream: Upstream = Upstream()
+    """The OpenAI-compatible provider requests are forwarded to."""
+    routes: dict[str, Route] = {}
+    """Model name → litellm route, for providers that are not OpenAI-compatible."""
+    keys_env: str = "CTXBUDGET_PROXY_KEYS"
+    """Environment variable with comma-separated proxy keys; when set, clients must send one."""
+    admin_key_env: str = "CTXBUDGET_ADMIN_KEY"
+    """Environment variable with the admin key that guards admin endpoints."""
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (413 above)."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the server."""
+
+
+class ToolNamesConfig(_Model):
+    web_fetch: list[str] = ["web_fetch"]
+    """Tool names whose results are web_fetch pages."""
+    memory_search: list[str] = ["memory_search"]
+    """Tool names whose results are memory_search snippets."""
+    memory_get: list[str] = ["memory_get"]
+    """Tool names whose results are memory_get texts."""
+
+
+class ContextBudget(_Model):
+    enabled: bool = False
+    """Clamp requests (true) or only report what would be clamped (false)."""
+    bootstrap_max_chars: int = Field(8000, ge=0)
+    """Cap per bootstrap file body, UTF-16 chars."""
+    memory_max_injected_chars: int = Field(2500, ge=0)
+    """Cap per memory tool result (and injected memories), UTF-16 chars."""
+    web_fetch_max_chars: int = Field(8000, ge=0)
+    """Cap per web_fetch result text, UTF-16 chars."""
+    fail_closed: bool = False
+    """If a clamp fails: false forwards the request untouched, true answers 500."""
+    tool_names: ToolNamesConfig = ToolNamesConfig()
+    """Which tool names count as which kind."""
+
+
+class AgentDefaults(_Model):
+    bootstrap_max_chars: int = Field(20000, gt=0)
+    """OpenClaw's per-file bootstrap limit (the feature limit)."""
+    bootstrap_total_max_chars: int = Field(60000, gt=0)
+    """OpenClaw's total bootstrap limit (reported; the per-file cap is what ctxbudget applies)."""
+    context_budget: ContextBudget = ContextBudget()
+    """The opt-in caps."""
+
+
+class Agents(_Model):
+    defaults: AgentDefaults = AgentDefaults()
+    """Defaults for every agent."""
+
+
+class QmdLimits(_Model):
+    max_injected_chars: int = Field(4000, gt=0)
+    """Memory feature limit per memory tool result, UTF-16 chars."""
+
+
+class Qmd(_Model):
+    limits: QmdLimits = QmdLimits()
+    """Memory result limits."""
+
+
+class MemoryStore(_Model):
+    path: FilePath = Path("~/.ctxbudget/memory.db").expanduser()
+    """SQLite file of the memory store."""
+
+
+class MemoryInject(_Model):
+    enabled: bool = True
+    """Inject memories into requests."""
+    budget: Literal["lean", "balanced", "deep", "auto"] = "auto"
+    """Retrieval profile."""
+
+
+class Memory(_Model):
+    qmd: Qmd = Qmd()
+    """Memory limits, named as in OpenClaw."""
+    store: MemoryStore = MemoryStore()
+    """Where memories are kept."""
+    inject: MemoryInject = MemoryInject()
+    """Memory injection."""
+
+
+class WebFetch(_Model):
+    max_chars: int = Field(50000, gt=0)
+    """web_fetch feature limit per result, UTF-16 chars."""
+
+
+class Web(_Model):
+    fetch: WebFetch = WebFetch()
+    """web_fetch settings."""
+
+
+class Tools(_Model):
+    web: Web = Web()
+    """Web tools."""
+
+
+class Report(_Model):
+    path: FilePath = Path("~/.ctxbudget/report.db").expanduser()
+    """SQLite file of the report, shared by every worker."""
+    recent_requests: int = Field(50, ge=1, le=1000)
+    """How many recent requests the report lists."""
+    default_encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+    """tiktoken encoding for models tiktoken does not know."""
+
+
+class Config(_Model):
+    proxy: Proxy = Proxy()
+    """The HTTP proxy."""
+    agents: Agents = Agents()
+    """Agent limits and the context budget."""
+    memory: Memory = Memory()
+    """Memory limits and the memory store."""
+    tools: Tools = Tools()
+    """Tool limits."""
+    report: Report = Report()
+    """The report."""
+
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin(self, path: str) -> str:
+        """Where the value at dotted `path` came from: `cli`, `env`, `file` or `default`."""
+        return self._origins.get(path, "default")
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def resolve_config_path(cli_path: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:
+    """`--config PATH`, else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc`, else None."""
+    given = cli_path or env.get("CTXBUDGET_CONFIG")
+    if given:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found")
+        return path
+    default = cwd / DEFAULT_FILE
+    return default if default.is_file() else None
+
+
+def load_config(
+    path: Path | None, *, env: Mapping[str, str], overrides: Mapping[str, Any]
+) -> Config:
+    """Read, merge and validate the config; raise `ConfigError` listing every problem."""
+    data: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    problems: list[str] = []
+    if path is not None:
+        data = _read_file(path)
+        for key in _leaves(data):
+            origins[key] = "file"
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [to_camel(p.lower()) for p in name[len(ENV_PREFIX) :].split("__")]
+        if not all(parts):
+            problems.append(f"${name}: not a config path (use CTXBUDGET__SECTION__KEY)")
+            continue
+        _set(data, parts, _env_value(value))
+        origins[".".join(parts)] = "env"
+    for dotted, value in overrides.items():
+        _set(data, dotted.split("."), value)
+        origins[dotted] = "cli"
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(_describe(err, origins, env) for err in exc.errors())
+    if problems:
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid config{where}:\n" + "\n".join(f"- {p}" for p in problems))
+    config._origins = origins
+    return config
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json5.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        message = str(exc).replace("<string>", str(path))
+        raise ConfigError(f"config file {path} is not valid JSONC: {message}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold an object, got {type(data).__name__}")
+    return data
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        value = json5.loads(raw)
+    except ValueError:
+        return raw
+    return value if not isinstance(value, dict | list) else raw
+
+
+def _set(data: dict[str, Any], parts: list[str], value: Any) -> None:
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        out.append(path)
+        if isinstance(value, Mapping):
+            out.extend(_leaves(value, path + "."))
+    return out
+
+
+_SECRET_HINT = (
+    " — secrets never go in the config file: put the key in an environment variable and name "
+    "it here with {field}"
+)
+_SECRET_KEYS = {"apiKey": "apiKeyEnv", "keys": "keysEnv", "adminKey": "adminKeyEnv"}
+
+
+def _describe(err: Any, origins: Mapping[str, str], env: Mapping[str, str]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    path = ".".join(loc)
+    kind = err["type"]
+    given = err.get("input")
+    ctx = err.get("ctx") or {}
+    source = ""
+    if origins.get(path) == "env":
+        var = ENV_PREFIX + "__".join(_snake(p) for p in loc)
+        source = f" (from ${var})"
+    if kind == "extra_forbidden":
+        key = loc[-1]
+        if key in _SECRET_KEYS:
+            return f"{path}: unknown key" + _SECRET_HINT.format(field=_SECRET_KEYS[key]) + source
+        known = _known_keys(loc[:-1])
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f" — did you mean {close[0]}?" if close else ""
+        return f"{path}: unknown key{hint}{source}"
+    shown = f"{given!r}" if not isinstance(given, dict) else "an object"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {
+            "greater_than_equal": ">=",
+            "greater_than": ">",
+            "less_than_equal": "<=",
+            "less_than": "<",
+        }[kind]
+        bound = next(iter(ctx.values()))
+        return f"{path} must be {op} {bound}, got {shown}{source}"
+    what = {
+        "int_type": "an integer",
+        "int_parsing": "an integer",
+        "int_from_float": "an integer",
+        "float_type": "a number",
+        "float_parsing": "a number",
+        "bool_type": "true or false",
+        "bool_parsing": "true or false",
+        "string_type": "a string",
+        "model_type": "an object",
+        "dict_type": "an object",
+        "list_type": "a list",
+        "string_too_short": "a non-empty string",
+        "string_pattern_mismatch": "a litellm model string with a provider prefix "
+        "(like anthropic/claude-sonnet-4-5)",
+    }.get(kind)
+    if kind == "literal_error":
+        what = f"one of {ctx.get('expected')}"
+    if what is None:
+        return f"{path}: {err['msg']}, got {shown}{source}"
+    return f"{path} must be {what}, got {shown}{source}"
+
+
+def _snake(camel: str) -> str:
+    return "".join(f"_{c}" if c.isupper() else c.upper() for c in camel)
+
+
+def _known_keys(loc: list[str]) -> list[str]:
+    model: Any = Config
+    for part in loc:
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        field = fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif part in ("routes",) or model is Route:
+            model = Route
+        else:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+# -- derived values ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectiveCaps:
+    """The caps in force and where each number came from."""
+
+    caps: Caps
+    sources: dict[str, Any]
+
+
+def effective_caps(config: Config) -> EffectiveCaps:
+    """`min(feature limit, contextBudget cap)` per kind, the same whether enabled or not."""
+    budget = config.agents.defaults.context_budget
+    pairs = {
+        "bootstrap": (
+            ("agents.defaults.bootstrapMaxChars", config.agents.defaults.bootstrap_max_chars),
+            ("agents.defaults.contextBudget.bootstrapMaxChars", budget.bootstrap_max_chars),
+        ),
+        "memory": (
+            ("memory.qmd.limits.maxInjectedChars", config.memory.qmd.limits.max_injected_chars),
+            (
+                "agents.defaults.contextBudget.memoryMaxInjectedChars",
+                budget.memory_max_injected_chars,
+            ),
+        ),
+        "web_fetch": (
+            ("tools.web.fetch.maxChars", config.tools.web.fetch.max_chars),
+            ("agents.defaults.contextBudget.webFetchMaxChars", budget.web_fetch_max_chars),
+        ),
+    }
+    sources: dict[str, Any] = {}
+    values: dict[str, int] = {}
+    for kind, ((fkey, fval), (bkey, bval)) in pairs.items():
+        key, value = (bkey, bval) if bval <= fval else (fkey, fval)
+        values[kind] = value
+        sources[kind] = {
+            "value": value,
+            "source": key,
+            "from": config.origin(key),
+            "featureLimit": {"key": fkey, "value": fval, "from": config.origin(fkey)},
+            "budgetCap": {"key": bkey, "value": bval, "from": config.origin(bkey)},
+        }
+    caps = Caps(
+        bootstrap_max_chars=values["bootstrap"],
+        memory_max_chars=values["memory"],
+        web_fetch_max_chars=values["web_fetch"],
+    )
+    return EffectiveCaps(caps=caps, sources=sources)
+
+
+def tool_names(config: Config) -> ToolNames:
+    names = config.agents.defaults.context_budget.tool_names
+    return ToolNames(
+        web_fetch=frozenset(names.web_fetch),
+        memory_search=frozenset(names.memory_search),
+        memory_get=frozenset(names.memory_get),
+    )
+
+
+def _secret(env: Mapping[str, str], name: str | None) -> str | None:
+    value = env.get(name, "").strip() if name else ""
+    return value or None
+
+
+def upstream_api_key(config: Config, env: Mapping[str, str]) -> str | None:
+    """The upstream key from the environment variable the config names, if set."""
+    return _secret(env, config.proxy.upstream.api_key_env)
+
+
+def proxy_keys(config: Config, env: Mapping[str, str]) -> frozenset[str]:
+    """Keys clients must present; empty when access is open."""
+    raw = _secret(env, config.proxy.keys_env) or ""
+    return frozenset(k.strip() for k in raw.split(",") if k.strip())
+
+
+def admin_key(config: Config, env: Mapping[str, str]) -> str | None:
+    """The admin key, if set."""
+    return _secret(env, config.proxy.admin_key_env)
+
+
+# -- watching ----------------------------------------------------------------------------
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class ConfigSource:
+    """The config in force, re-read when its file changes.
+
+    `get()` runs on every request: one `stat()` (a few µs). A broken edit keeps the last good
+    config; the problem is kept in `error` for the report and logged once per broken version.
+    """
+
+    def __init__(
+        self, path: Path | None, env: Mapping[str, str], overrides: Mapping[str, Any]
+    ) -> None:
+        self.path = path
+        self._env = env
+        self._overrides = dict(overrides)
+        self._stamp = _stamp(path) if path else None
+        self._config = load_config(path, env=env, overrides=self._overrides)
+        self.error: str | None = None
+        self.loaded_at = time.time()
+        self.generation = 1
+
+    def get(self) -> Config:
+        """The current config, reloaded first if the file changed."""
+        if self.path is None:
+            return self._config
+        stamp = _stamp(self.path)
+        if stamp == self._stamp:
+            return self._config
+        self._stamp = stamp
+        if stamp is None:
+            self._fail(f"config file {self.path} is gone; keeping the last good config")
+            return self._config
+        try:
+            config = load_config(self.path, env=self._env, overrides=self._overrides)
+        except ConfigError as exc:
+            self._fail(exc.message)
+            return self._config
+        self._config = config
+        self.error = None
+        self.loaded_at = time.time()
+        self.generation += 1
+        log.info("config reloaded from %s", self.path)
+        return config
+
+    def _fail(self, message: str) -> None:
+        self.error = message
+        log.warning("%s (keeping the last good config)", message)

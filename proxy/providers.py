@@ -1,0 +1,151 @@
+"""Provider routes that are not OpenAI-compatible, through litellm.
+
+A model name listed in `proxy.routes` (e.g. `"claude" → "anthropic/claude-sonnet-4-5"`) is
+sent through `litellm.acompletion`, which translates to the provider's own wire format and
+back; the client still sees OpenAI JSON or SSE. litellm is imported only here, and only when a
+route is configured: importing it costs ~5 s and ~165 MB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from proxy.config import Route
+from proxy.errors import UpstreamError
+
+if TYPE_CHECKING:
+    from proxy.app import _Recorder
+
+log = logging.getLogger("ctxbudget.providers")
+
+# OpenAI request fields litellm maps for other providers; others are not sent to them.
+_FORWARDED = (
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "seed",
+    "stream_options",
+    "reasoning_effort",
+    "metadata",
+)
+
+_import_lock = threading.Lock()
+
+
+def _litellm() -> Any:
+    with _import_lock:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        return importlib.import_module("litellm")
+
+
+def preload_litellm() -> None:
+    """Import litellm on a background thread so the first routed request does not wait 5 s."""
+    threading.Thread(target=_litellm, name="ctxbudget-litellm-import", daemon=True).start()
+
+
+async def litellm_completion(
+    body: dict[str, Any],
+    route: Route,
+    *,
+    stream: bool,
+    headers: dict[str, str],
+    record: _Recorder,
+    env: Mapping[str, str],
+) -> Response:
+    """Answer `body` through litellm on `route`, as OpenAI JSON or SSE."""
+    litellm = await asyncio.to_thread(_litellm)
+    kwargs: dict[str, Any] = {k: body[k] for k in _FORWARDED if k in body}
+    api_key = env.get(route.api_key_env) if route.api_key_env else None
+    try:
+        response = await litellm.acompletion(
+            model=route.model,
+            messages=body["messages"],
+            stream=stream,
+            api_base=route.api_base,
+            api_key=api_key,
+            drop_params=True,
+            # litellm 1.106.2 routes any request with `tools` through its MCP bridge, which
+            # imports the optional `mcp` package; we never use litellm's MCP tools.
+            _skip_mcp_handler=True,
+            **kwargs,
+        )
+    except Exception as exc:
+        error = _upstream_error(exc, route)
+        record.finish(error.status, upstream_error=error.message)
+        raise error from exc
+    if not stream:
+        record.finish(200)
+        data = orjson.dumps(response.model_dump(exclude_none=True))
+        return Response(data, media_type="application/json", headers=headers)
+    return StreamingResponse(
+        _relay(response, record, route), media_type="text/event-stream", headers=headers
+    )
+
+
+async def _relay(response: Any, record: _Recorder, route: Route) -> AsyncIterator[bytes]:
+    status, error = 200, None
+    try:
+        async for chunk in response:
+            yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    except Exception as exc:
+        failure = _upstream_error(exc, route)
+        status, error = failure.status, failure.message
+        yield b"data: " + orjson.dumps(failure.to_dict()) + b"\n\n"
+    finally:
+        record.finish(status, upstream_error=error)
+
+
+def _first_line(exc: Exception) -> str:
+    """litellm puts tracebacks and bug-report links in its messages; clients get one line."""
+    text = str(getattr(exc, "message", None) or exc).strip()
+    line = text.splitlines()[0] if text else exc.__class__.__name__
+    return line[:300]
+
+
+def _upstream_error(exc: Exception, route: Route) -> UpstreamError:
+    name = exc.__class__.__name__
+    log.warning("%s failed: %s", route.model, exc)
+    status = getattr(exc, "status_code", None)
+    if "Timeout" in name:
+        return UpstreamError(
+            f"{route.model} did not answer in time: {_first_line(exc)}",
+            status=504,
+            code="upstream_timeout",
+        )
+    if "APIConnectionError" in name or not isinstance(status, int) or status < 400:
+        return UpstreamError(
+            f"{route.model} is unreachable or failed: {name}: {_first_line(exc)}",
+            status=502,
+            code="upstream_unreachable",
+        )
+    headers = {}
+    retry = getattr(getattr(exc, "response", None), "headers", {}).get("retry-after")
+    if retry:
+        headers["retry-after"] = retry
+    return UpstreamError(
+        f"{route.model} returned HTTP {status}: {_first_line(exc)}",
+        status=status,
+        code="upstream_error",
+        headers=headers,
+    )

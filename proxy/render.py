@@ -1,0 +1,111 @@
+"""The report, as JSON and as text: one source (`build_report`), two renderings."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+KIND_TITLES = {
+    "bootstrap": "bootstrap files",
+    "memory": "memory snippets",
+    "web_fetch": "web fetch",
+}
+_UNITS = {"bootstrap": "per file", "memory": "per memory result", "web_fetch": "per result"}
+
+
+def build_report(
+    summary: dict[str, Any], *, settings: dict[str, Any], request_id: str | None = None
+) -> dict[str, Any]:
+    """The `/context budget` report: effective settings, totals since start, recent requests."""
+    return {
+        "object": "context_budget.report",
+        "generatedAt": _iso(datetime.now(UTC).timestamp()),
+        "enabled": settings["enabled"],
+        "config": settings["config"],
+        "caps": settings["caps"],
+        "units": "UTF-16 code units (JavaScript string length, as OpenClaw counts)",
+        "encoding": settings["encoding"],
+        "since": _iso(summary["since"]) if summary["since"] else None,
+        "totals": summary["totals"],
+        "recent": [_recent(r) for r in summary["recent"]],
+        **({"requestId": request_id} if request_id else {}),
+    }
+
+
+def _recent(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "at": _iso(r["at"])}
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command."""
+    lines: list[str] = []
+    on = report["enabled"]
+    lines.append(
+        f"📉 Context budget: {'ON' if on else 'OFF'} (agents.defaults.contextBudget.enabled)"
+    )
+    config = report["config"]
+    where = config["path"] or "built-in defaults"
+    lines.append(f"Config: {where} (loaded {config['loadedAt']})")
+    if config.get("error"):
+        lines.append(f"⚠ Config error, last good config still in force: {config['error']}")
+    lines.append("Effective caps (UTF-16 chars):")
+    for kind, cap in report["caps"].items():
+        value = "no limit" if cap["value"] is None else f"{_n(cap['value'])} {_UNITS[kind]}"
+        lines.append(f"- {KIND_TITLES[kind]}: {value} — from {cap['source']} ({cap['from']})")
+    totals = report["totals"]
+    since = report["since"] or "start"
+    lines.append("")
+    lines.append(
+        f"Since {since}: {_n(totals['requests'])} requests, {_n(totals['seen'])} segments seen, "
+        f"{_n(totals['clamped'])} clamped"
+        + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
+    )
+    lines.append(
+        f"Saved: {_n(totals['savedChars'])} chars (~{_n(totals['savedTokens'])} tokens, "
+        f"{report['encoding']} for unknown models)"
+    )
+    if totals["wouldSaveChars"]:
+        lines.append(
+            f"Would save with the budget on: {_n(totals['wouldSaveChars'])} chars "
+            f"(~{_n(totals['wouldSaveTokens'])} tokens)"
+        )
+    if totals["clampErrors"]:
+        lines.append(
+            f"⚠ {totals['clampErrors']} request(s) forwarded untouched after a clamp error"
+        )
+    lines.append("By kind:")
+    for kind, t in totals["byKind"].items():
+        lines.append(
+            f"- {KIND_TITLES[kind]}: {_n(t['seen'])} seen, {_n(t['clamped'])} clamped"
+            + (f", {_n(t['wouldClamp'])} would clamp" if t["wouldClamp"] else "")
+            + f"; {_n(t['charsBefore'])} → {_n(t['charsAfter'])} chars; "
+            f"saved {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens)"
+        )
+    if report["recent"]:
+        lines.append("")
+        lines.append("Recent requests:")
+    for r in report["recent"]:
+        flags = "on" if r["enabled"] else "off"
+        lines.append(
+            f"- {r['id']} {r['at']} {r.get('model') or '?'} [{flags}] HTTP {r['status']}: "
+            f"{r['clamped']} clamped, saved {_n(r['savedChars'])} chars "
+            f"(~{_n(r['savedTokens'])} tokens)"
+            + (f", would save {_n(r['wouldSaveChars'])} chars" if r["wouldSaveChars"] else "")
+        )
+        if r.get("clampError"):
+            lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")
+        for s in r["segments"]:
+            label = s["label"]
+            note = f" ({s['note']})" if s.get("note") else ""
+            lines.append(
+                f"  - {s['kind']} {label}: {_n(s['before'])} → {_n(s['after'])} {s['action']}{note}"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,102 @@
+"""What the request path needs from a config, computed once per config version.
+
+The config file can change under a running server; `Proxy.settings()` rebuilds this only when
+`ConfigSource.get()` hands back a new config, so the per-request cost is one identity check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from caps import Caps, ToolNames
+from proxy.config import (
+    Config,
+    ConfigSource,
+    Route,
+    effective_caps,
+    proxy_keys,
+    tool_names,
+    upstream_api_key,
+)
+from proxy.tokens import encoding_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Derived, ready-to-use values of one config version."""
+
+    config: Config
+    enabled: bool
+    fail_closed: bool
+    caps: Caps
+    cap_sources: dict[str, Any]
+    tool_names: ToolNames
+    upstream_base: str
+    upstream_api_key: str | None = field(repr=False)
+    proxy_keys: frozenset[str] = field(repr=False)
+    proxy_keys_env: str
+    routes: Mapping[str, Route]
+    connect_timeout: float
+    read_timeout: float
+    max_body_bytes: int
+    recent_requests: int
+    default_encoding: str
+    _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
+
+    def upstream_url(self, path: str) -> str:
+        return self.upstream_base + path
+
+    def route_for(self, model: str | None) -> Route | None:
+        if model is None or not self.routes:
+            return None
+        return self.routes.get(model)
+
+    def encoding_for(self, model: str | None) -> str:
+        """The tiktoken encoding name for `model` (memoised per config version)."""
+        found = self._encodings.get(model)
+        if found is None:
+            found = encoding_name(model, self.default_encoding)
+            self._encodings[model] = found
+        return found
+
+    def describe(self, source: ConfigSource) -> dict[str, Any]:
+        """The settings part of the report. Never includes a secret."""
+        loaded = datetime.fromtimestamp(source.loaded_at, UTC).isoformat(timespec="seconds")
+        return {
+            "enabled": self.enabled,
+            "config": {
+                "path": str(source.path) if source.path else None,
+                "loadedAt": loaded.replace("+00:00", "Z"),
+                "error": source.error,
+            },
+            "caps": self.cap_sources,
+            "encoding": self.default_encoding,
+        }
+
+
+def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
+    """Derive `Settings` from `config` and the environment (for secrets)."""
+    effective = effective_caps(config)
+    budget = config.agents.defaults.context_budget
+    upstream = config.proxy.upstream
+    return Settings(
+        config=config,
+        enabled=budget.enabled,
+        fail_closed=budget.fail_closed,
+        caps=effective.caps,
+        cap_sources=effective.sources,
+        tool_names=tool_names(config),
+        upstream_base=str(upstream.base_url).rstrip("/"),
+        upstream_api_key=upstream_api_key(config, env),
+        proxy_keys=proxy_keys(config, env),
+        proxy_keys_env=config.proxy.keys_env,
+        routes=config.proxy.routes,
+        connect_timeout=upstream.connect_timeout_seconds,
+        read_timeout=upstream.read_timeout_seconds,
+        max_body_bytes=config.proxy.max_body_bytes,
+        recent_requests=config.report.recent_requests,
+        default_encoding=config.report.default_encoding,
+    )

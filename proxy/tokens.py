@@ -1,0 +1,84 @@
+"""Token counts with tiktoken, offline, cached, off the request path.
+
+tiktoken downloads its BPE files on first use, which fails offline. litellm's wheel ships
+them, so `TIKTOKEN_CACHE_DIR` points there before the first `get_encoding` — found through
+the import system without importing litellm itself (that costs ~5 s and ~165 MB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+_lock = threading.Lock()
+_encodings: dict[str, Any] = {}
+
+
+def _point_tiktoken_at_bundled_files() -> None:
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    package = Path(next(iter(spec.submodule_search_locations)))
+    bundled = package / "litellm_core_utils" / "tokenizers"
+    if bundled.is_dir():
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(bundled)
+
+
+def encoding_name(model: str | None, default: str) -> str:
+    """The tiktoken encoding for `model`, or `default` when tiktoken does not know it."""
+    if not model:
+        return default
+    import tiktoken.model
+
+    name = model.rsplit("/", 1)[-1]
+    try:
+        return str(tiktoken.model.encoding_name_for_model(name))
+    except KeyError:
+        return default
+
+
+def _encoding(name: str) -> Any:
+    with _lock:
+        enc = _encodings.get(name)
+        if enc is None:
+            _point_tiktoken_at_bundled_files()
+            import tiktoken
+
+            enc = tiktoken.get_encoding(name)
+            _encodings[name] = enc
+        return enc
+
+
+class TokenCounter:
+    """Counts tokens of texts, remembering recent ones.
+
+    Agents resend the same bootstrap files and tool results on every turn of a tool loop, so
+    most texts have been counted before; the cache turns those into a hash lookup.
+    """
+
+    def __init__(self, *, max_entries: int = 4096) -> None:
+        self._cache: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._max = max_entries
+
+    def count(self, text: str, encoding: str) -> int:
+        """Tokens in `text` under `encoding` (e.g. `o200k_base`)."""
+        if not text:
+            return 0
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = (encoding, digest)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        n = len(_encoding(encoding).encode_ordinary(text))
+        self._cache[key] = n
+        if len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        return n

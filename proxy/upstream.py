@@ -1,0 +1,189 @@
+"""The OpenAI-compatible upstream: one shared, pooled aiohttp session.
+
+aiohttp rather than httpx because it measured faster on this exact path: relaying a 170 KB
+chat request to a local upstream, 0.77 ms vs 1.2 ms median at concurrency 1 and 2,550 vs
+600 requests/s at concurrency 32 (see docs/benchmarks.md).
+
+Response bodies are relayed as the upstream sent them (no decompression), chunk by chunk as
+they arrive for SSE, so streaming stays intact and nothing is buffered whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.errors import UpstreamError
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) and ones we set ourselves are never copied across.
+_DROP_REQUEST = frozenset(
+    {
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "content-length",
+        "authorization",
+        "proxy-authorization",
+    }
+)
+_DROP_RESPONSE = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "trailer", "upgrade"}
+)
+
+
+def forward_request_headers(
+    headers: Mapping[str, str], authorization: str | None
+) -> dict[str, str]:
+    """Client headers to send upstream, with `authorization` set (or dropped when None)."""
+    out = {
+        k: v
+        for k, v in headers.items()
+        if k.lower() not in _DROP_REQUEST and not k.lower().startswith("x-context-budget")
+    }
+    if authorization:
+        out["authorization"] = authorization
+    return out
+
+
+def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Upstream response headers to pass back to the client."""
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+
+
+@dataclass
+class UpstreamResponse:
+    """An upstream answer whose status was 2xx; the body is still unread."""
+
+    status: int
+    headers: dict[str, str]
+    _response: aiohttp.ClientResponse
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        finally:
+            self._response.release()
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """Yield body bytes as they arrive."""
+        async for chunk in self._response.content.iter_any():
+            yield chunk
+
+    def close(self) -> None:
+        """Close the connection (a stream the client abandoned is not reusable)."""
+        self._response.close()
+
+    def release(self) -> None:
+        """Return a fully read connection to the pool."""
+        self._response.release()
+
+
+class Upstream:
+    """Shared HTTP client to OpenAI-compatible upstreams, owned by the app lifespan."""
+
+    def __init__(self, *, max_connections: int = 512) -> None:
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, ttl_dns_cache=300, enable_cleanup_closed=True
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        connect_timeout: float,
+        read_timeout: float,
+    ) -> UpstreamResponse:
+        """Send a request; raise `UpstreamError` for transport failures and non-2xx answers."""
+        if self._session is None:
+            await self.start()
+        if self._session is None:  # for the type checker: start() always sets it
+            raise UpstreamError("upstream client is not running")
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=connect_timeout,
+            sock_connect=connect_timeout,
+            sock_read=read_timeout,
+        )
+        try:
+            resp = await self._session.request(
+                method, url, data=body, headers=dict(headers), timeout=timeout
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamError(
+                f"upstream {url} did not answer within {read_timeout:g} s "
+                "(proxy.upstream.readTimeoutSeconds)",
+                status=504,
+                code="upstream_timeout",
+            ) from exc
+        except aiohttp.InvalidURL as exc:
+            raise UpstreamError(
+                f"upstream URL {url!r} is not valid: check proxy.upstream.baseUrl",
+                status=502,
+                code="upstream_unreachable",
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(
+                f"upstream {url} is unreachable: {exc.__class__.__name__}: {exc}",
+                status=502,
+                code="upstream_unreachable",
+            ) from exc
+        headers_out = response_headers(resp.headers)
+        if resp.status >= 400:
+            raise await _upstream_failure(resp, url, headers_out)
+        return UpstreamResponse(status=resp.status, headers=headers_out, _response=resp)
+
+
+async def _upstream_failure(
+    resp: aiohttp.ClientResponse, url: str, headers: dict[str, str]
+) -> UpstreamError:
+    try:
+        raw = await resp.content.read(1 << 20)
+    except (TimeoutError, aiohttp.ClientError):
+        raw = b""
+    finally:
+        resp.release()
+    if resp.headers.get("content-encoding"):
+        raw = b""  # compressed error body: we do not decode it; say so in our own message
+    body: Any = None
+    try:
+        body = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        body = None
+    passed = {k: v for k, v in headers.items() if k.lower() in ("retry-after", "x-request-id")}
+    passed.update({k: v for k, v in headers.items() if k.lower().startswith("x-ratelimit-")})
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        message = str(body["error"].get("message") or f"upstream returned {resp.status}")
+        return UpstreamError(message, status=resp.status, code=None, headers=passed, body=body)
+    text = raw[:500].decode("utf-8", "replace").strip()
+    detail = f": {text}" if text else ""
+    return UpstreamError(
+        f"upstream {url} returned HTTP {resp.status}{detail}",
+        status=resp.status,
+        code="upstream_error",
+        headers=passed,
+    )

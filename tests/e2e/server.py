@@ -1,0 +1,128 @@
+"""Run the real proxy (`ctxbudget serve`, a uvicorn process) for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CTXBUDGET = str(Path(sys.executable).parent / "ctxbudget")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProxyServer:
+    """A running `ctxbudget serve` process."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, config_path: Path, log_path: Path
+    ) -> None:
+        self.process = process
+        self.log_path = log_path
+        self.port = port
+        self.config_path = config_path
+        self.root = f"http://127.0.0.1:{port}"
+        self.base_url = f"{self.root}/v1"
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Replace the config file (the running server picks it up on its next request)."""
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config, indent=2))
+        os.replace(tmp, self.config_path)
+
+    def report(self) -> dict[str, Any]:
+        r = httpx.get(f"{self.root}/context/budget", timeout=10)
+        r.raise_for_status()
+        data: dict[str, Any] = r.json()
+        return data
+
+    def output(self) -> str:
+        """What the server has printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+
+def base_config(tmp_path: Path, upstream_url: str, **budget: Any) -> dict[str, Any]:
+    """A config pointing at `upstream_url` with its report in `tmp_path`."""
+    return {
+        "proxy": {"upstream": {"baseUrl": upstream_url, "readTimeoutSeconds": 30}},
+        "agents": {"defaults": {"contextBudget": {"enabled": True, **budget}}},
+        "report": {"path": str(tmp_path / "report.db")},
+        "memory": {"store": {"path": str(tmp_path / "memory.db")}},
+    }
+
+
+@contextmanager
+def serve(
+    tmp_path: Path,
+    config: dict[str, Any],
+    *,
+    env: dict[str, str] | None = None,
+    workers: int = 1,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[ProxyServer]:
+    """Start `ctxbudget serve` with `config`; wait until it answers /healthz."""
+    config_path = tmp_path / "ctxbudget.jsonc"
+    config_path.write_text(json.dumps(config, indent=2))
+    port = free_port()
+    full_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("CTXBUDGET", "OPENAI_API_KEY"))
+    }
+    full_env.update(env or {})
+    log_path = tmp_path / f"server-{port}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [
+            CTXBUDGET,
+            "serve",
+            "--config",
+            str(config_path),
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            *extra_args,
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=tmp_path,
+    )
+    server = ProxyServer(process, port, config_path, log_path)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log_file.close()
+
+
+def _wait_healthy(server: ProxyServer, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"ctxbudget serve exited early:\n{server.output()}")
+        try:
+            if httpx.get(f"{server.root}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("ctxbudget serve did not become healthy in time")

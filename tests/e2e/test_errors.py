@@ -1,0 +1,159 @@
+"""Bad input and failing upstreams: OpenAI-shaped errors, nothing half-forwarded."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.server import base_config, serve
+from tests.standin import StandIn
+
+
+def _post(url: str, content: bytes, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/chat/completions",
+        content=content,
+        headers={"content-type": "application/json", **headers},
+        timeout=30,
+    )
+
+
+def _error(r: httpx.Response) -> dict[str, object]:
+    body = r.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    error: dict[str, object] = body["error"]
+    return error
+
+
+@pytest.fixture
+def server_url(tmp_path: Path, standin: StandIn):  # type: ignore[no-untyped-def]
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["maxBodyBytes"] = 4096
+    with serve(tmp_path, config) as server:
+        yield server.base_url
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "message"),
+    [
+        (b'{"model": "m", "messages": [', 400, None, "request body is not valid JSON"),
+        (b"", 400, None, "request body is empty"),
+        (b"[1, 2]", 400, None, "request body must be a JSON object, got list"),
+        (b'{"model": "m"}', 400, "messages", "'messages' is required"),
+        (b'{"model": "m", "messages": "hi"}', 400, "messages", "'messages' must be a list"),
+        (b'{"model": 5, "messages": []}', 400, "model", "'model' must be a string, got int"),
+        (
+            b'{"model": "m", "messages": ["' + b"x" * 5000 + b'"]}',
+            413,
+            None,
+            "over proxy.maxBodyBytes (4,096)",
+        ),
+    ],
+    ids=["malformed", "empty", "array", "no-messages", "messages-str", "model-int", "too-big"],
+)
+def test_bad_requests_are_refused_and_not_forwarded(
+    server_url: str, standin: StandIn, body: bytes, status: int, param: str | None, message: str
+) -> None:
+    r = _post(server_url, body)
+    assert r.status_code == status
+    error = _error(r)
+    assert message in str(error["message"])
+    assert error["param"] == param
+    assert standin.received == []
+
+
+def test_body_over_limit_without_content_length_is_413(server_url: str, standin: StandIn) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"model": "m", "messages": ["'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"]}'
+
+    r = httpx.post(
+        f"{server_url}/chat/completions",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 413
+    assert standin.received == []
+
+
+def test_bad_budget_header_is_400(server_url: str, standin: StandIn) -> None:
+    r = _post(server_url, b'{"model":"m","messages":[]}', **{"x-context-budget": "maybe"})
+    assert r.status_code == 400
+    assert _error(r)["message"] == "header x-context-budget must be 'on' or 'off', got 'maybe'"
+    assert standin.received == []
+
+
+def test_upstream_429_keeps_status_and_retry_after(server_url: str, standin: StandIn) -> None:
+    client = openai.OpenAI(base_url=server_url, api_key="sk-x", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"x_standin": {"status": 429, "retry_after": "7"}},
+        )
+    assert info.value.status_code == 429
+    assert info.value.response.headers["retry-after"] == "7"
+    assert info.value.response.headers["x-context-budget-request-id"].startswith("cb-")
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_upstream_5xx_keeps_status(server_url: str, standin: StandIn, status: int) -> None:
+    r = _post(
+        server_url,
+        b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],'
+        b'"x_standin":{"status":%d}}' % status,
+    )
+    assert r.status_code == status
+    _error(r)
+
+
+def test_upstream_timeout_is_504(tmp_path: Path, standin: StandIn) -> None:
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["upstream"]["readTimeoutSeconds"] = 0.5
+    with serve(tmp_path, config) as server:
+        r = _post(
+            server.base_url,
+            b'{"model":"m","messages":[{"role":"user","content":"hi"}],"x_standin":{"delay":3}}',
+        )
+    assert r.status_code == 504
+    assert "did not answer within 0.5 s" in str(_error(r)["message"])
+
+
+def test_unknown_route_is_openai_shaped_404(server_url: str) -> None:
+    r = httpx.get(server_url.replace("/v1", "/nope"))
+    assert r.status_code == 404
+    assert "no route /nope" in str(_error(r)["message"])
+
+
+def test_client_disconnect_closes_the_upstream_stream(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        body = {
+            "model": "m",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+            "x_standin": {"endless": True, "chunk_delay": 0.05},
+        }
+        before = standin.streams_cancelled
+        with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+        deadline = time.monotonic() + 10
+        while standin.streams_cancelled == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert standin.streams_cancelled == before + 1
+        recent = server.report()["recent"][0]
+        assert recent["upstreamError"] == "client disconnected"
+
+
+def test_models_pass_through(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        models = openai.OpenAI(base_url=server.base_url, api_key="sk-x").models.list()
+        assert [m.id for m in models.data]
+        assert standin.received[0].path == "/v1/models"

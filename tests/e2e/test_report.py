@@ -1,0 +1,108 @@
+"""The report: chat command, HTTP report, per-request detail, CLI, several workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from tests.e2e.server import CTXBUDGET, base_config, serve
+from tests.openclaw import openclaw_request
+from tests.standin import StandIn
+
+
+def _openclaw_turn(text: str) -> dict[str, Any]:
+    """A new user turn as OpenClaw 9.x sends it: system, stamped user text, internal context."""
+    body = openclaw_request(version="9.x")
+    messages = body["messages"]
+    body["messages"] = [messages[0], messages[1], messages[-1]]
+    body["messages"][1] = {
+        "role": "user",
+        "content": f"[Sun 2026-11-22 11:28 UTC] {text}\n\nRuntime: agent=main | host=vm",
+    }
+    return body
+
+
+def test_chat_command_is_answered_by_the_proxy(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-x")
+        client.chat.completions.create(**openclaw_request(version="9.x", stream=False))
+        assert len(standin.received) == 1
+
+        body = _openclaw_turn("/context budget")
+        text = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(**body)  # OpenClaw always streams
+            if c.choices
+        )
+        assert text.startswith("📉 Context budget: ON")
+        assert "Since " in text and "1 requests" in text
+        assert "bootstrap files: 8,000 per file" in text
+
+        body = _openclaw_turn("/context budget json")
+        body["stream"] = False
+        body.pop("stream_options", None)
+        reply = client.chat.completions.create(**body)
+        as_json = json.loads(reply.choices[0].message.content or "")
+        assert as_json["totals"]["requests"] == 1
+        assert as_json == {**server.report(), "generatedAt": as_json["generatedAt"]}
+        assert len(standin.received) == 1, "the command must not reach the upstream"
+
+
+def test_report_json_text_and_detail(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-x")
+        raw = client.chat.completions.with_raw_response.create(
+            **openclaw_request(version="9.x", stream=False)
+        )
+        request_id = raw.headers["x-context-budget-request-id"]
+        report = server.report()
+        assert report["caps"]["bootstrap"]["value"] == 8000
+        assert report["totals"]["requests"] == 1
+        assert report["totals"]["savedChars"] == int(raw.headers["x-context-budget-saved-chars"])
+        assert report["totals"]["savedTokens"] > 0
+        recent = report["recent"][0]
+        assert recent["id"] == request_id
+        detail = httpx.get(f"{server.root}/context/budget/requests/{request_id}").json()
+        assert detail["segments"] == recent["segments"]
+        labels = [s["label"] for s in detail["segments"] if s["kind"] == "bootstrap"]
+        assert any(label.endswith("/AGENTS.md") for label in labels)
+
+        text = httpx.get(f"{server.root}/context/budget", params={"format": "text"})
+        assert text.headers["content-type"].startswith("text/plain")
+        assert request_id in text.text and "AGENTS.md" in text.text
+        accept = httpx.get(f"{server.root}/context/budget", headers={"accept": "text/plain"})
+        assert accept.text.startswith("📉 Context budget")
+
+        missing = httpx.get(f"{server.root}/context/budget/requests/cb-nope")
+        assert missing.status_code == 404
+        assert "no request 'cb-nope'" in missing.json()["error"]["message"]
+
+    out = subprocess.run(
+        [CTXBUDGET, "report", "--json", "--config", str(server.config_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    cli = json.loads(out.stdout)
+    assert cli["totals"] == report["totals"]
+
+
+def test_report_covers_every_worker(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url), workers=2) as server:
+        with httpx.Client() as http:
+            for _ in range(30):
+                r = http.post(
+                    f"{server.base_url}/chat/completions",
+                    json=openclaw_request(version="9.x", stream=False),
+                    headers={"connection": "close"},  # new connection: spread over workers
+                )
+                assert r.status_code == 200
+        report = server.report()
+        assert report["totals"]["requests"] == 30
+        workers = {r["worker"] for r in report["recent"]}
+        assert len(workers) == 2, "both workers should have served requests"

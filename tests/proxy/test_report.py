@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from caps import Segment
+from proxy.render import build_report, render_text
+from proxy.report import ReportStore, RequestRecord
+
+
+def _record(i: int, *, action: str = "clamped") -> RequestRecord:
+    seg = Segment(
+        kind="web_fetch",
+        label=f"web_fetch call{i} https://example.com",
+        before=1000,
+        after=200,
+        action=action,  # type: ignore[arg-type]
+        cap=200,
+        original="lorem ipsum " * 80,
+        clamped="lorem ipsum " * 16,
+    )
+    kept = Segment(
+        kind="bootstrap", label="/ws/SOUL.md", before=19, after=19, action="kept", cap=8000
+    )
+    return RequestRecord(
+        id=f"cb-{i}",
+        ts=time.time() + i,
+        model="gpt-4o",
+        enabled=action == "clamped",
+        stream=False,
+        status=200,
+        duration_ms=1.0,
+        segments=(seg, kept),
+        encoding="o200k_base",
+    )
+
+
+def test_totals_and_recent_requests(tmp_path: Path) -> None:
+    store = ReportStore(tmp_path / "r.db", run="run-1")
+    for i in range(3):
+        store.add(_record(i))
+    store.add(_record(3, action="would-clamp"))
+    store.flush()
+    summary = store.summary(recent=2)
+    totals = summary["totals"]
+    assert totals["requests"] == 4
+    assert totals["seen"] == 8
+    assert totals["clamped"] == 3 and totals["wouldClamp"] == 1
+    assert totals["savedChars"] == 3 * 800 and totals["wouldSaveChars"] == 800
+    assert totals["byKind"]["web_fetch"]["savedTokens"] == 3 * 128
+    assert totals["byKind"]["bootstrap"] == {
+        **totals["byKind"]["bootstrap"],
+        "seen": 4,
+        "clamped": 0,
+        "savedChars": 0,
+    }
+    assert [r["id"] for r in summary["recent"]] == ["cb-3", "cb-2"]
+    assert store.request("cb-1")["segments"][0]["savedTokens"] == 128  # type: ignore[index]
+    assert store.request("nope") is None
+    store.close()
+
+
+def test_a_second_store_on_the_same_file_sees_the_same_run(tmp_path: Path) -> None:
+    """Two workers share one file: each sees the other's requests."""
+    one = ReportStore(tmp_path / "r.db", run="shared", started=1.0)
+    two = ReportStore(tmp_path / "r.db", run="shared", started=1.0)
+    one.add(_record(1))
+    two.add(_record(2))
+    one.flush()
+    two.flush()
+    assert one.summary(recent=10)["totals"]["requests"] == 2
+    assert len(two.summary(recent=10)["recent"]) == 2
+    one.close()
+    two.close()
+
+
+def test_text_report_lists_segments_and_totals(tmp_path: Path) -> None:
+    store = ReportStore(tmp_path / "r.db", run="r")
+    store.add(_record(1))
+    store.flush()
+    settings = {
+        "enabled": True,
+        "config": {"path": None, "loadedAt": "2026-11-22T00:00:00Z", "error": None},
+        "caps": {
+            "web_fetch": {"value": 200, "source": "contextBudget.webFetchMaxChars", "from": "file"}
+        },
+        "encoding": "o200k_base",
+    }
+    text = render_text(build_report(store.summary(recent=5), settings=settings))
+    assert "📉 Context budget: ON" in text
+    assert "- web fetch: 200 per result — from contextBudget.webFetchMaxChars (file)" in text
+    assert "1 requests, 2 segments seen, 1 clamped" in text
+    assert "  - web_fetch web_fetch call1 https://example.com: 1,000 → 200 clamped" in text
+    store.close()

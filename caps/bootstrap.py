@@ -1,10 +1,259 @@
-"""Bootstrap files in OpenClaw's `# Project Context` block (placeholder: being written)."""
+"""Bootstrap files: the `# Project Context` block of OpenClaw's system prompt.
+
+OpenClaw renders each workspace file (AGENTS.md, SOUL.md, USER.md, ...) as a `## <path>` line
+followed by the file's content, inside a block that starts with `# Project Context` and an
+intro line, and ends at the next section (`## Silent Replies`, the cache boundary, the
+`<!-- /openclaw:attempt:STABLE -->` marker, `## Runtime`, ...). 4.x prompts also have a
+`# Dynamic Project Context` block below the cache boundary (HEARTBEAT.md). Both layouts are
+recognised; see shared/OPENCLAW_WIRE.md §1.4.
+
+A file body over its cap is cut to head + tail with OpenClaw's own marker (the 9.x style:
+the head gets 3/4 of what the marker leaves, the tail 1/4), so the agent reads a truncation
+it already knows how to handle. Everything outside the bodies — headings, intro lines, cache
+and attempt markers — is left byte for byte.
+
+**Lengths are UTF-16 code units**, the unit of OpenClaw's own `bootstrapMaxChars` (JavaScript
+string length): an emoji counts 2. The marker counts toward the cap, and a clamped body is
+never longer than the cap in UTF-16 units (so never in code points either).
+
+>>> prompt = "# Project Context\\nLoaded project context:\\n## /w/AGENTS.md\\n" + "a" * 300
+>>> text, [seg] = clamp_system_text(prompt + "\\n## Silent Replies\\nx", 200)
+>>> seg.label, seg.before, seg.after, seg.action
+('/w/AGENTS.md', 300, 200, 'clamped')
+>>> print(seg.clamped.replace("a" * 10, "a…"))
+a…a…a…a…a…a…a…aa
+<BLANKLINE>
+[...truncated, read AGENTS.md for full content...]
+…(truncated AGENTS.md: kept 72+25 chars of 300)…
+<BLANKLINE>
+a…a…aaaaa
+
+Edge cases:
+
+>>> clamp_body("a" * 100, 100, "X.md") == "a" * 100   # exactly at the cap: kept as it is
+True
+>>> clamp_body("abc", 0, "X.md")                  # cap 0: nothing is left
+''
+>>> clamp_body("a" * 40, 30, "X.md")              # too small for any marker: a plain head cut
+'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'
+>>> clamp_body("a" * 100, 60, "X.md")             # compact marker when the full one can't fit
+'aaaaaaaaaaaaaaaaaaaaaaaaaaa\\n[…truncated 27+9/100]\\naaaaaaaaa'
+>>> body = clamp_body("\\U0001F600" * 80, 41, "X.md")  # emoji: 2 units each, never split
+>>> utf16_len(body), "\\ufffd" in body.encode("utf-16-le", "replace").decode("utf-16-le")
+(41, False)
+"""
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Iterator
+
+from caps._text import utf16_head, utf16_len, utf16_tail
 from caps.types import Segment
+
+_BLOCK_TITLE = "Project Context\n"
+_BLOCK_INTROS = (
+    "The following project context files have been loaded:",  # <= 4.x
+    "Loaded project context:",  # >= mid-2026
+    "The following frequently-changing project context files",  # 4.x dynamic block
+)
+_NAMES = "AGENTS|SOUL|TOOLS|IDENTITY|USER|HEARTBEAT|BOOTSTRAP|MEMORY|memory"
+# Matched against one line after `## `: a path whose basename is a bootstrap file name.
+_HEADING = re.compile(rf"(?P<path>(?:[^\n]*[/\\])?(?P<name>(?:{_NAMES})\.md))")
+_BLOCK_END = re.compile(
+    r"\n(?:## (?:Silent Replies|Subagent Context|Group Chat Context|Conversation Context"
+    r"|Heartbeats|Runtime|Temporal Context)\n"
+    r"|<!-- (?:OPENCLAW_CACHE_BOUNDARY|/openclaw:attempt:STABLE|openclaw:attempt:DYNAMIC) -->"
+    r"|# Dynamic Project Context\n)"
+)
+"""Where a Project Context block ends (one alternation: 11 separate finds cost 8x more)."""
+
+# OpenClaw's own markers: 4.x/9.x (`kept H+T chars of N`), the 9.x AGENTS.md policy digest
+# (`kept H+policy D+T chars of N`) and the compact form (`[…truncated H+T/N]`).
+_TRUNCATED = re.compile(r"…\(truncated [^\n:]+: kept \d+(?:\+policy \d+)?\+\d+ chars of (\d+)\)…")
+_TRUNCATED_COMPACT = re.compile(r"\[…truncated \d+\+\d+/(\d+)\]")
+_MISSING = "[MISSING] Expected at: "
+
+HEAD_SHARE = 0.75
+"""Share of the space left after the marker that goes to the head (OpenClaw 9.x)."""
+_MIN_PART = 8
+"""Below this many units for head + tail together, a marker is not worth its space."""
 
 
 def clamp_system_text(text: str, cap: int | None) -> tuple[str, list[Segment]]:
-    """Clamp each bootstrap file body in one system-prompt text to `cap` UTF-16 units."""
-    return text, []
+    """Clamp each bootstrap file body in one system-prompt text to `cap` UTF-16 units.
+
+    Returns the text (the same object when nothing changed) and one segment per file found.
+    `cap=None` clamps nothing but still reports every file.
+    """
+    if "Project Context\n" not in text:
+        return text, []
+    new, segments = _clamp_cached(text, cap)
+    # Hand back the caller's own object when nothing changed (the cache may hold an equal one).
+    return (text if new == text else new), list(segments)
+
+
+@functools.lru_cache(maxsize=64)
+def _clamp_cached(text: str, cap: int | None) -> tuple[str, tuple[Segment, ...]]:
+    # An agent sends the same system prompt on every turn of a session: hashing it (~25 µs
+    # for 50 KB) is several times cheaper than finding and measuring its files again.
+    new, segments = _clamp(text, cap)
+    return new, tuple(segments)
+
+
+def _clamp(text: str, cap: int | None) -> tuple[str, list[Segment]]:
+    segments: list[Segment] = []
+    pieces: list[str] = []
+    done = 0
+    for path, name, start, end in _files(text):
+        body = text[start:end]
+        before = utf16_len(body)
+        note = _note(body)
+        if cap is None or before <= cap:
+            segments.append(_segment(path, before, before, "kept", cap, note, body, body))
+            continue
+        clamped = clamp_body(body, cap, name)
+        segments.append(
+            _segment(path, before, utf16_len(clamped), "clamped", cap, note, body, clamped)
+        )
+        pieces += [text[done:start], clamped]
+        done = end
+    if not pieces:
+        return text, segments
+    pieces.append(text[done:])
+    return "".join(pieces), segments
+
+
+@functools.lru_cache(maxsize=256)
+def clamp_body(body: str, cap: int, name: str) -> str:
+    """Cut `body` to at most `cap` UTF-16 units as head + marker + tail.
+
+    The marker reports the original size: for a body OpenClaw already truncated, the raw size
+    its own marker states, so a second cut is not counted as the first. Cached: an agent sends
+    the same files on every turn, and the function is pure.
+    """
+    size = utf16_len(body)
+    if size <= cap:
+        return body
+    raw = _raw_size(body) or size
+    for marker in (_full_marker, _compact_marker):
+        # Size the marker with the widest numbers it could hold, so the real one fits; then
+        # hand what the real (shorter) numbers leave back to head and tail.
+        room = cap - utf16_len(marker(name, cap, cap, raw)) - 2
+        if room < _MIN_PART:
+            continue
+        best = None
+        for _ in range(3):
+            head = utf16_head(body, int(room * HEAD_SHARE))
+            tail = utf16_tail(body, room - utf16_len(head))
+            out = f"{head}\n{marker(name, utf16_len(head), utf16_len(tail), raw)}\n{tail}"
+            slack = cap - utf16_len(out)
+            if slack < 0:
+                break
+            best = out
+            if slack == 0:
+                break
+            room += slack
+        if best is not None:
+            return best
+    return utf16_head(body, cap)
+
+
+def _full_marker(name: str, head: int, tail: int, raw: int) -> str:
+    return (
+        f"\n[...truncated, read {name} for full content...]\n"
+        f"…(truncated {name}: kept {head}+{tail} chars of {raw})…\n"
+    )
+
+
+def _compact_marker(name: str, head: int, tail: int, raw: int) -> str:
+    return f"[…truncated {head}+{tail}/{raw}]"
+
+
+def _files(text: str) -> Iterator[tuple[str, str, int, int]]:
+    """(path, file name, body start, body end) for every bootstrap file in every block."""
+    for _, first_line_end in _blocks(text):
+        found_end = _BLOCK_END.search(text, first_line_end)
+        block_end = found_end.start() if found_end else len(text)
+        headings = list(_headings(text, first_line_end, block_end))
+        for i, (path, name, _, line_end) in enumerate(headings):
+            start = line_end + 1
+            end = headings[i + 1][2] - 1 if i + 1 < len(headings) else block_end
+            if end < start:  # an empty file: OpenClaw drops the empty line
+                start = end = line_end
+            yield path, name, start, end
+
+
+def _blocks(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end of the intro line) of each Project Context block. str.find, not `^`
+    regexes: a multiline regex is tried at every position of a ~50 KB prompt."""
+    at = text.find(_BLOCK_TITLE)
+    while at >= 0:
+        intro = at + len(_BLOCK_TITLE)
+        for heading in ("# ", "# Dynamic "):
+            start = at - len(heading)
+            if (
+                text.startswith(heading, start)
+                and (start == 0 or text[start - 1] == "\n")
+                and text.startswith(_BLOCK_INTROS, intro)
+            ):
+                line_end = text.find("\n", intro)
+                yield start, len(text) if line_end < 0 else line_end
+        at = text.find(_BLOCK_TITLE, intro)
+
+
+def _headings(text: str, start: int, end: int) -> Iterator[tuple[str, str, int, int]]:
+    """(path, name, line start, line end) of each `## <bootstrap path>` line in [start, end)."""
+    at = text.find("\n## ", start, end)
+    while at >= 0:
+        line_start = at + 1
+        line_end = text.find("\n", line_start, end)
+        if line_end < 0:
+            line_end = end
+        found = _HEADING.fullmatch(text, line_start + 3, line_end)
+        if found:
+            yield found.group("path"), found.group("name"), line_start, line_end
+        at = text.find("\n## ", line_end, end)
+
+
+def _raw_size(body: str) -> int | None:
+    """The raw size OpenClaw's own truncation marker in `body` states, if it has one."""
+    for probe, pattern in (("…(truncated ", _TRUNCATED), ("[…truncated ", _TRUNCATED_COMPACT)):
+        at = body.find(probe)
+        while at >= 0:
+            found = pattern.match(body, at)
+            if found:
+                return int(found.group(1))
+            at = body.find(probe, at + 1)
+    return None
+
+
+def _note(body: str) -> str | None:
+    if body.startswith(_MISSING):
+        return "missing file"
+    raw = _raw_size(body)
+    return f"already truncated by OpenClaw (raw {raw:,})" if raw else None
+
+
+def _segment(
+    path: str,
+    before: int,
+    after: int,
+    action: str,
+    cap: int | None,
+    note: str | None,
+    original: str,
+    clamped: str,
+) -> Segment:
+    return Segment(
+        kind="bootstrap",
+        label=path,
+        before=before,
+        after=after,
+        action="clamped" if action == "clamped" else "kept",
+        cap=cap,
+        note=note,
+        original=original,
+        clamped=clamped,
+    )

@@ -1,12 +1,375 @@
-"""Memory and web_fetch tool results (placeholder: being written)."""
+"""Tool results in a chat request: find the memory and web_fetch ones and clamp them.
+
+A `role: "tool"` message has no tool name (OpenClaw sends none): the name comes from the
+assistant `tool_calls` entry its `tool_call_id` points to. With OpenClaw's tool-search bridge
+the call is `tool_call` with `{"id": "web_fetch", "args": {...}}`, and the result is an
+envelope `{"tool": {...}, "result": {"content": [{"type": "text", "text": "<tool JSON>"}]}}`,
+which for network tools is itself inside an untrusted-content wrapper (`Source: API`).
+
+Results that no longer parse as JSON (OpenClaw cut them with `[... N more characters
+truncated]`, or the bridge with `[truncated]`) are clamped as text when an intact wrapper
+allows a safe cut, and otherwise left exactly as they are. Results under their cap, and
+results of other tools, are never re-serialised: they stay byte-identical.
+"""
 
 from __future__ import annotations
 
-from caps.types import Caps, Message, Segment, ToolNames
+import functools
+from dataclasses import replace
+from typing import Any
+
+from caps import _json, snippets, webfetch
+from caps._text import utf16_len
+from caps.types import Caps, Message, Segment, SegmentKind, ToolNames
+
+_BRIDGE = "tool_call"
 
 
 def clamp_tool_results(
     messages: list[Message], caps: Caps, tools: ToolNames
 ) -> tuple[list[Message], list[Segment]]:
     """Clamp every recognised tool result in `messages`; return the same list if none changed."""
-    return messages, []
+    calls = _calls(messages)
+    out: list[Message] | None = None
+    segments: list[Segment] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "tool":
+            continue
+        call_id = message.get("tool_call_id")
+        name, args = calls.get(call_id, (None, {})) if isinstance(call_id, str) else (None, {})
+        content = message.get("content")
+        url = args.get("url") if isinstance(args, dict) else None
+        key = (
+            name,
+            call_id if isinstance(call_id, str) else None,
+            url if isinstance(url, str) else None,
+        )
+        new_content: Any = content
+        if isinstance(content, str):
+            new_content = _clamp_one(content, key, index, caps, tools, segments)
+        elif isinstance(content, list):
+            parts = list(content)
+            for i, part in enumerate(content):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    text = _clamp_one(part["text"], key, index, caps, tools, segments)
+                    if text is not part["text"]:
+                        parts[i] = {**part, "text": text}
+            if any(p is not q for p, q in zip(parts, content, strict=True)):
+                new_content = parts
+        if new_content is not content:
+            out = out if out is not None else list(messages)
+            out[index] = {**message, "content": new_content}
+    return (messages if out is None else out), segments
+
+
+_Key = tuple[str | None, str | None, str | None]
+"""(tool name, tool_call_id, URL argument): what a result's clamp depends on besides its text."""
+
+
+def _clamp_one(
+    text: str, key: _Key, index: int, caps: Caps, tools: ToolNames, segments: list[Segment]
+) -> str:
+    new, found = _clamp_cached(text, key, caps, tools)
+    segments.extend(replace(s, message_index=index) for s in found)
+    return text if new is text or new == text else new
+
+
+@functools.lru_cache(maxsize=256)
+def _clamp_cached(
+    text: str, key: _Key, caps: Caps, tools: ToolNames
+) -> tuple[str, tuple[Segment, ...]]:
+    # Every turn of a tool loop resends the earlier tool results unchanged: remember them.
+    found: list[Segment] = []
+    new = _clamp_text(text, _Where(*key), caps, tools, found)
+    return new, tuple(found)
+
+
+class _Where:
+    """What called a tool result."""
+
+    def __init__(self, name: str | None, call_id: str | None, url: str | None) -> None:
+        self.name = name
+        self.call_id = call_id
+        self.url = url
+
+
+def _calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
+    """tool_call_id → (real tool name, arguments), unwrapping the tool-search bridge."""
+    calls: dict[str, tuple[str, Any]] = {}
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or ():
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                continue
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                continue
+            name: str = function["name"]
+            args = _json.loads(function.get("arguments") or "") or {}
+            if name == _BRIDGE and isinstance(args.get("id"), str):
+                name = args["id"].rsplit(":", 1)[-1]
+                args = args.get("args") if isinstance(args.get("args"), dict) else {}
+            calls[call["id"]] = (name, args)
+    return calls
+
+
+def _kind(name: str | None, tools: ToolNames) -> str | None:
+    if name is None:
+        return None
+    if name in tools.web_fetch:
+        return "web_fetch"
+    if name in tools.memory_search:
+        return "memory_search"
+    if name in tools.memory_get:
+        return "memory_get"
+    return None
+
+
+def _guess(payload: dict[str, Any]) -> str | None:
+    """The kind of a result whose call is not in the request (e.g. trimmed history)."""
+    external = payload.get("externalContent")
+    if isinstance(external, dict) and external.get("source") == "web_fetch":
+        return "web_fetch"
+    if snippets.search_size(payload) is not None and payload.get("results"):
+        return "memory_search"
+    return None
+
+
+def _clamp_text(
+    text: str, where: _Where, caps: Caps, tools: ToolNames, segments: list[Segment]
+) -> str:
+    kind = _kind(where.name, tools)
+    if where.name is not None and kind is None and where.name != _BRIDGE:
+        return text  # a tool we do not cap
+    payload = _json.loads(text)
+    if payload is not None:
+        envelope = _envelope_inner(payload)
+        if envelope is not None:
+            return _clamp_envelope(text, payload, envelope, where, caps, tools, segments)
+        kind = kind or _guess(payload)
+        if kind is None:
+            return text
+        new = _clamp_payload(payload, kind, where, caps, segments)
+        return text if new is payload else _json.dumps_like(new, text)
+    wrapped = _unwrap_api(text)
+    if wrapped is not None:
+        return _clamp_bridge_text(text, wrapped, where, caps, tools, segments)
+    if kind is not None:
+        _unparseable(text, kind, where, caps, segments)
+    return text
+
+
+# -- parsed payloads -----------------------------------------------------------------------
+
+
+def _clamp_payload(
+    payload: dict[str, Any], kind: str, where: _Where, caps: Caps, segments: list[Segment]
+) -> dict[str, Any]:
+    tool = where.name or kind
+    if kind == "web_fetch":
+        return _clamp_web_fetch(payload, tool, where, caps.web_fetch_max_chars, segments)
+    cap = caps.memory_max_chars
+    label = f"{tool} {where.call_id}" if where.call_id else tool
+    if kind == "memory_search":
+        if snippets.search_size(payload) is None:
+            return payload
+        new, before, after, dropped = snippets.clamp_search(
+            payload, cap if cap is not None else 1 << 62
+        )
+        note = f"{dropped} of {len(payload['results'])} results dropped" if dropped else None
+        original = "\n".join(r["snippet"] for r in payload["results"])
+        clamped = "\n".join(r["snippet"] for r in new["results"])
+    else:
+        if not isinstance(payload.get("text"), str):
+            return payload
+        new, before, after = snippets.clamp_get(payload, cap if cap is not None else 1 << 62)
+        note = None
+        original, clamped = payload["text"], new["text"]
+    if new is not payload and kind == "memory_search":
+        new = {**new, "truncated": True}
+    segments.append(
+        _segment(
+            "memory",
+            label,
+            before,
+            after,
+            new is not payload,
+            cap,
+            where,
+            tool,
+            None,
+            note,
+            original,
+            clamped,
+        )
+    )
+    return new
+
+
+def _clamp_web_fetch(
+    payload: dict[str, Any], tool: str, where: _Where, cap: int | None, segments: list[Segment]
+) -> dict[str, Any]:
+    text = payload.get("text")
+    if not isinstance(text, str):
+        return payload
+    url = payload.get("finalUrl") or payload.get("url") or where.url
+    url = url if isinstance(url, str) else None
+    label = " ".join(x for x in (tool, where.call_id, url) if x)
+    before = utf16_len(text)
+    note = "already truncated by OpenClaw" if payload.get("truncated") is True else None
+    clamped = text if cap is None else webfetch.clamp_wrapped(text, cap)
+    if clamped is None:
+        note = "cap smaller than the untrusted-content markers: left whole"
+        clamped = text
+    changed = clamped is not text and clamped != text
+    segments.append(
+        _segment(
+            "web_fetch",
+            label,
+            before,
+            utf16_len(clamped),
+            changed,
+            cap,
+            where,
+            tool,
+            url,
+            note,
+            text,
+            clamped,
+        )
+    )
+    if not changed:
+        return payload
+    return {**payload, "truncated": True, "length": utf16_len(clamped), "text": clamped}
+
+
+# -- the tool-search bridge ----------------------------------------------------------------
+
+
+def _envelope_inner(payload: dict[str, Any]) -> tuple[str, str] | None:
+    """(tool name, inner text) of a bridge envelope, else None."""
+    tool = payload.get("tool")
+    result = payload.get("result")
+    if not isinstance(tool, dict) or not isinstance(result, dict):
+        return None
+    content = result.get("content")
+    name = tool.get("name")
+    if not isinstance(name, str) or not isinstance(content, list) or len(content) != 1:
+        return None
+    part = content[0]
+    if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+        return None
+    return name, part["text"]
+
+
+def _clamp_envelope(
+    text: str,
+    payload: dict[str, Any],
+    inner: tuple[str, str],
+    where: _Where,
+    caps: Caps,
+    tools: ToolNames,
+    segments: list[Segment],
+) -> str:
+    name, inner_text = inner
+    bridged = _Where(where.name if where.name != _BRIDGE else name, where.call_id, where.url)
+    new_inner = _clamp_text(inner_text, bridged, caps, tools, segments)
+    if new_inner is inner_text:
+        return text
+    part = {**payload["result"]["content"][0], "text": new_inner}
+    new = {**payload, "result": {**payload["result"], "content": [part]}}
+    return _json.dumps_like(new, text)
+
+
+def _unwrap_api(text: str) -> str | None:
+    """The envelope inside a `Source: API` untrusted-content wrapper, if `text` is one."""
+    if "<<<EXTERNAL_UNTRUSTED_CONTENT" not in text or "\nSource: API\n---\n" not in text:
+        return None
+    start = text.find("\nSource: API\n---\n") + len("\nSource: API\n---\n")
+    end = text.rfind("\n<<<END_EXTERNAL_UNTRUSTED_CONTENT")
+    return text[start:end] if end > start else None
+
+
+def _clamp_bridge_text(
+    text: str,
+    envelope_text: str,
+    where: _Where,
+    caps: Caps,
+    tools: ToolNames,
+    segments: list[Segment],
+) -> str:
+    payload = _json.loads(envelope_text)
+    if payload is not None and _envelope_inner(payload) is not None:
+        new_envelope = _clamp_text(envelope_text, where, caps, tools, segments)
+        return (
+            text if new_envelope is envelope_text else text.replace(envelope_text, new_envelope, 1)
+        )
+    # The bridge cut the envelope (`[truncated]`): only a text cut inside the wrapper is safe.
+    kind = _kind(where.name, tools) or ("web_fetch" if '"source": "web_fetch"' in text else None)
+    if kind is None:
+        return text
+    return _unparseable(text, kind, where, caps, segments)
+
+
+def _unparseable(text: str, kind: str, where: _Where, caps: Caps, segments: list[Segment]) -> str:
+    """A result that no longer parses: cut inside its outer wrapper if it has one, else keep."""
+    seg_kind: SegmentKind = "web_fetch" if kind == "web_fetch" else "memory"
+    cap = caps.web_fetch_max_chars if seg_kind == "web_fetch" else caps.memory_max_chars
+    tool = where.name or kind
+    label = f"{tool} {where.call_id}" if where.call_id else tool
+    before = utf16_len(text)
+    clamped = text
+    note = "unparseable JSON (cut upstream): left as is"
+    if cap is not None and before > cap and seg_kind == "web_fetch":
+        cut = webfetch.clamp_wrapped(text, cap)
+        if cut is not None:
+            clamped, note = cut, "unparseable JSON (cut upstream): clamped as text"
+    changed = clamped is not text
+    segments.append(
+        _segment(
+            seg_kind,
+            label,
+            before,
+            utf16_len(clamped),
+            changed,
+            cap,
+            where,
+            tool,
+            where.url,
+            note,
+            text,
+            clamped,
+        )
+    )
+    return clamped
+
+
+def _segment(
+    kind: SegmentKind,
+    label: str,
+    before: int,
+    after: int,
+    changed: bool,
+    cap: int | None,
+    where: _Where,
+    tool: str,
+    url: str | None,
+    note: str | None,
+    original: str,
+    clamped: str,
+) -> Segment:
+    return Segment(
+        kind=kind,
+        label=label,
+        before=before,
+        after=after,
+        action="clamped" if changed else "kept",
+        cap=cap,
+        tool=tool,
+        call_id=where.call_id,
+        url=url,
+        note=note,
+        original=original,
+        clamped=clamped,
+    )

@@ -1,0 +1,79 @@
+"""Parse and re-serialise tool-result JSON exactly as OpenClaw (JavaScript) wrote it.
+
+OpenClaw sends tool results as `JSON.stringify(payload, null, 2)`: 2-space indent, `": "`,
+non-ASCII unescaped, and numbers in JavaScript's format (`0.000003618281867540916`, where
+Python would write `3.618281867540916e-06`). A clamped result is written back the same way
+(compact when it came compact), so only the clamped fields differ from what the agent sent.
+
+>>> dumps_like({"a": [1, 0.000003618281867540916, 1e21, 1.5e-8]}, "{}")
+'{"a":[1,0.000003618281867540916,1e+21,1.5e-8]}'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+
+def loads(text: str) -> Any:
+    """Parse a JSON object; `None` when it does not parse or is not an object."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:  # lone surrogates and huge integers: valid JSON orjson refuses
+            value = json.loads(text)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+def dumps_like(value: Any, original: str) -> str:
+    """Serialise `value` in the layout of `original` (indented like JSON.stringify, or compact)."""
+    numbers: dict[str, str] = {}
+    value = _mark_floats(value, numbers)
+    indented = original.lstrip().startswith("{\n")
+    try:
+        out = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indented else 0).decode()
+    except TypeError:
+        if indented:
+            out = json.dumps(value, indent=2, ensure_ascii=False)
+        else:
+            out = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for token, number in numbers.items():
+        out = out.replace(json.dumps(token), number)
+    return out
+
+
+def js_number(value: float) -> str:
+    """`value` as JavaScript's `Number.prototype.toString` writes it."""
+    if not math.isfinite(value):
+        return "null"  # what JSON.stringify writes for NaN and Infinity
+    if value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    if 1e-7 <= abs(value) < 1e21:
+        return format(Decimal(repr(value)), "f")
+    mantissa, exponent = repr(value).split("e")
+    sign = "-" if exponent.startswith("-") else "+"
+    return f"{mantissa}e{sign}{int(exponent.lstrip('+-'))}"
+
+
+def _mark_floats(value: Any, numbers: dict[str, str]) -> Any:
+    # Floats whose Python form differs from JavaScript's go through as placeholder strings.
+    if isinstance(value, float):
+        text = js_number(value)
+        if text == repr(value):
+            return value
+        token = f"\x00ctxbudget-number-{len(numbers)}\x00"
+        numbers[token] = text
+        return token
+    if isinstance(value, dict):
+        return {k: _mark_floats(v, numbers) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mark_floats(v, numbers) for v in value]
+    return value

@@ -8,7 +8,7 @@ with a marker, which counts toward the cap), then the rest dropped and counted.
 >>> payload = {"results": [{"snippet": "a" * 50}, {"snippet": "b" * 50}, {"snippet": "c"}]}
 >>> out, before, after, dropped = clamp_search(payload, 80)
 >>> [r["snippet"][-16:] for r in out["results"]], before, after, dropped
-([\'aaaaaaaaaaaaaaaa\', \'bbbb\\n[…truncated]\'], 101, 80, 1)
+([\'aaaaaaaaaaaaaaaa\', \'bbb\\n[…truncated]\'], 101, 80, 1)
 >>> clamp_search(out, 80)[0] is out          # idempotent: a clamped result is kept as it is
 True
 

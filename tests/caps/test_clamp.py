@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import copy
+
+from caps import Caps, clamp_request
+from tests.openclaw import openclaw_request, system_prompt
+
+CAPS = Caps(bootstrap_max_chars=1000, memory_max_chars=500, web_fetch_max_chars=1500)
+
+
+def test_request_without_messages_is_returned_as_is() -> None:
+    request = {"model": "m", "prompt": "legacy"}
+    result = clamp_request(request, CAPS)
+    assert result.request is request and result.segments == () and not result.changed
+
+
+def test_system_prompt_as_content_parts_and_developer_role() -> None:
+    parts = [{"type": "text", "text": "intro"}, {"type": "text", "text": system_prompt()}]
+    request = {"messages": [{"role": "developer", "content": parts}]}
+    result = clamp_request(request, CAPS)
+    assert result.changed
+    assert result.request["messages"][0]["content"][0] is parts[0]
+    assert all(s.after <= 1000 for s in result.segments)
+    assert {s.message_index for s in result.segments} == {0}
+
+
+def test_the_input_is_never_mutated_and_untouched_messages_are_shared() -> None:
+    request = openclaw_request()
+    before = copy.deepcopy(request)
+    result = clamp_request(request, CAPS)
+    assert request == before
+    assert result.changed
+    assert result.request["tools"] is request["tools"]
+    assert result.request["messages"][1] is request["messages"][1]
+    kinds = {s.kind for s in result.segments if s.action == "clamped"}
+    assert kinds == {"bootstrap", "web_fetch", "memory"}
+
+
+def test_segments_point_at_their_messages() -> None:
+    request = openclaw_request()
+    result = clamp_request(request, CAPS)
+    for segment in result.segments:
+        message = request["messages"][segment.message_index]
+        assert message["role"] == ("system" if segment.kind == "bootstrap" else "tool")

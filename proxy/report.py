@@ -134,9 +134,13 @@ def start_run(path: Path, run: str, started: float) -> None:
 class ReportStore:
     """Writes request records on a background thread and answers report queries."""
 
-    def __init__(self, path: Path, *, run: str, started: float | None = None) -> None:
+    def __init__(
+        self, path: Path, *, run: str, started: float | None = None, batch_seconds: float = 0.05
+    ) -> None:
         self.path = path
         self.run = run
+        self._batch_seconds = batch_seconds
+        self._flush_now = threading.Event()
         self._tokens = TokenCounter()
         self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
         self._db = open_db(path)
@@ -159,11 +163,13 @@ class ReportStore:
         """Wait until every queued record is written."""
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            self._flush_now.set()
             time.sleep(0.001)
 
     def close(self) -> None:
         """Write what is queued, stop the writer and close the database."""
         self._queue.put(None)
+        self._flush_now.set()
         self._thread.join(timeout=30)
         self._db.close()
 
@@ -172,6 +178,10 @@ class ReportStore:
         try:
             while True:
                 first = self._queue.get()
+                # Gather for a moment and write one transaction: per-request writes would
+                # compete with the request path for the GIL on every request.
+                self._flush_now.wait(self._batch_seconds)
+                self._flush_now.clear()
                 batch = [first]
                 while True:
                     try:
@@ -200,8 +210,7 @@ class ReportStore:
             conn.executemany(
                 "INSERT OR REPLACE INTO requests (id, run, ts, body) VALUES (?, ?, ?, ?)", rows
             )
-            for body in bodies:
-                self._add_totals(conn, body)
+            self._add_totals(conn, bodies)
             self._writes += len(records)
             if self._writes >= 200:
                 self._writes = 0
@@ -215,16 +224,22 @@ class ReportStore:
             conn.execute("ROLLBACK")
             raise
 
-    def _add_totals(self, conn: sqlite3.Connection, body: dict[str, Any]) -> None:
+    def _add_totals(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
         conn.execute(
             "INSERT INTO run_counts (run, requests, clamp_errors, upstream_errors) "
-            "VALUES (?, 1, ?, ?) ON CONFLICT (run) DO UPDATE SET "
-            "requests = requests + 1, clamp_errors = clamp_errors + excluded.clamp_errors, "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (run) DO UPDATE SET "
+            "requests = requests + excluded.requests, "
+            "clamp_errors = clamp_errors + excluded.clamp_errors, "
             "upstream_errors = upstream_errors + excluded.upstream_errors",
-            (self.run, int(body["clampError"] is not None), int(body["upstreamError"] is not None)),
+            (
+                self.run,
+                len(bodies),
+                sum(b["clampError"] is not None for b in bodies),
+                sum(b["upstreamError"] is not None for b in bodies),
+            ),
         )
         for kind in SEGMENT_KINDS:
-            segs = [s for s in body["segments"] if s["kind"] == kind]
+            segs = [s for b in bodies for s in b["segments"] if s["kind"] == kind]
             if not segs:
                 continue
             clamped = [s for s in segs if s["action"] == "clamped"]

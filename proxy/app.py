@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from caps import ClampResult, Segment, clamp_request
 from proxy import command
+from proxy.body import ChatBody, parse_chat_body
 from proxy.config import ConfigSource
 from proxy.errors import (
     BadRequest,
@@ -103,26 +104,26 @@ class Proxy:
         settings = self.settings()
         self.check_key(request, settings)
         raw = await _read_body(request, settings.max_body_bytes)
-        body = _parse_chat_request(raw)
+        body = parse_chat_body(raw)
         request_id = "cb-" + secrets.token_hex(8)
         enabled = _enabled(request, settings)
-        model = body.get("model") if isinstance(body.get("model"), str) else None
+        model = body.get("model")
         stream = body.get("stream") is True
 
-        mode = command.find_command(body["messages"])
+        mode = command.find_command(body.messages)
         if mode is not None:
             return await self._answer_command(mode, request_id, model, stream, body, settings)
 
-        result, clamp_error = self._clamp(body, settings, enabled)
+        result, clamp_error = self._clamp(body.messages, settings, enabled)
         segments = result.segments if result else ()
         if not enabled:
             segments = tuple(_would(s) for s in segments)
+        messages = body.messages
         if enabled and result is not None and result.changed:
-            out = orjson.dumps(result.request)
-            forwarded = result.request
+            messages = result.request["messages"]
+            out = body.encode(messages)
         else:
             out = raw  # byte-identical: budget off, nothing to clamp, or a clamp failed open
-            forwarded = body
         headers = _budget_headers(request_id, enabled, segments, clamp_error)
 
         record = _Recorder(
@@ -143,7 +144,12 @@ class Proxy:
 
                 record.route = route.model
                 return await litellm_completion(
-                    forwarded, route, stream=stream, headers=headers, record=record, env=self.env
+                    body.to_dict(messages),
+                    route,
+                    stream=stream,
+                    headers=headers,
+                    record=record,
+                    env=self.env,
                 )
             upstream = await self.upstream.request(
                 "POST",
@@ -174,10 +180,11 @@ class Proxy:
         return Response(data, status_code=upstream.status, headers={**upstream.headers, **headers})
 
     def _clamp(
-        self, body: dict[str, Any], settings: Settings, enabled: bool
+        self, messages: list[Any], settings: Settings, enabled: bool
     ) -> tuple[ClampResult | None, str | None]:
         try:
-            return self.clamp(body, settings.caps, tools=settings.tool_names), None
+            request = {"messages": messages}
+            return self.clamp(request, settings.caps, tools=settings.tool_names), None
         except Exception as exc:  # a clamp bug must not lose the user's request
             message = f"{exc.__class__.__name__}: {exc}"
             log.exception(
@@ -199,7 +206,7 @@ class Proxy:
         request_id: str,
         model: str | None,
         stream: bool,
-        body: dict[str, Any],
+        body: ChatBody,
         settings: Settings,
     ) -> Response:
         report = self.report(settings)
@@ -212,7 +219,8 @@ class Proxy:
         headers[f"{HEADER_PREFIX}-command"] = "context-budget"
         name = model or "ctxbudget"
         if stream:
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
             return StreamingResponse(
                 command.completion_stream(
                     text, model=name, request_id=request_id, include_usage=usage
@@ -415,39 +423,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
             )
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _parse_chat_request(raw: bytes) -> dict[str, Any]:
-    if not raw.strip():
-        raise BadRequest("request body is empty: send a JSON chat completion request")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # orjson refuses lone surrogates and integers past 64 bits, which are valid JSON;
-        # the stdlib parser takes them. Anything neither accepts is malformed.
-        import json
-
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest(
-            f"request body must be a JSON object, got {type(body).__name__}: "
-            'send {"model": ..., "messages": [...]}'
-        )
-    messages = body.get("messages")
-    if messages is None:
-        raise BadRequest("'messages' is required: a list of chat messages", param="messages")
-    if not isinstance(messages, list):
-        raise BadRequest(
-            f"'messages' must be a list of chat messages, got {type(messages).__name__}",
-            param="messages",
-        )
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest(f"'model' must be a string, got {type(model).__name__}", param="model")
-    return body
 
 
 async def _error_response(request: Request, exc: Exception) -> Response:

@@ -10,7 +10,6 @@ built-in defaults). `--json` prints machine-readable JSON on stdout and nothing 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -114,26 +113,8 @@ def _serve(args: argparse.Namespace) -> None:
     )
 
 
-def _tune_malloc() -> None:
-    """Keep a long-running worker's memory flat under ~200 KB request bodies.
-
-    glibc raises its mmap threshold after the first large free, after which every request
-    buffer comes from the heap and fragments it; fixing the threshold at 128 KiB hands large
-    buffers back to the OS at once. Two arenas are plenty for one event loop and one writer
-    thread. Measured: steady RSS under load 161 MB -> 134 MB (docs/benchmarks.md).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    m_mmap_threshold, m_arena_max = -3, -8
-    libc.mallopt(m_mmap_threshold, 128 * 1024)
-    libc.mallopt(m_arena_max, 2)
-
-
 def app_factory() -> Any:
     """Build the app inside a uvicorn worker from what `serve` put in the environment."""
-    _tune_malloc()
     from proxy.app import create_app
     from proxy.config import ConfigSource
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import hashlib
 import importlib.util
 import os
 import threading
@@ -79,15 +78,17 @@ class TokenCounter:
     """
 
     def __init__(self, *, max_entries: int = 4096) -> None:
-        self._cache: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._max = max_entries
 
     def count(self, text: str, encoding: str) -> int:
         """Tokens in `text` under `encoding` (e.g. `o200k_base`)."""
         if not text:
             return 0
-        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        key = (encoding, digest)
+        # str hashes are cached on the object, and clamped texts are shared objects from the
+        # caps caches: this key costs nothing for them and one pass for a new original. A
+        # collision (64-bit hash and length equal) would misreport one count; never a clamp.
+        key = (encoding, hash(text), len(text))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)

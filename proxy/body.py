@@ -1,0 +1,165 @@
+"""A chat request body: parse what the proxy reads, keep the rest as the client's bytes.
+
+A 180 KB OpenClaw request is mostly `tools` (~105 KB of JSON schemas) that the proxy never
+changes. Parsing it all into Python objects took 0.40 ms of the 1 ms budget. Instead the top
+level is scanned once (msgspec, `dict[str, Raw]`: every value stays a slice of the original
+bytes, and the whole document is still checked to be well-formed JSON), only `messages` is
+parsed, and a changed request is written back by splicing the new `messages` between the
+untouched raw values: 0.25 ms for the same request, and every other field reaches the
+upstream byte for byte.
+
+>>> body = parse_chat_body(b'{"model": "m", "tools": [1.50], "messages": [{"role": "user"}]}')
+>>> body.get("model"), body.messages
+('m', [{'role': 'user'}])
+>>> body.encode([{"role": "user", "content": "x"}])
+b'{"model":"m","tools":[1.50],"messages":[{"role":"user","content":"x"}]}'
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import orjson
+
+from proxy.errors import BadRequest
+
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_MISSING = object()
+
+
+class ChatBody:
+    """One parsed request: `messages` as Python objects, other fields decoded on demand."""
+
+    def __init__(
+        self, raw: bytes, fields: dict[str, Any], messages: list[Any], *, decoded: bool
+    ) -> None:
+        self.raw = raw
+        self._fields = fields
+        self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
+        self._cache: dict[str, Any] = {}
+        self.messages = messages
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A top-level field as a Python value (decoded once)."""
+        if key == "messages":
+            return self.messages
+        value = self._cache.get(key, _MISSING)
+        if value is _MISSING:
+            if key not in self._fields:
+                return default
+            value = self._fields[key] if self._decoded else _loads(memoryview(self._fields[key]))
+            self._cache[key] = value
+        return value
+
+    def to_dict(self, messages: list[Any] | None = None) -> dict[str, Any]:
+        """The whole request as Python values (for routes that need every field)."""
+        out = {k: self.get(k) for k in self._fields}
+        out["messages"] = self.messages if messages is None else messages
+        return out
+
+    def encode(self, messages: list[Any]) -> bytes:
+        """The request with `messages` replaced; every other field as the client sent it."""
+        parts = []
+        for key, value in self._fields.items():
+            if key == "messages":
+                encoded = _dumps(messages)
+            elif self._decoded:
+                encoded = _dumps(value)
+            else:
+                encoded = bytes(value)
+            parts.append(_dumps(key) + b":" + encoded)
+        return b"{" + b",".join(parts) + b"}"
+
+
+def parse_chat_body(raw: bytes) -> ChatBody:
+    """Check and parse a chat request; `BadRequest` naming what is wrong."""
+    if not raw.strip():
+        raise BadRequest("request body is empty: send a JSON chat completion request")
+    try:
+        fields: dict[str, Any] = _TOP.decode(raw)
+        decoded = False
+    except msgspec.ValidationError:
+        raise BadRequest(
+            f"request body must be a JSON object, got {_kind(raw)}: "
+            'send {"model": ..., "messages": [...]}'
+        ) from None
+    except msgspec.DecodeError:
+        # Lone surrogate escapes ("\\ud800") are valid JSON that msgspec refuses; the stdlib
+        # parser takes them. Anything neither accepts is malformed.
+        try:
+            whole = json.loads(raw)
+        except ValueError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(whole, dict):
+            raise BadRequest(
+                f"request body must be a JSON object, got {type(whole).__name__}"
+            ) from None
+        fields, decoded = whole, True
+    if not decoded:
+        _check_utf8(fields)
+    if "messages" not in fields:
+        raise BadRequest("'messages' is required: a list of chat messages", param="messages")
+    messages = fields["messages"] if decoded else _loads(memoryview(fields["messages"]))
+    if not isinstance(messages, list):
+        raise BadRequest(
+            f"'messages' must be a list of chat messages, got {_type(messages)}",
+            param="messages",
+        )
+    body = ChatBody(raw, fields, messages, decoded=decoded)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {_type(model)}", param="model")
+    return body
+
+
+def _check_utf8(fields: dict[str, Any]) -> None:
+    # msgspec checks the strings it decodes, not the raw values it only skips; `messages` is
+    # checked by orjson when it parses it. Usually ASCII: a fast check, no decode.
+    for key, value in fields.items():
+        data = bytes(value)
+        if key != "messages" and not data.isascii():
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise BadRequest(
+                    f"'{key}' is not valid UTF-8 (byte {exc.start} of its value): send JSON",
+                    param=key,
+                ) from exc
+
+
+def _loads(data: memoryview) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:  # valid JSON orjson refuses (huge integers)
+            return json.loads(bytes(data))
+        except ValueError:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # integers past 64 bits, lone surrogates: the stdlib escapes them
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _type(value: Any) -> str:
+    return {
+        str: "string",
+        int: "integer",
+        float: "number",
+        bool: "boolean",
+        dict: "object",
+        list: "list",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _kind(raw: bytes) -> str:
+    first = raw.lstrip()[:1]
+    return {b"[": "list", b'"': "string", b"t": "boolean", b"f": "boolean", b"n": "null"}.get(
+        first, "number"
+    )

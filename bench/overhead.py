@@ -132,6 +132,47 @@ def start_proxy(
     return proc, url, time.perf_counter() - started
 
 
+def start_floor(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The bare pass-through of bench/floor_app.py, on the proxy's core."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "floor_app:app",
+            "--app-dir",
+            str(ROOT / "bench"),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env={**os.environ, "FLOOR_UPSTREAM": upstream},
+        preexec_fn=_pin(1),
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    asyncio.run(_until_up(url, body, proc))
+    return proc, url
+
+
+async def _until_up(url: str, body: bytes, proc: subprocess.Popen[bytes]) -> None:
+    async with aiohttp.ClientSession() as s:
+        while proc.poll() is None:
+            try:
+                await _one(s, url, body)
+                return
+            except (aiohttp.ClientError, RuntimeError):
+                await asyncio.sleep(0.02)
+    raise RuntimeError("floor app exited during start")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop(proc: subprocess.Popen[Any]) -> None:
     proc.terminate()
     try:
@@ -228,6 +269,7 @@ def main() -> None:
                 proc, _, took = start_proxy(work / f"start{i}", direct)
                 starts.append(took)
                 stop(proc)
+            floor, floor_url = start_floor(direct)
             proxy, url, _ = start_proxy(work, direct)
             try:
                 run(
@@ -242,9 +284,11 @@ def main() -> None:
                     n_conc,
                     n_rss,
                     starts,
+                    (floor_url, floor.pid),
                 )
             finally:
                 stop(proxy)
+                stop(floor)
         finally:
             stop(standin)
 
@@ -261,6 +305,7 @@ def run(
     n_conc: int,
     n_rss: int,
     starts: list[float],
+    floor: tuple[str, int],
 ) -> None:
     results: dict[str, list[float]] = {}
 
@@ -286,6 +331,13 @@ def run(
         tp = asyncio.run(sequential(url, stream_body, n_seq // 2, ttfb=True))
         add("ttfb added p50", pct(tp, 0.5) - pct(td, 0.5))
         add("ttfb added p99", pct(tp, 0.99) - pct(td, 0.99))
+        fl = asyncio.run(sequential(floor[0], largest, n_seq))
+        add("floor added p50", pct(fl, 0.5) - pct(d, 0.5))
+        add("floor added p99", pct(fl, 0.99) - pct(d, 0.99))
+        for name, (target, pid_) in (("proxy", (url, pid)), ("floor", floor)):
+            before = cpu_seconds(pid_)
+            asyncio.run(sequential(target, largest, n_seq // 2))
+            add(f"{name} cpu", (cpu_seconds(pid_) - before) / (n_seq // 2 + 20))
 
     rss = [rss_mb(pid)]
     for _ in range(4):
@@ -298,6 +350,11 @@ def run(
     print(f"  direct p50 {ms(med['c1 direct p50'])}, through proxy p50 {ms(med['c1 proxy p50'])}")
     print(f"  added p50 {ms(med['c1 added p50'])}   (target <= 1 ms)")
     print(f"  added p99 {ms(med['c1 added p99'])}   (target <= 5 ms)")
+    print(
+        f"  the floor (bench/floor_app.py: bare Starlette + aiohttp pass-through, no parse) adds"
+        f" p50 {ms(med['floor added p50'])}, p99 {ms(med['floor added p99'])}"
+    )
+    print(f"  CPU per request: proxy {ms(med['proxy cpu'])}, floor {ms(med['floor cpu'])}")
     print(f"concurrency 32, all requests round-robin, {n_conc} requests:")
     print(
         f"  direct {med['c32 direct rps']:.0f} req/s,",

@@ -234,7 +234,8 @@ def memory_get_result(*, text: str, path: str = "MEMORY.md") -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
-def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+def tool_call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message calling one tool, as OpenClaw sends it (compact JSON arguments)."""
     return {
         "role": "assistant",
         "content": None,
@@ -267,13 +268,13 @@ def openclaw_request(
         }
         if version.startswith("9")
         else {"role": "user", "content": [{"type": "text", "text": "Please fetch the page."}]},
-        _call("callwebfetch34529", "web_fetch", {"url": "https://example.com/page"}),
+        tool_call("callwebfetch34529", "web_fetch", {"url": "https://example.com/page"}),
         {
             "role": "tool",
             "tool_call_id": "callwebfetch34529",
             "content": web_fetch_result(version=version, content=_paragraphs(web_chars)),
         },
-        _call("callmemorysearch34824", "memory_search", {"query": "deadline"}),
+        tool_call("callmemorysearch34824", "memory_search", {"query": "deadline"}),
         {
             "role": "tool",
             "tool_call_id": "callmemorysearch34824",
@@ -281,7 +282,7 @@ def openclaw_request(
                 snippets=[f"- fact {i}: " + "x" * 600 for i in range(6)]
             ),
         },
-        _call("callmemoryget37143", "memory_get", {"path": "MEMORY.md"}),
+        tool_call("callmemoryget37143", "memory_get", {"path": "MEMORY.md"}),
         {
             "role": "tool",
             "tool_call_id": "callmemoryget37143",

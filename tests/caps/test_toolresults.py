@@ -18,6 +18,7 @@ from tests.openclaw import (
     load_fixtures,
     memory_get_result,
     memory_search_result,
+    tool_call,
     web_fetch_result,
     wrap_untrusted,
 )
@@ -28,24 +29,10 @@ START = '<<<EXTERNAL_UNTRUSTED_CONTENT id="9b0b037e278b35bf">>>'
 END = '<<<END_EXTERNAL_UNTRUSTED_CONTENT id="9b0b037e278b35bf">>>'
 
 
-def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
-            }
-        ],
-    }
-
-
 def _turn(name: str, content: Any, args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": "go"},
-        _call("callx1", name, args or {}),
+        tool_call("callx1", name, args or {}),
         {"role": "tool", "tool_call_id": "callx1", "content": content},
     ]
 
@@ -133,7 +120,7 @@ def test_tool_search_bridge_envelope_wrapped_in_untrusted_content() -> None:
     content = wrap_untrusted(envelope, id_hex="aaaabbbbccccdddd", source="API")
     messages = [
         {"role": "user", "content": "go"},
-        _call("calltool7", "tool_call", {"id": "web_fetch", "args": {"url": "https://e.x/"}}),
+        tool_call("calltool7", "tool_call", {"id": "web_fetch", "args": {"url": "https://e.x/"}}),
         {"role": "tool", "tool_call_id": "calltool7", "content": content},
     ]
     out, [segment] = clamp_tool_results(messages, CAPS, TOOLS)

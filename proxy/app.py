@@ -9,12 +9,14 @@ GET  /healthz
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -209,7 +211,7 @@ class Proxy:
         body: ChatBody,
         settings: Settings,
     ) -> Response:
-        report = self.report(settings)
+        report = await self.report(settings)
         text = (
             orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
             if mode == "json"
@@ -234,9 +236,13 @@ class Proxy:
             headers=headers,
         )
 
-    def report(self, settings: Settings) -> dict[str, Any]:
-        self.reports.flush()
-        summary = self.reports.summary(recent=settings.recent_requests)
+    async def report(self, settings: Settings) -> dict[str, Any]:
+        # Waiting for the writer and reading SQLite block: keep them off the event loop.
+        def read() -> dict[str, Any]:
+            self.reports.flush()
+            return self.reports.summary(recent=settings.recent_requests)
+
+        summary = await asyncio.to_thread(read)
         return build_report(summary, settings=settings.describe(self.config))
 
     async def models(self, request: Request) -> Response:
@@ -258,7 +264,7 @@ class Proxy:
     async def budget(self, request: Request) -> Response:
         settings = self.settings()
         self.check_key(request, settings)
-        report = self.report(settings)
+        report = await self.report(settings)
         fmt = request.query_params.get("format")
         if fmt not in (None, "json", "text"):
             raise BadRequest(f"format must be 'json' or 'text', got {fmt!r}", param="format")
@@ -270,9 +276,13 @@ class Proxy:
     async def budget_request(self, request: Request) -> Response:
         settings = self.settings()
         self.check_key(request, settings)
-        self.reports.flush()
         request_id = request.path_params["id"]
-        found = self.reports.request(request_id)
+
+        def read() -> dict[str, Any] | None:
+            self.reports.flush()
+            return self.reports.request(request_id)
+
+        found = await asyncio.to_thread(read)
         if found is None:
             raise NotFound(
                 f"no request {request_id!r} in the report (it keeps the latest ones; "
@@ -357,11 +367,7 @@ async def _relay(upstream: UpstreamResponse, record: _Recorder) -> AsyncIterator
 
 
 def _would(segment: Segment) -> Segment:
-    if segment.action != "clamped":
-        return segment
-    from dataclasses import replace
-
-    return replace(segment, action="would-clamp")
+    return replace(segment, action="would-clamp") if segment.action == "clamped" else segment
 
 
 def _budget_headers(

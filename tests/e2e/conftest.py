@@ -4,7 +4,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.server import close_clients
 from tests.standin import StandIn, run_standin
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    close_clients()
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 CTXBUDGET = str(Path(sys.executable).parent / "ctxbudget")
+CLIENTS: list[openai.OpenAI] = []
+
+
+def sdk(**kwargs: Any) -> openai.OpenAI:
+    """An `openai.OpenAI` client, closed after the test (its pool holds sockets)."""
+    client = openai.OpenAI(**kwargs)
+    CLIENTS.append(client)
+    return client
+
+
+def close_clients() -> None:
+    while CLIENTS:
+        CLIENTS.pop().close()
 
 
 def free_port() -> int:

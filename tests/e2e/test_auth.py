@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.server import base_config, serve
+from tests.e2e.server import base_config, sdk, serve
 from tests.standin import StandIn
 
 HELLO = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -16,9 +16,7 @@ HELLO = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_client_key_is_forwarded_without_an_upstream_key(tmp_path: Path, standin: StandIn) -> None:
     with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
-        openai.OpenAI(base_url=server.base_url, api_key="sk-client").chat.completions.create(
-            **HELLO
-        )
+        sdk(base_url=server.base_url, api_key="sk-client").chat.completions.create(**HELLO)
     assert standin.received[0].headers["authorization"] == "Bearer sk-client"
 
 
@@ -26,9 +24,7 @@ def test_configured_upstream_key_replaces_the_clients(tmp_path: Path, standin: S
     config = base_config(tmp_path, standin.base_url)
     config["proxy"]["upstream"]["apiKeyEnv"] = "TEST_UPSTREAM_KEY"
     with serve(tmp_path, config, env={"TEST_UPSTREAM_KEY": "sk-upstream"}) as server:
-        openai.OpenAI(base_url=server.base_url, api_key="sk-client").chat.completions.create(
-            **HELLO
-        )
+        sdk(base_url=server.base_url, api_key="sk-client").chat.completions.create(**HELLO)
         report = httpx.get(f"{server.root}/context/budget?format=text").text
         log = server.output()
     assert standin.received[0].headers["authorization"] == "Bearer sk-upstream"
@@ -40,7 +36,7 @@ def test_proxy_keys_gate_access(tmp_path: Path, standin: StandIn) -> None:
     config["proxy"]["upstream"]["apiKeyEnv"] = "TEST_UPSTREAM_KEY"
     env = {"CTXBUDGET_PROXY_KEYS": "pk-one, pk-two", "TEST_UPSTREAM_KEY": "sk-upstream"}
     with serve(tmp_path, config, env=env) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0)
+        client = sdk(base_url=server.base_url, api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as info:
             client.chat.completions.create(**HELLO)
         assert "missing or unknown proxy key" in info.value.message
@@ -50,7 +46,7 @@ def test_proxy_keys_gate_access(tmp_path: Path, standin: StandIn) -> None:
         assert httpx.get(f"{server.root}/context/budget").status_code == 401
         assert httpx.get(f"{server.root}/healthz").status_code == 200
         assert standin.received == []
-        client = openai.OpenAI(base_url=server.base_url, api_key="pk-two")
+        client = sdk(base_url=server.base_url, api_key="pk-two")
         client.chat.completions.create(**HELLO)
         r = httpx.get(f"{server.root}/context/budget", headers={"authorization": "Bearer pk-one"})
         assert r.status_code == 200

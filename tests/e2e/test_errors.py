@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.server import base_config, serve
+from tests.e2e.server import base_config, sdk, serve
 from tests.standin import StandIn
 
 
@@ -90,7 +90,7 @@ def test_bad_budget_header_is_400(server_url: str, standin: StandIn) -> None:
 
 
 def test_upstream_429_keeps_status_and_retry_after(server_url: str, standin: StandIn) -> None:
-    client = openai.OpenAI(base_url=server_url, api_key="sk-x", max_retries=0)
+    client = sdk(base_url=server_url, api_key="sk-x", max_retries=0)
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(
             model="m",
@@ -154,6 +154,6 @@ def test_client_disconnect_closes_the_upstream_stream(tmp_path: Path, standin: S
 
 def test_models_pass_through(tmp_path: Path, standin: StandIn) -> None:
     with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
-        models = openai.OpenAI(base_url=server.base_url, api_key="sk-x").models.list()
+        models = sdk(base_url=server.base_url, api_key="sk-x").models.list()
         assert [m.id for m in models.data]
         assert standin.received[0].path == "/v1/models"

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.checks import check_received
-from tests.e2e.server import base_config, free_port, serve
+from tests.e2e.server import base_config, free_port, sdk, serve
 from tests.openclaw import load_fixtures
 from tests.standin import StandIn
 
@@ -21,7 +21,7 @@ CAPS = {"bootstrap": 8000, "memory": 2500, "web_fetch": 8000}  # defaults of con
 
 
 def _client(server_url: str, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server_url, api_key=kw.pop("api_key", "sk-client"), **kw)
+    return sdk(base_url=server_url, api_key=kw.pop("api_key", "sk-client"), **kw)
 
 
 @pytest.mark.skipif(not FIXTURES, reason="captured OpenClaw requests are not present")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import openai
 import pytest
 
 from tests.e2e.checks import bootstrap_bodies, u16
-from tests.e2e.server import base_config, serve
+from tests.e2e.server import base_config, sdk, serve
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn
 
@@ -30,7 +29,7 @@ def test_routed_model_goes_through_litellm_with_caps(
     if not stream:
         body.pop("stream_options", None)
     with serve(tmp_path, config, env={"TEST_ANTHROPIC_KEY": "sk-ant-test"}) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="sk-client")
+        client = sdk(base_url=server.base_url, api_key="sk-client")
         raw = client.chat.completions.with_raw_response.create(**body)
         if stream:
             text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 
-from tests.e2e.server import CTXBUDGET, base_config, serve
+from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn
 
@@ -30,7 +29,7 @@ def _openclaw_turn(text: str) -> dict[str, Any]:
 
 def test_chat_command_is_answered_by_the_proxy(tmp_path: Path, standin: StandIn) -> None:
     with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="sk-x")
+        client = sdk(base_url=server.base_url, api_key="sk-x")
         client.chat.completions.create(**openclaw_request(version="9.x", stream=False))
         assert len(standin.received) == 1
 
@@ -56,7 +55,7 @@ def test_chat_command_is_answered_by_the_proxy(tmp_path: Path, standin: StandIn)
 
 def test_report_json_text_and_detail(tmp_path: Path, standin: StandIn) -> None:
     with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="sk-x")
+        client = sdk(base_url=server.base_url, api_key="sk-x")
         raw = client.chat.completions.with_raw_response.create(
             **openclaw_request(version="9.x", stream=False)
         )

@@ -1,3 +1,14 @@
-"""Budget-aware memory: store, recall and injection (arrives with the memory issue)."""
+"""Budget-aware memory: the store (recall, profiles and injection follow)."""
 
-__all__: list[str] = []
+from memory.store import MemoryStore, SQLiteMemoryStore
+from memory.types import DEFAULT_OWNER, InvalidMemory, Memory, MemoryLimits, NewMemory
+
+__all__ = [
+    "DEFAULT_OWNER",
+    "InvalidMemory",
+    "Memory",
+    "MemoryLimits",
+    "MemoryStore",
+    "NewMemory",
+    "SQLiteMemoryStore",
+]

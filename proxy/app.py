@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from caps import ClampResult, Segment, clamp_request
+from memory import DEFAULT_OWNER
 from proxy import command
 from proxy.body import ChatBody, parse_chat_body
 from proxy.config import ConfigSource
@@ -39,6 +40,7 @@ from proxy.errors import (
     Unauthorized,
     UpstreamError,
 )
+from proxy.memories import MemoryRoutes
 from proxy.render import build_report, render_text
 from proxy.report import ReportStore, RequestRecord
 from proxy.settings import Settings, settings_for
@@ -82,15 +84,19 @@ class Proxy:
 
     # -- auth ----------------------------------------------------------------------------
 
-    def check_key(self, request: Request, settings: Settings) -> None:
+    def check_key(self, request: Request, settings: Settings) -> str:
+        """The owner the request acts for; 401 when proxy keys are set and none matches."""
         if not settings.proxy_keys:
-            return
+            return DEFAULT_OWNER
         given = _bearer(request.headers.get("authorization"))
-        if given is None or not any(secrets.compare_digest(given, k) for k in settings.proxy_keys):
-            raise Unauthorized(
-                "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
-                f"the keys in ${settings.proxy_keys_env}"
-            )
+        if given is not None:
+            for key, owner in settings.proxy_keys.items():
+                if secrets.compare_digest(given, key):
+                    return owner
+        raise Unauthorized(
+            "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
+            f"the keys in ${settings.proxy_keys_env}"
+        )
 
     def upstream_authorization(self, request: Request, settings: Settings) -> str | None:
         if settings.upstream_api_key:
@@ -439,7 +445,7 @@ async def _error_response(request: Request, exc: Exception) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = {
             404: f"no route {request.url.path}: ctxbudget serves /v1/chat/completions, "
-            "/v1/models, /context/budget and /healthz",
+            "/v1/models, /v1/memories, /context/budget and /healthz",
             405: f"{request.method} is not allowed on {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
         body = {
@@ -482,6 +488,7 @@ def create_app(
         )
     upstream = upstream or Upstream()
     proxy = Proxy(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
+    memories = MemoryRoutes(proxy)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -495,6 +502,7 @@ def create_app(
             yield
         finally:
             await upstream.close()
+            memories.close()
             if owns_reports:
                 reports.close()
 
@@ -505,6 +513,9 @@ def create_app(
         Route("/context/budget", proxy.budget, methods=["GET"]),
         Route("/context/budget/requests/{id}", proxy.budget_request, methods=["GET"]),
         Route("/healthz", proxy.healthz, methods=["GET"]),
+        Route("/v1/memories", memories.add, methods=["POST"]),
+        Route("/v1/memories", memories.list, methods=["GET"]),
+        Route("/v1/memories/{id}", memories.remove, methods=["DELETE"]),
     ]
     app = Starlette(
         routes=routes,

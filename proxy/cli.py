@@ -2,6 +2,10 @@
 
     ctxbudget serve  [--config PATH] [--host H] [--port P] [--workers N]
     ctxbudget report [--config PATH] [--json]
+    ctxbudget memory add TEXT [--category C] [--source S] [--scope SCOPE] [--owner O] [--json]
+    ctxbudget memory list [--scope SCOPE] [--owner O] [--json]
+    ctxbudget memory search QUERY [--owner O] [--json]
+    ctxbudget memory rm ID [--owner O] [--json]
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc`, else
 built-in defaults). `--json` prints machine-readable JSON on stdout and nothing else.
@@ -47,6 +51,24 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="print the /context budget report")
     report.add_argument("--config", metavar="PATH", help="config file (JSONC)")
     report.add_argument("--json", action="store_true", help="print JSON only")
+
+    memory = sub.add_parser("memory", help="add, list, search and remove memories")
+    actions = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="add a memory")
+    add.add_argument("text")
+    add.add_argument("--category", default="fact", help="preference, fact, pattern, ...")
+    add.add_argument("--source", default="user_explicit", help="user_explicit or inferred")
+    add.add_argument("--scope", default="global", help="global or agent:<name>")
+    listing = actions.add_parser("list", help="list memories")
+    listing.add_argument("--scope", help="only this scope")
+    search = actions.add_parser("search", help="keyword search (BM25)")
+    search.add_argument("query")
+    remove = actions.add_parser("rm", help="remove a memory")
+    remove.add_argument("id", type=int)
+    for each in (add, listing, search, remove):
+        each.add_argument("--config", metavar="PATH", help="config file (JSONC)")
+        each.add_argument("--owner", default="default", help="whose memories (default: default)")
+        each.add_argument("--json", action="store_true", help="print JSON only")
     return parser
 
 
@@ -65,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
             _serve(args)
         elif args.command == "report":
             _report(args)
+        elif args.command == "memory":
+            _memory(args)
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -122,6 +146,73 @@ def app_factory() -> Any:
     overrides = json.loads(os.environ.get(_ENV_OVERRIDES) or "{}")
     source = ConfigSource(Path(raw_path) if raw_path else None, os.environ, overrides)
     return create_app(source, run=os.environ.get(_ENV_RUN))
+
+
+def _memory(args: argparse.Namespace) -> None:
+    from memory import InvalidMemory, Memory, NewMemory, SQLiteMemoryStore
+    from proxy.config import memory_limits
+
+    cfg = _source(args.config, {}).get()
+    store = SQLiteMemoryStore(cfg.memory.store.path, limits=memory_limits(cfg))
+    try:
+        if args.action == "add":
+            try:
+                added, evicted = store.add(
+                    NewMemory(
+                        owner=args.owner,
+                        text=args.text,
+                        category=args.category,
+                        source=args.source,
+                        scope=args.scope,
+                    )
+                )
+            except InvalidMemory as exc:
+                print(f"ctxbudget: memory not added: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
+            if args.json:
+                print(
+                    json.dumps(
+                        {"memory": added.to_dict(), "evicted": [m.to_dict() for m in evicted]}
+                    )
+                )
+            else:
+                print(f"added memory {added.id} ({added.category}, {added.scope})")
+                for gone in evicted:
+                    print(f"evicted memory {gone.id} (least recently used): {gone.text}")
+        elif args.action in ("list", "search"):
+            rows: list[tuple[Memory, float | None]]
+            if args.action == "list":
+                rows = [(m, None) for m in store.all(args.owner, scope=args.scope)]
+            else:
+                rows = [(m, score) for m, score in store.search(args.owner, args.query)]
+            if args.json:
+                print(
+                    json.dumps(
+                        [
+                            {**m.to_dict(), **({"relevance": round(s, 4)} if s is not None else {})}
+                            for m, s in rows
+                        ],
+                        ensure_ascii=False,
+                    )
+                )
+            else:
+                for m, score in rows:
+                    extra = f" relevance={score:.3g}" if score is not None else ""
+                    print(f"{m.id}\t{m.category}\t{m.scope}\t{m.text}{extra}")
+        elif args.action == "rm":
+            removed = store.remove(args.owner, args.id)
+            if args.json:
+                print(json.dumps({"id": args.id, "deleted": removed}))
+            elif removed:
+                print(f"removed memory {args.id}")
+            if not removed:
+                if not args.json:
+                    print(
+                        f"ctxbudget: no memory {args.id} for owner {args.owner!r}", file=sys.stderr
+                    )
+                raise SystemExit(1)
+    finally:
+        store.close()
 
 
 def _report(args: argparse.Namespace) -> None:

@@ -17,6 +17,7 @@ string `"8000"` is not an integer). All problems are reported at once.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic.alias_generators import to_camel
 
 from caps import Caps, ToolNames
+from memory.types import MemoryLimits
 from proxy.errors import ConfigError
 
 log = logging.getLogger("ctxbudget.config")
@@ -159,6 +161,12 @@ class MemoryInject(_Model):
 class Memory(_Model):
     qmd: Qmd = Qmd()
     """Memory limits, named as in OpenClaw."""
+    max_chars: int = Field(2000, gt=0)
+    """Longest memory text a person may add, in characters."""
+    max_memories: int = Field(100, gt=0)
+    """Memories kept per owner; past it the least recently used is evicted."""
+    categories: dict[str, float] = {"preference": 1.0, "fact": 1.0, "pattern": 0.8}
+    """Memory categories and their recall weights."""
     store: MemoryStore = MemoryStore()
     """Where memories are kept."""
     inject: MemoryInject = MemoryInject()
@@ -429,6 +437,15 @@ def effective_caps(config: Config) -> EffectiveCaps:
     return EffectiveCaps(caps=caps, sources=sources)
 
 
+def memory_limits(config: Config) -> MemoryLimits:
+    """The limits new memories must satisfy."""
+    return MemoryLimits(
+        max_chars=config.memory.max_chars,
+        max_memories=config.memory.max_memories,
+        categories=dict(config.memory.categories),
+    )
+
+
 def tool_names(config: Config) -> ToolNames:
     names = config.agents.defaults.context_budget.tool_names
     return ToolNames(
@@ -448,10 +465,23 @@ def upstream_api_key(config: Config, env: Mapping[str, str]) -> str | None:
     return _secret(env, config.proxy.upstream.api_key_env)
 
 
-def proxy_keys(config: Config, env: Mapping[str, str]) -> frozenset[str]:
-    """Keys clients must present; empty when access is open."""
+def proxy_keys(config: Config, env: Mapping[str, str]) -> dict[str, str]:
+    """Key → owner for the keys clients must present; empty when access is open.
+
+    Entries are comma-separated, each `owner=key` or a bare key (owner `key-<8 hex of its
+    SHA-256>`, so memories can be told apart without naming the secret).
+    """
     raw = _secret(env, config.proxy.keys_env) or ""
-    return frozenset(k.strip() for k in raw.split(",") if k.strip())
+    keys: dict[str, str] = {}
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        owner, sep, key = entry.partition("=")
+        if sep and owner.strip() and key.strip():
+            keys[key.strip()] = owner.strip()
+        else:
+            keys[entry] = "key-" + hashlib.sha256(entry.encode()).hexdigest()[:8]
+    return keys
 
 
 def admin_key(config: Config, env: Mapping[str, str]) -> str | None:

@@ -12,11 +12,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from caps import Caps, ToolNames
+from memory import MemoryLimits
 from proxy.config import (
     Config,
     ConfigSource,
     Route,
+    admin_key,
     effective_caps,
+    memory_limits,
     proxy_keys,
     tool_names,
     upstream_api_key,
@@ -36,7 +39,9 @@ class Settings:
     tool_names: ToolNames
     upstream_base: str
     upstream_api_key: str | None = field(repr=False)
-    proxy_keys: frozenset[str] = field(repr=False)
+    proxy_keys: dict[str, str] = field(repr=False)
+    """Proxy key → the owner it stands for."""
+    admin_key: str | None = field(repr=False)
     proxy_keys_env: str
     routes: Mapping[str, Route]
     connect_timeout: float
@@ -44,6 +49,7 @@ class Settings:
     max_body_bytes: int
     recent_requests: int
     default_encoding: str
+    memory_limits: MemoryLimits
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
     def upstream_url(self, path: str) -> str:
@@ -92,6 +98,7 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         upstream_base=str(upstream.base_url).rstrip("/"),
         upstream_api_key=upstream_api_key(config, env),
         proxy_keys=proxy_keys(config, env),
+        admin_key=admin_key(config, env),
         proxy_keys_env=config.proxy.keys_env,
         routes=config.proxy.routes,
         connect_timeout=upstream.connect_timeout_seconds,
@@ -99,4 +106,5 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         max_body_bytes=config.proxy.max_body_bytes,
         recent_requests=config.report.recent_requests,
         default_encoding=config.report.default_encoding,
+        memory_limits=memory_limits(config),
     )

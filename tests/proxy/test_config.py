@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -163,8 +164,9 @@ def test_secrets_come_from_the_environment() -> None:
     config = load_config(None, env={}, overrides={})
     assert upstream_api_key(config, {}) is None
     assert upstream_api_key(config, {"OPENAI_API_KEY": "sk-1"}) == "sk-1"
-    assert proxy_keys(config, {"CTXBUDGET_PROXY_KEYS": " a, b ,,"}) == {"a", "b"}
-    assert proxy_keys(config, {}) == frozenset()
+    keys = proxy_keys(config, {"CTXBUDGET_PROXY_KEYS": " alice=pk-a, pk-b ,,"})
+    assert keys == {"pk-a": "alice", "pk-b": "key-" + hashlib.sha256(b"pk-b").hexdigest()[:8]}
+    assert proxy_keys(config, {}) == {}
 
 
 def test_effective_caps_take_the_smaller_limit_and_say_where_from(tmp_path: Path) -> None:

@@ -1,0 +1,233 @@
+"""The memory store: a small interface, and its embedded SQLite implementation.
+
+SQLite in WAL mode, so the CLI, the API and every worker of the proxy can use one file at
+once; FTS5 (porter stemmer) for keyword search, ranked by BM25; the schema carries its
+version (`PRAGMA user_version`) and is migrated forward on open. Each owner keeps at most
+`max_memories` memories: adding one more evicts the least recently used, and says so in the
+log. A server database can follow by implementing `MemoryStore`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from memory.types import Memory, MemoryLimits, NewMemory
+
+log = logging.getLogger("ctxbudget.memory")
+
+
+class MemoryStore(Protocol):
+    """What recall and the CLI/API need from a store."""
+
+    def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
+        """Store a validated memory; return it and any memories evicted to make room."""
+        ...
+
+    def get(self, owner: str, memory_id: int) -> Memory | None: ...
+
+    def all(self, owner: str, *, scope: str | None = None) -> list[Memory]: ...
+
+    def search(self, owner: str, query: str, *, limit: int = 20) -> list[tuple[Memory, float]]:
+        """Memories matching `query` with their BM25 relevance (higher is better)."""
+        ...
+
+    def remove(self, owner: str, memory_id: int) -> bool: ...
+
+    def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:
+        """Count one access of each memory (recall calls this once per user turn)."""
+        ...
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE memories ("
+        " id INTEGER PRIMARY KEY,"
+        " owner TEXT NOT NULL,"
+        " text TEXT NOT NULL,"
+        " category TEXT NOT NULL,"
+        " source TEXT NOT NULL CHECK (source IN ('user_explicit', 'inferred')),"
+        " scope TEXT NOT NULL,"
+        " created REAL NOT NULL,"
+        " last_accessed REAL NOT NULL,"
+        " access_count INTEGER NOT NULL DEFAULT 0)"
+    )
+    conn.execute("CREATE INDEX memories_owner_lru ON memories (owner, last_accessed, id)")
+    conn.execute(
+        "CREATE VIRTUAL TABLE memories_fts USING fts5("
+        " text, content='memories', content_rowid='id', tokenize='porter unicode61')"
+    )
+    conn.execute(
+        "CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN"
+        " INSERT INTO memories_fts (rowid, text) VALUES (new.id, new.text); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN"
+        " INSERT INTO memories_fts (memories_fts, rowid, text)"
+        " VALUES ('delete', old.id, old.text); END"
+    )
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1,)
+"""Schema version N is reached by running MIGRATIONS[N-1]; append, never edit."""
+
+_COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count"
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _row(row: tuple[object, ...]) -> Memory:
+    return Memory(
+        id=int(row[0]),  # type: ignore[call-overload]
+        owner=str(row[1]),
+        text=str(row[2]),
+        category=str(row[3]),
+        source=str(row[4]),  # type: ignore[arg-type]
+        scope=str(row[5]),
+        created=float(row[6]),  # type: ignore[arg-type]
+        last_accessed=float(row[7]),  # type: ignore[arg-type]
+        access_count=int(row[8]),  # type: ignore[call-overload]
+    )
+
+
+def fts_query(text: str) -> str | None:
+    """An FTS5 query matching any word of `text` (quoted: user text is never FTS syntax)."""
+    words = _WORD.findall(text.lower())
+    return " OR ".join(f'"{w}"' for w in dict.fromkeys(words)) or None
+
+
+class SQLiteMemoryStore:
+    """`MemoryStore` in one SQLite file."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        limits: MemoryLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.limits = limits or MemoryLimits()
+        self._clock = clock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _migrate(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"memory store {self.path} has schema version {version}, newer than this "
+                    f"ctxbudget knows ({len(MIGRATIONS)}): upgrade ctxbudget"
+                )
+            for number in range(version, len(MIGRATIONS)):
+                MIGRATIONS[number](self._db)
+                self._db.execute(f"PRAGMA user_version={number + 1}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
+        memory = memory.validate(self.limits)
+        now = self._clock()
+        # One write transaction: concurrent adders (CLI, API, workers) queue on the lock
+        # instead of losing writes, and the eviction sees the count it is correcting.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = self._db.execute(
+                "INSERT INTO memories (owner, text, category, source, scope, created,"
+                " last_accessed, access_count) VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+                (memory.owner, memory.text, memory.category, memory.source, memory.scope, now, now),
+            )
+            new_id = int(cursor.lastrowid or 0)
+            count = self._db.execute(
+                "SELECT count(*) FROM memories WHERE owner = ?", (memory.owner,)
+            ).fetchone()[0]
+            evicted: list[Memory] = []
+            excess = count - self.limits.max_memories
+            if excess > 0:
+                evicted = [
+                    _row(r)
+                    for r in self._db.execute(
+                        f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id != ?"
+                        " ORDER BY last_accessed, id LIMIT ?",
+                        (memory.owner, new_id, excess),
+                    )
+                ]
+                self._db.executemany(
+                    "DELETE FROM memories WHERE id = ?", [(m.id,) for m in evicted]
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        for gone in evicted:
+            log.info(
+                "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
+                gone.id,
+                gone.owner,
+                self.limits.max_memories,
+            )
+        added = self.get(memory.owner, new_id)
+        if added is None:  # for the type checker: just inserted under our own lock
+            raise RuntimeError(f"memory {new_id} vanished after insert")
+        return added, evicted
+
+    def get(self, owner: str, memory_id: int) -> Memory | None:
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id = ?", (owner, memory_id)
+        ).fetchone()
+        return _row(row) if row else None
+
+    def all(self, owner: str, *, scope: str | None = None) -> list[Memory]:
+        sql = f"SELECT {_COLUMNS} FROM memories WHERE owner = ?"
+        args: tuple[object, ...] = (owner,)
+        if scope is not None:
+            sql += " AND scope = ?"
+            args += (scope,)
+        return [_row(r) for r in self._db.execute(sql + " ORDER BY id", args)]
+
+    def search(self, owner: str, query: str, *, limit: int = 20) -> list[tuple[Memory, float]]:
+        match = fts_query(query)
+        if match is None:
+            return []
+        rows = self._db.execute(
+            f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))},"
+            " bm25(memories_fts) AS rank"
+            " FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid"
+            " WHERE memories_fts MATCH ? AND m.owner = ? ORDER BY rank, m.id LIMIT ?",
+            (match, owner, limit),
+        ).fetchall()
+        # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
+        return [(_row(r[:9]), -float(r[9])) for r in rows]
+
+    def remove(self, owner: str, memory_id: int) -> bool:
+        cursor = self._db.execute(
+            "DELETE FROM memories WHERE owner = ? AND id = ?", (owner, memory_id)
+        )
+        return cursor.rowcount > 0
+
+    def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:
+        when = self._clock() if now is None else now
+        self._db.executemany(
+            "UPDATE memories SET last_accessed = ?, access_count = access_count + 1"
+            " WHERE owner = ? AND id = ?",
+            [(when, owner, i) for i in ids],
+        )

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memory import InvalidMemory, MemoryLimits, NewMemory, SQLiteMemoryStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1
+        return self.now
+
+
+def _store(tmp_path: Path, **limits: object) -> SQLiteMemoryStore:
+    return SQLiteMemoryStore(
+        tmp_path / "m.db",
+        limits=MemoryLimits(**limits),
+        clock=Clock(),  # type: ignore[arg-type]
+    )
+
+
+def test_add_get_list_search_remove(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    therapy, _ = store.add(
+        NewMemory(owner="default", text="  Therapy Thursdays 3pm  ", category="preference")
+    )
+    zebra, _ = store.add(
+        NewMemory(owner="default", text="The zebra project deadline is Friday", scope="agent:main")
+    )
+    assert therapy.text == "Therapy Thursdays 3pm" and therapy.source == "user_explicit"
+    assert store.get("default", zebra.id) == zebra
+    assert [m.id for m in store.all("default")] == [therapy.id, zebra.id]
+    assert [m.id for m in store.all("default", scope="agent:main")] == [zebra.id]
+    found = store.search("default", "when are the zebra deadlines?")
+    assert [m.id for m, _ in found] == [zebra.id]  # stemmed: deadlines ~ deadline
+    assert found[0][1] > 0
+    assert store.search("default", "?!") == []
+    assert store.search("default", 'zebra" OR text:*') != []  # user text is never FTS syntax
+    assert store.remove("default", zebra.id) and not store.remove("default", zebra.id)
+    assert store.search("default", "zebra") == []
+
+
+def test_owners_never_see_each_other(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    mine, _ = store.add(NewMemory(owner="alice", text="alice likes tea"))
+    store.add(NewMemory(owner="bob", text="bob likes tea"))
+    assert [m.owner for m, _ in store.search("alice", "tea")] == ["alice"]
+    assert [m.owner for m in store.all("bob")] == ["bob"]
+    assert store.get("bob", mine.id) is None
+    assert not store.remove("bob", mine.id)
+
+
+def test_least_recently_used_is_evicted_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _store(tmp_path, max_memories=3)
+    ids = [store.add(NewMemory(owner="default", text=f"memory {i}"))[0].id for i in range(3)]
+    store.touch("default", [ids[0]])  # memory 0 was just used: memory 1 is now the oldest
+    caplog.set_level(logging.INFO, logger="ctxbudget.memory")
+    added, evicted = store.add(NewMemory(owner="default", text="memory 3"))
+    assert [m.id for m in evicted] == [ids[1]]
+    assert [m.id for m in store.all("default")] == [ids[0], ids[2], added.id]
+    assert f"evicted memory {ids[1]} of owner default" in caplog.text
+    assert store.get("default", ids[0]).access_count == 1  # type: ignore[union-attr]
+    store.add(NewMemory(owner="other", text="other owners do not count"))
+    assert len(store.all("default")) == 3
+
+
+@pytest.mark.parametrize(
+    ("memory", "message"),
+    [
+        (NewMemory(owner="default", text="   "), "text is empty"),
+        (
+            NewMemory(owner="default", text="x", category="secret"),
+            "unknown category 'secret': use one of fact, pattern, preference",
+        ),
+        (NewMemory(owner="default", text="x" * 51), "over memory.maxChars (50)"),
+        (NewMemory(owner="default", text="x", scope="team"), "scope must be 'global' or"),
+        (
+            NewMemory(owner="default", text="x", source="guessed"),  # type: ignore[arg-type]
+            "source must be user_explicit or inferred",
+        ),
+    ],
+)
+def test_bad_memories_are_refused_and_nothing_is_written(
+    tmp_path: Path, memory: NewMemory, message: str
+) -> None:
+    store = _store(tmp_path, max_chars=50)
+    with pytest.raises(InvalidMemory, match=re.escape(message)):
+        store.add(memory)
+    assert store.all("default") == []
+
+
+def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    assert store.schema_version == 1
+    store.close()
+    db = sqlite3.connect(tmp_path / "m.db")
+    db.execute("PRAGMA user_version=7")
+    db.close()
+    with pytest.raises(RuntimeError, match="schema version 7, newer than this ctxbudget"):
+        _store(tmp_path)
+
+
+ADDER = """
+import sys
+from pathlib import Path
+from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
+store = SQLiteMemoryStore(Path(sys.argv[1]), limits=MemoryLimits(max_memories=1000))
+for i in range(60):
+    store.add(NewMemory(owner="default", text=f"{sys.argv[2]} memory {i}"))
+"""
+
+
+def test_two_processes_adding_at_once_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    SQLiteMemoryStore(path).close()  # created once, as `ctxbudget` would
+    procs = [
+        subprocess.Popen([sys.executable, "-c", ADDER, str(path), name])
+        for name in ("first", "second")
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    texts = {m.text for m in SQLiteMemoryStore(path).all("default")}
+    assert len(texts) == 120
+    assert {t.split()[0] for t in texts} == {"first", "second"}

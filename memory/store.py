@@ -29,6 +29,8 @@ class MemoryStore(Protocol):
         """Store a validated memory; return it and any memories evicted to make room."""
         ...
 
+    def has_any(self, owner: str) -> bool: ...
+
     def get(self, owner: str, memory_id: int) -> Memory | None: ...
 
     def all(self, owner: str, *, scope: str | None = None) -> list[Memory]: ...
@@ -40,7 +42,11 @@ class MemoryStore(Protocol):
     def remove(self, owner: str, memory_id: int) -> bool: ...
 
     def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:
-        """Count one access of each memory (recall calls this once per user turn)."""
+        """Count one access of each memory."""
+        ...
+
+    def touch_once(self, owner: str, turn: str, ids: Iterable[int]) -> bool:
+        """Count one access of each memory, once per `turn` key; True the first time."""
         ...
 
 
@@ -73,7 +79,15 @@ def _v1(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1,)
+def _v2(conn: sqlite3.Connection) -> None:
+    # User turns whose recall was already counted: a tool loop sends one turn many times.
+    conn.execute(
+        "CREATE TABLE turns (owner TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL,"
+        " PRIMARY KEY (owner, key))"
+    )
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2)
 """Schema version N is reached by running MIGRATIONS[N-1]; append, never edit."""
 
 _COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count"
@@ -190,6 +204,11 @@ class SQLiteMemoryStore:
             raise RuntimeError(f"memory {new_id} vanished after insert")
         return added, evicted
 
+    def has_any(self, owner: str) -> bool:
+        """Whether `owner` has any memory (an index lookup: recall skips work when not)."""
+        found = self._db.execute("SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,))
+        return found.fetchone() is not None
+
     def get(self, owner: str, memory_id: int) -> Memory | None:
         row = self._db.execute(
             f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id = ?", (owner, memory_id)
@@ -224,8 +243,27 @@ class SQLiteMemoryStore:
         )
         return cursor.rowcount > 0
 
+    def touch_once(self, owner: str, turn: str, ids: Iterable[int]) -> bool:
+        now = self._clock()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            fresh = self._db.execute(
+                "INSERT OR IGNORE INTO turns (owner, key, at) VALUES (?, ?, ?)", (owner, turn, now)
+            ).rowcount
+            if fresh:
+                self._touch(owner, ids, now)
+                # Keep the table small: a turn older than a day will not come back.
+                self._db.execute("DELETE FROM turns WHERE at < ?", (now - 86_400,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return bool(fresh)
+
     def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:
-        when = self._clock() if now is None else now
+        self._touch(owner, ids, self._clock() if now is None else now)
+
+    def _touch(self, owner: str, ids: Iterable[int], when: float) -> None:
         self._db.executemany(
             "UPDATE memories SET last_accessed = ?, access_count = access_count + 1"
             " WHERE owner = ? AND id = ?",

@@ -67,6 +67,7 @@ class Proxy:
         clamp: Clamp = clamp_request,
     ) -> None:
         self.clamp = clamp
+        self.memories = MemoryRoutes(self)
         self.config = config
         self.upstream = upstream
         self.reports = reports
@@ -110,7 +111,7 @@ class Proxy:
     async def chat_completions(self, request: Request) -> Response:
         started = time.perf_counter()
         settings = self.settings()
-        self.check_key(request, settings)
+        owner = self.check_key(request, settings)
         raw = await _read_body(request, settings.max_body_bytes)
         body = parse_chat_body(raw)
         request_id = "cb-" + secrets.token_hex(8)
@@ -129,10 +130,22 @@ class Proxy:
         messages = body.messages
         if enabled and result is not None and result.changed:
             messages = result.request["messages"]
+        messages, recalled = self.memories.recall_into(
+            messages,
+            owner,
+            settings,
+            budget_on=enabled,
+            agent=request.headers.get(f"{HEADER_PREFIX}-agent"),
+            requested=_profile(request),
+        )
+        if messages is not body.messages:
             out = body.encode(messages)
         else:
             out = raw  # byte-identical: budget off, nothing to clamp, or a clamp failed open
         headers = _budget_headers(request_id, enabled, segments, clamp_error)
+        if recalled is not None:
+            headers[f"{HEADER_PREFIX}-memories"] = str(recalled["injected"])
+            headers[f"{HEADER_PREFIX}-profile"] = recalled["applied"]
 
         record = _Recorder(
             self.reports,
@@ -144,6 +157,7 @@ class Proxy:
             encoding=settings.encoding_for(model),
             clamp_error=clamp_error,
             started=started,
+            recalled=recalled,
         )
         route = settings.route_for(model)
         try:
@@ -316,8 +330,10 @@ class _Recorder:
         encoding: str,
         clamp_error: str | None,
         started: float,
+        recalled: dict[str, Any] | None = None,
     ) -> None:
         self.reports = reports
+        self.recalled = recalled
         self.fields: dict[str, Any] = dict(
             id=id,
             model=model,
@@ -342,7 +358,7 @@ class _Recorder:
                 duration_ms=(time.perf_counter() - self.started) * 1000,
                 upstream_error=upstream_error,
                 route=self.route,
-                extra={"worker": os.getpid()},
+                extra={"worker": os.getpid(), "memory": self.recalled},
                 **self.fields,
             )
         )
@@ -394,6 +410,19 @@ def _budget_headers(
     if clamp_error:
         headers[f"{HEADER_PREFIX}-clamp-error"] = "forwarded-untouched"
     return headers
+
+
+def _profile(request: Request) -> str | None:
+    value = request.headers.get(f"{HEADER_PREFIX}-profile")
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in ("lean", "balanced", "deep", "auto"):
+        raise BadRequest(
+            f"header {HEADER_PREFIX}-profile must be lean, balanced, deep or auto, got {value!r}",
+            param=f"{HEADER_PREFIX}-profile",
+        )
+    return value
 
 
 def _bearer(value: str | None) -> str | None:
@@ -488,7 +517,7 @@ def create_app(
         )
     upstream = upstream or Upstream()
     proxy = Proxy(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
-    memories = MemoryRoutes(proxy)
+    memories = proxy.memories
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 import orjson
 
-INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
+from memory.query import INTERNAL_CONTEXT, latest_user, message_text
+
 _RUNTIME_PREFIXES = ("Runtime:", "Reasoning:")
 # OpenClaw 9.x stamps user text: "[Sun 2026-11-22 11:28 UTC] Please fetch ..."
 _TIMESTAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
@@ -23,35 +24,25 @@ _TIMESTAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
 CommandMode = Literal["text", "json"]
 
 
-def message_text(message: dict[str, Any]) -> str | None:
-    """The text of a message whose content is a string or text parts."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [
-            p["text"]
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        ]
-        return "\n".join(texts) if texts else None
-    return None
-
-
 def latest_user_text(messages: list[Any]) -> str | None:
     """The latest user text, skipping agent-internal blocks; None if the turn isn't a user's."""
-    for message in reversed(messages):
-        if not isinstance(message, dict):
-            return None
-        if message.get("role") != "user":
-            return None
-        text = message_text(message)
-        if text is None:
-            return None
-        if text.lstrip().startswith(INTERNAL_CONTEXT):
-            continue
-        return text
-    return None
+    found = latest_user(messages)
+    if found is None:
+        return None
+    index, text = found
+    # Only a user's own turn: anything after it (a tool result, an answer) means a tool loop.
+    after = [m for m in messages[index + 1 :] if not _internal(m)]
+    return None if after else text
+
+
+def _internal(message: Any) -> bool:
+    text = message_text(message) if isinstance(message, dict) else None
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "user"
+        and text is not None
+        and text.lstrip().startswith(INTERNAL_CONTEXT)
+    )
 
 
 def find_command(messages: list[Any]) -> CommandMode | None:

@@ -156,6 +156,8 @@ class MemoryInject(_Model):
     """Inject memories into requests."""
     budget: Literal["lean", "balanced", "deep", "auto"] = "auto"
     """Retrieval profile."""
+    placement: Literal["user", "system"] = "user"
+    """Where the memory block goes: the last user message (cache-safe) or the system prompt."""
 
 
 class Memory(_Model):

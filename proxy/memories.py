@@ -12,7 +12,9 @@ Chat requests never write memories; only these routes and `ctxbudget memory` do.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -20,6 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory, SQLiteMemoryStore
+from memory.inject import inject, line
+from memory.profiles import choose
+from memory.query import clean, latest_user
+from memory.recall import recall
 from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
 
 if TYPE_CHECKING:
@@ -46,6 +52,68 @@ class MemoryRoutes:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+    def recall_into(
+        self,
+        messages: list[Any],
+        owner: str,
+        settings: Settings,
+        *,
+        budget_on: bool,
+        agent: str | None,
+        requested: str | None,
+    ) -> tuple[list[Any], dict[str, Any] | None]:
+        """`messages` with recalled memories placed, and what recall did (None: nothing to do)."""
+        cfg = settings.config.memory.inject
+        if not cfg.enabled:
+            return messages, None
+        found = latest_user(messages)
+        if found is None:
+            return messages, None
+        index, raw_text = found
+        query = clean(raw_text)
+        if not query:
+            return messages, None
+        store = self.store(settings)
+        if not store.has_any(owner):
+            return messages, None
+        profile, reason = choose(requested or cfg.budget, query)  # type: ignore[arg-type]
+        cap = settings.caps.memory_max_chars if budget_on else None
+        feature = settings.config.memory.qmd.limits.max_injected_chars
+        max_chars = min(cap, feature) if cap is not None else feature
+        now = time.time()
+        result = recall(
+            store,
+            owner,
+            query,
+            profile,
+            reason,
+            limits=settings.memory_limits,
+            now=now,
+            max_chars=max_chars,
+            count_tokens=lambda text: len(text) // 4,
+            scope=agent,
+            format_line=lambda m: line(m, now=now),
+        )
+        lines = [line(c.memory, now=now) for c in result.chosen]
+        if result.chosen:
+            turn = f"{index}:{hashlib.sha256(raw_text.encode('utf-8', 'replace')).hexdigest()}"
+            store.touch_once(owner, turn, [c.memory.id for c in result.chosen])
+        info = {
+            "requested": requested or cfg.budget,
+            "applied": result.profile,
+            "reason": result.reason,
+            "candidates": len(result.candidates),
+            "injected": len(result.chosen),
+            "dropped": [{"id": c.memory.id, "why": why} for c, why in result.dropped],
+            "chars": result.chars,
+            "maxChars": max_chars,
+            "boundBy": result.bound_by,
+            "placement": cfg.placement,
+            # ids and score signals only: the report is shared, memory text is its owner's
+            "memories": [{"id": c.memory.id, **c.signals()} for c in result.chosen],
+        }
+        return inject(messages, lines, cfg.placement), info
 
     def _owner(self, request: Request, settings: Settings, asked: Any) -> str:
         if asked is not None and not isinstance(asked, str):

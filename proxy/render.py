@@ -100,6 +100,14 @@ def render_text(report: dict[str, Any]) -> str:
             f"(~{_n(r['savedTokens'])} tokens)"
             + (f", would save {_n(r['wouldSaveChars'])} chars" if r["wouldSaveChars"] else "")
         )
+        memory = r.get("memory")
+        if memory:
+            lines.append(
+                f"  memories: {memory['applied']} ({memory['reason']}), "
+                f"{memory['candidates']} candidates, {memory['injected']} injected "
+                f"({_n(memory['chars'])} of {_n(memory['maxChars'])} chars), "
+                f"bound by {memory['boundBy']}"
+            )
         if r.get("clampError"):
             lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")
         for s in r["segments"]:

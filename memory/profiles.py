@@ -1,0 +1,96 @@
+"""Retrieval profiles: how hard recall looks, and how much it may inject.
+
+Deterministic and visible: the same query gives the same profile, rewrite and candidates, and
+`auto` always says why it chose.
+
+| profile  | query rewrite                                   | pool | trust pass  | inject |
+|----------|-------------------------------------------------|------|-------------|--------|
+| lean     | none                                            | 10   | strict      | 3–5    |
+| balanced | one: stems, synonyms, split compound words      | 30   | standard    | 6–10   |
+| deep     | + relaxed OR and prefix matching                | 100  | permissive  | max    |
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+ProfileName = Literal["lean", "balanced", "deep"]
+Requested = Literal["lean", "balanced", "deep", "auto"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: ProfileName
+    pool: int
+    """Candidates fetched by BM25 before scoring."""
+    min_inject: int
+    max_inject: int
+    expand: bool
+    """Rewrite the query once: synonyms and compound-word splits."""
+    prefix: bool
+    """Also match words by prefix (`deploy*`)."""
+    min_chars: int
+    """Trust pass: memories shorter than this are dropped."""
+    max_age_days: float | None
+    """Trust pass: memories not used or added for longer are dropped (None: keep)."""
+    min_relevance: float
+    """Trust pass: normalised keyword relevance below this is dropped."""
+
+
+PROFILES: dict[ProfileName, Profile] = {
+    "lean": Profile(
+        name="lean",
+        pool=10,
+        min_inject=3,
+        max_inject=5,
+        expand=False,
+        prefix=False,
+        min_chars=12,
+        max_age_days=180,
+        min_relevance=0.35,
+    ),
+    "balanced": Profile(
+        name="balanced",
+        pool=30,
+        min_inject=6,
+        max_inject=10,
+        expand=True,
+        prefix=False,
+        min_chars=8,
+        max_age_days=365,
+        min_relevance=0.15,
+    ),
+    "deep": Profile(
+        name="deep",
+        pool=100,
+        min_inject=1,
+        max_inject=20,
+        expand=True,
+        prefix=True,
+        min_chars=1,
+        max_age_days=None,
+        min_relevance=0.0,
+    ),
+}
+
+_WHY = re.compile(r"\b(why|how|compare|difference|explain|trade-?offs?|versus|vs)\b", re.I)
+_CODE = re.compile(r"[A-Za-z]+[_.][A-Za-z]|[a-z][A-Z]|\(\)|`|/[\w.-]+/|\.py\b|\.ts\b")
+_PARTS = re.compile(r"\?.+\?|\band\b.+\band\b|;|\n", re.S)
+
+
+def choose(requested: Requested, query: str) -> tuple[Profile, str]:
+    """The profile to use for `query`, and why."""
+    if requested != "auto":
+        return PROFILES[requested], f"{requested} requested"
+    words = len(query.split())
+    if _CODE.search(query):
+        return PROFILES["deep"], "auto: code terms in the query"
+    if _WHY.search(query):
+        return PROFILES["deep"], "auto: a why/how/compare question"
+    if _PARTS.search(query) or words > 25:
+        return PROFILES["deep"], f"auto: a multi-part query ({words} words)"
+    if words <= 4:
+        return PROFILES["lean"], f"auto: a short query ({words} words)"
+    return PROFILES["balanced"], f"auto: an ordinary query ({words} words)"

@@ -1,0 +1,102 @@
+"""Memories added by people reach the upstream inside the request, cache-safely."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.e2e.server import CTXBUDGET, base_config, serve
+from tests.openclaw import openclaw_request, tool_call
+from tests.standin import StandIn
+
+
+def _add(config: Path, text: str, *args: str) -> None:
+    out = subprocess.run(
+        [CTXBUDGET, "memory", "add", text, "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def _turn(question: str) -> dict[str, Any]:
+    body = openclaw_request(version="9.x", stream=False)
+    body["messages"] = [
+        body["messages"][0],
+        {"role": "user", "content": f"[Sun 2026-11-22 11:28 UTC] {question}"},
+        body["messages"][-1],
+    ]
+    return body
+
+
+def test_memories_are_injected_into_the_last_user_message(tmp_path: Path, standin: StandIn) -> None:
+    # memory injection is its own switch: on while the caps are off
+    with serve(tmp_path, base_config(tmp_path, standin.base_url, enabled=False)) as server:
+        _add(server.config_path, "Therapy is on Thursdays at 3pm", "--category", "preference")
+        _add(server.config_path, "The zebra project deadline is Friday the 28th")
+        _add(server.config_path, "Prefers dark roast coffee", "--category", "preference")
+        body = _turn("When is my therapy appointment this week?")
+        r = httpx.post(f"{server.base_url}/chat/completions", json=body)
+        assert r.status_code == 200
+        assert r.headers["x-context-budget-memories"] == "1"
+        got = standin.received[-1].json["messages"]
+        assert got[:-1] == body["messages"][:-1], "system prompt and earlier turns untouched"
+        last = got[-1]["content"][-1]["text"]
+        assert last.startswith("User context:\n- Preference: Therapy is on Thursdays at 3pm (")
+        assert last.endswith(", you told me)")
+        report = server.report()["recent"][0]["memory"]
+        assert report["injected"] == 1 and report["candidates"] >= 1
+        assert "Therapy" not in json.dumps(server.report()), "memory text stays out of the report"
+
+
+def test_a_tool_loop_keeps_an_identical_prefix_and_counts_one_access(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        _add(server.config_path, "The zebra project deadline is Friday the 28th")
+        first = _turn("check the zebra project deadline")
+        httpx.post(f"{server.base_url}/chat/completions", json=first)
+        second = dict(first)
+        second["messages"] = [
+            *first["messages"][:2],
+            tool_call("callmemorysearch1", "memory_search", {"query": "zebra"}),
+            {"role": "tool", "tool_call_id": "callmemorysearch1", "content": '{"results": []}'},
+            first["messages"][-1],
+        ]
+        httpx.post(f"{server.base_url}/chat/completions", json=second)
+        a, b = (standin.received[-2].json["messages"], standin.received[-1].json["messages"])
+        assert a[:2] == b[:2], "the cached prefix is byte-identical across the tool loop"
+        assert a[-1] == b[-1] and "zebra" in a[-1]["content"][-1]["text"]
+        memories = httpx.get(f"{server.base_url}/memories").json()["data"]
+        assert memories[0]["accessCount"] == 1, "one user turn counts one access"
+
+
+def test_profiles_change_what_is_retrieved(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        _add(server.config_path, "Deploy releases happen on Tuesdays after standup")
+        body = _turn("when do we ship?")  # 'ship' only matches through a synonym
+        for profile, expected in (("lean", "0"), ("deep", "1")):
+            r = httpx.post(
+                f"{server.base_url}/chat/completions",
+                json=body,
+                headers={"x-context-budget-profile": profile},
+            )
+            assert r.headers["x-context-budget-memories"] == expected, profile
+            assert r.headers["x-context-budget-profile"] == profile
+
+
+def test_system_placement(tmp_path: Path, standin: StandIn) -> None:
+    config = base_config(tmp_path, standin.base_url)
+    config["memory"]["inject"] = {"placement": "system"}
+    with serve(tmp_path, config) as server:
+        _add(server.config_path, "Therapy is on Thursdays at 3pm", "--category", "preference")
+        httpx.post(f"{server.base_url}/chat/completions", json=_turn("therapy time?"))
+        system = standin.received[-1].json["messages"][0]["content"]
+        assert system.endswith(
+            "\n\nUser context:\n- Preference: Therapy is on Thursdays at 3pm (today, you told me)"
+        )

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
+from memory.inject import inject, line
+from memory.profiles import PROFILES, choose
+from memory.recall import DAY, recall, recency_points, rewrite
+
+NOW = 2_000_000_000.0
+
+
+def _store(tmp_path: Path, texts: list[tuple[str, str]]) -> SQLiteMemoryStore:
+    clock = iter(range(10**6))
+    store = SQLiteMemoryStore(tmp_path / "m.db", clock=lambda: NOW - 3 * DAY + next(clock))
+    for text, category in texts:
+        store.add(NewMemory(owner="default", text=text, category=category))
+    return store
+
+
+def test_rewrite_splits_compounds_and_adds_synonyms() -> None:
+    words = rewrite("deployScript release_notes")
+    assert {"deploy", "script", "deployscript", "release", "notes", "releasenotes", "ship"} <= set(
+        words
+    )
+    assert rewrite("deployScript release_notes") == words  # deterministic
+
+
+def test_auto_says_why() -> None:
+    assert choose("auto", "coffee?")[1] == "auto: a short query (1 words)"
+    assert choose("auto", "why did the deploy fail on tuesday")[0].name == "deep"
+    assert choose("auto", "look at proxy/app.py please")[1] == "auto: code terms in the query"
+    assert choose("lean", "why?")[1] == "lean requested"
+
+
+def test_recency_steps() -> None:
+    assert [recency_points(d * DAY) for d in (0.5, 1.5, 3, 20, 90)] == [50, 40, 30, 15, 5]
+
+
+def test_scores_are_explainable_and_packing_respects_the_budget(tmp_path: Path) -> None:
+    store = _store(
+        tmp_path,
+        [
+            ("Deploys happen on Tuesdays", "fact"),
+            ("Deploy freeze during the holidays", "pattern"),
+            ("x", "fact"),
+        ],
+    )
+    result = recall(
+        store,
+        "default",
+        "deploy days",
+        PROFILES["deep"],
+        "deep requested",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=1000,
+        count_tokens=lambda t: len(t) // 4,
+    )
+    assert [c.memory.text for c in result.chosen][:1] == ["Deploys happen on Tuesdays"]
+    signals = result.chosen[0].signals()
+    assert signals["recency"] == 30 and signals["source"] == 10 and signals["category"] == 10
+    assert signals["score"] == signals["relevance"] + 30 + 10 + 10 + signals["access"]
+    tight = recall(
+        store,
+        "default",
+        "deploy",
+        PROFILES["deep"],
+        "deep requested",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=30,
+        count_tokens=len,
+    )
+    assert len(tight.chosen) == 1 and tight.bound_by == "char budget 30"
+
+
+def test_lean_trust_pass_drops_and_says_why(tmp_path: Path) -> None:
+    store = _store(tmp_path, [("tea", "preference"), ("Tea with oat milk, no sugar", "preference")])
+    result = recall(
+        store,
+        "default",
+        "tea",
+        PROFILES["lean"],
+        "lean requested",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=1000,
+        count_tokens=len,
+    )
+    assert [c.memory.text for c in result.chosen] == ["Tea with oat milk, no sugar"]
+    assert [why for _, why in result.dropped] == ["shorter than 12 chars"]
+
+
+def test_agent_scope_only_reaches_that_agent(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "m.db")
+    store.add(NewMemory(owner="default", text="coder agent uses pytest", scope="agent:coder"))
+    for agent, found in ((None, 0), ("writer", 0), ("coder", 1)):
+        result = recall(
+            store,
+            "default",
+            "pytest",
+            PROFILES["deep"],
+            "",
+            limits=MemoryLimits(),
+            now=NOW,
+            max_chars=1000,
+            count_tokens=len,
+            scope=agent,
+        )
+        assert len(result.chosen) == found, agent
+
+
+def test_injection_is_cache_safe(tmp_path: Path) -> None:
+    store = _store(tmp_path, [("Therapy Thursdays 3pm", "preference")])
+    memory = store.all("default")[0]
+    text = line(memory, now=NOW + 14 * DAY)
+    assert text.startswith("- Preference: Therapy Thursdays 3pm (2 weeks ago, you told me)")
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": [{"type": "text", "text": "again"}]},
+    ]
+    out = inject(messages, [text], "user")
+    assert out[:3] == messages[:3] and out[0] is messages[0]
+    assert out[3]["content"][-1]["text"] == "User context:\n" + text
+    assert inject(messages, [text], "system")[0]["content"] == "S\n\nUser context:\n" + text
+    assert inject(messages, [], "user") is messages

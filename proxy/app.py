@@ -137,6 +137,8 @@ class Proxy:
             budget_on=enabled,
             agent=request.headers.get(f"{HEADER_PREFIX}-agent"),
             requested=_profile(request),
+            complexity=_complexity(request),
+            model=model,
         )
         if messages is not body.messages:
             out = body.encode(messages)
@@ -421,6 +423,20 @@ def _profile(request: Request) -> str | None:
         raise BadRequest(
             f"header {HEADER_PREFIX}-profile must be lean, balanced, deep or auto, got {value!r}",
             param=f"{HEADER_PREFIX}-profile",
+        )
+    return value
+
+
+def _complexity(request: Request) -> str | None:
+    value = request.headers.get(f"{HEADER_PREFIX}-complexity")
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in ("simple", "medium", "complex", "multi-system"):
+        raise BadRequest(
+            f"header {HEADER_PREFIX}-complexity must be simple, medium, complex or multi-system, "
+            f"got {value!r}",
+            param=f"{HEADER_PREFIX}-complexity",
         )
     return value
 

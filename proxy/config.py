@@ -160,6 +160,39 @@ class MemoryInject(_Model):
     """Where the memory block goes: the last user message (cache-safe) or the system prompt."""
 
 
+class AgentBudgetProfile(_Model):
+    tokens: int = Field(gt=0)
+    """Memory tokens at medium complexity."""
+    max_tokens: int = Field(gt=0)
+    """Never more than this, whatever the complexity."""
+    scope_weights: dict[str, float]
+    """How the budget splits between global, agent_recent and agent_patterns."""
+
+
+def _default_budget_profiles() -> dict[str, AgentBudgetProfile]:
+    from memory.budget import DEFAULT_PROFILES
+
+    return {
+        name: AgentBudgetProfile(
+            tokens=p.tokens, max_tokens=p.max_tokens, scope_weights=dict(p.scope_weights)
+        )
+        for name, p in DEFAULT_PROFILES.items()
+    }
+
+
+class Budgets(_Model):
+    profiles: dict[str, AgentBudgetProfile] = Field(default_factory=_default_budget_profiles)
+    """Agent budget profiles by name."""
+    agents: dict[str, str] = {}
+    """Agent name → budget profile name."""
+    default_profile: str = "specialist-narrow"
+    """Budget profile of agents not listed in `agents`."""
+    default_agent: str = "main"
+    """Agent of requests without an x-context-budget-agent header."""
+    context_windows: dict[str, int] = {}
+    """Model → context window in tokens, where litellm's model map does not know it."""
+
+
 class Memory(_Model):
     qmd: Qmd = Qmd()
     """Memory limits, named as in OpenClaw."""
@@ -169,6 +202,8 @@ class Memory(_Model):
     """Memories kept per owner; past it the least recently used is evicted."""
     categories: dict[str, float] = {"preference": 1.0, "fact": 1.0, "pattern": 0.8}
     """Memory categories and their recall weights."""
+    budgets: Budgets = Budgets()
+    """Agent budget profiles and which agent uses which."""
     store: MemoryStore = MemoryStore()
     """Where memories are kept."""
     inject: MemoryInject = MemoryInject()

@@ -15,18 +15,21 @@ import asyncio
 import hashlib
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory, SQLiteMemoryStore
+from memory.budget import DEFAULT_PROFILES, AgentProfile, Complexity, decide, detect
 from memory.inject import inject, line
 from memory.profiles import choose
 from memory.query import clean, latest_user
 from memory.recall import recall
 from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from proxy.models import context_window
+from proxy.tokens import TokenCounter
 
 if TYPE_CHECKING:
     from proxy.app import Proxy
@@ -41,6 +44,7 @@ class MemoryRoutes:
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
         self._store: SQLiteMemoryStore | None = None
+        self._tokens = TokenCounter()  # used on the event loop only
 
     def store(self, settings: Settings) -> SQLiteMemoryStore:
         cfg = settings.config
@@ -62,6 +66,8 @@ class MemoryRoutes:
         budget_on: bool,
         agent: str | None,
         requested: str | None,
+        complexity: str | None = None,
+        model: str | None = None,
     ) -> tuple[list[Any], dict[str, Any] | None]:
         """`messages` with recalled memories placed, and what recall did (None: nothing to do)."""
         cfg = settings.config.memory.inject
@@ -82,6 +88,41 @@ class MemoryRoutes:
         feature = settings.config.memory.qmd.limits.max_injected_chars
         max_chars = min(cap, feature) if cap is not None else feature
         now = time.time()
+        budgets = settings.config.memory.budgets
+        agent_name = agent or budgets.default_agent
+        budget_name = budgets.agents.get(agent_name, budgets.default_profile)
+        configured = budgets.profiles.get(budget_name)
+        agent_profile = (
+            AgentProfile(
+                tokens=configured.tokens,
+                max_tokens=configured.max_tokens,
+                scope_weights=dict(configured.scope_weights),
+            )
+            if configured
+            else DEFAULT_PROFILES["specialist-narrow"]
+        )
+        tier: Complexity
+        if complexity:  # validated by the app
+            tier, tier_reason = cast(Complexity, complexity), "x-context-budget-complexity header"
+        else:
+            tier, tier_reason = detect(query)
+        encoding = settings.encoding_for(model)
+        system = "".join(
+            m["content"]
+            for m in messages
+            if isinstance(m, dict)
+            and m.get("role") in ("system", "developer")
+            and isinstance(m.get("content"), str)
+        )
+        decision = decide(
+            agent=agent_name,
+            profile_name=budget_name,
+            profile=agent_profile,
+            complexity=tier,
+            complexity_reason=tier_reason,
+            context_window=context_window(model, budgets.context_windows),
+            system_tokens=self._tokens.count(system, encoding),
+        )
         result = recall(
             store,
             owner,
@@ -91,7 +132,8 @@ class MemoryRoutes:
             limits=settings.memory_limits,
             now=now,
             max_chars=max_chars,
-            count_tokens=lambda text: len(text) // 4,
+            count_tokens=lambda text: self._tokens.count(text, encoding),
+            max_tokens=decision.tokens,
             scope=agent,
             format_line=lambda m: line(m, now=now),
         )
@@ -108,6 +150,8 @@ class MemoryRoutes:
             "dropped": [{"id": c.memory.id, "why": why} for c, why in result.dropped],
             "chars": result.chars,
             "maxChars": max_chars,
+            "tokens": result.tokens,
+            "budget": decision.to_dict(),
             "boundBy": result.bound_by,
             "placement": cfg.placement,
             # ids and score signals only: the report is shared, memory text is its owner's

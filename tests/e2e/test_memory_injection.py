@@ -100,3 +100,32 @@ def test_system_placement(tmp_path: Path, standin: StandIn) -> None:
         assert system.endswith(
             "\n\nUser context:\n- Preference: Therapy is on Thursdays at 3pm (today, you told me)"
         )
+
+
+def test_agent_budget_and_context_window_bound_the_injection(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    config = base_config(tmp_path, standin.base_url, enabled=False)
+    config["memory"]["budgets"] = {"contextWindows": {"tiny-model": 6100}}
+    with serve(tmp_path, config) as server:
+        for i in range(8):
+            _add(server.config_path, f"Deploy note {i}: deploys need a green build and a review")
+        body = _turn("how do deploys work here?")
+        body["model"] = "tiny-model"  # the system prompt alone is ~5,900 of its 6,100 tokens
+        r = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json=body,
+            headers={"x-context-budget-complexity": "simple", "x-context-budget-profile": "deep"},
+        )
+        memory = server.report()["recent"][0]["memory"]
+        assert memory["budget"]["complexity"] == "simple"
+        assert memory["budget"]["boundBy"].startswith("20% of the context window left")
+        assert memory["tokens"] <= memory["budget"]["tokens"]
+        assert memory["boundBy"].startswith("token budget")
+        assert int(r.headers["x-context-budget-memories"]) == memory["injected"] < 8
+        bad = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json=body,
+            headers={"x-context-budget-complexity": "huge"},
+        )
+        assert bad.status_code == 400

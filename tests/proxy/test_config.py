@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from proxy.config import (
+    AgentBudgetProfile,
     Config,
     ConfigSource,
     Route,
@@ -61,7 +62,10 @@ def test_example_config_loads_and_documents_every_field() -> None:
     assert config.model_dump() == Config().model_dump(), "the example shows the defaults"
     text = EXAMPLE.read_text()
     lines = text.splitlines()
-    for dotted in _fields(Config) + [f"proxy.routes.*.{k}" for k in _fields(Route)]:
+    nested = [f"proxy.routes.*.{k}" for k in _fields(Route)] + [
+        f"memory.budgets.profiles.*.{k}" for k in _fields(AgentBudgetProfile)
+    ]
+    for dotted in _fields(Config) + nested:
         key = dotted.rsplit(".", 1)[-1]
         at = [i for i, line in enumerate(lines) if f'"{key}"' in line]
         assert at, f"{dotted} is not in config.example.jsonc"

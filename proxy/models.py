@@ -1,0 +1,45 @@
+"""Context windows from litellm's offline model map, read as plain JSON.
+
+litellm ships `model_prices_and_context_window_backup.json`; reading that file (once, ~25 ms)
+gives the windows without importing litellm (~5 s, ~165 MB).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+MAP_FILE = "model_prices_and_context_window_backup.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _model_map() -> dict[str, Any]:
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / MAP_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def context_window(model: str | None, overrides: Mapping[str, int]) -> int | None:
+    """Input tokens `model` accepts: config first, then litellm's map; None if unknown."""
+    if not model:
+        return None
+    if model in overrides:
+        return overrides[model]
+    known = _model_map()
+    for name in (model, model.rsplit("/", 1)[-1]):
+        entry = known.get(name)
+        if isinstance(entry, dict):
+            window = entry.get("max_input_tokens") or entry.get("max_tokens")
+            if isinstance(window, int) and window > 0:
+                return window
+    return None

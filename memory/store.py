@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from memory.monitor import Monitor
 from memory.types import Memory, MemoryLimits, NewMemory
 
 log = logging.getLogger("ctxbudget.memory")
@@ -87,7 +88,20 @@ def _v2(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2)
+def _v3(conn: sqlite3.Connection) -> None:
+    # The budget monitor: one usage record per recall, and agents whose next request is
+    # bumped one complexity tier (memory/monitor.py).
+    conn.execute(
+        "CREATE TABLE usage (id INTEGER PRIMARY KEY, ts REAL NOT NULL, owner TEXT NOT NULL,"
+        " agent TEXT NOT NULL, body TEXT NOT NULL)"
+    )
+    conn.execute("CREATE INDEX usage_ts ON usage (ts)")
+    conn.execute(
+        "CREATE TABLE bumps (owner TEXT NOT NULL, agent TEXT NOT NULL, PRIMARY KEY (owner, agent))"
+    )
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2, _v3)
 """Schema version N is reached by running MIGRATIONS[N-1]; append, never edit."""
 
 _COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count"
@@ -153,6 +167,11 @@ class SQLiteMemoryStore:
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+
+    @property
+    def monitor(self) -> Monitor:
+        """The budget monitor, in this store's database."""
+        return Monitor(self._db)
 
     @property
     def schema_version(self) -> int:

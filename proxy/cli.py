@@ -6,6 +6,7 @@
     ctxbudget memory list [--scope SCOPE] [--owner O] [--json]
     ctxbudget memory search QUERY [--owner O] [--json]
     ctxbudget memory rm ID [--owner O] [--json]
+    ctxbudget analyze [--config PATH] [--days N] [--owner O] [--json]
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc`, else
 built-in defaults). `--json` prints machine-readable JSON on stdout and nothing else.
@@ -52,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--config", metavar="PATH", help="config file (JSONC)")
     report.add_argument("--json", action="store_true", help="print JSON only")
 
+    analyze = sub.add_parser("analyze", help="budget-usage recommendations")
+    analyze.add_argument("--config", metavar="PATH", help="config file (JSONC)")
+    analyze.add_argument("--days", type=float, default=7, help="window to analyse (default 7)")
+    analyze.add_argument("--owner", help="only this owner's requests")
+    analyze.add_argument("--json", action="store_true", help="print JSON only")
+
     memory = sub.add_parser("memory", help="add, list, search and remove memories")
     actions = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="add a memory")
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
             _report(args)
         elif args.command == "memory":
             _memory(args)
+        elif args.command == "analyze":
+            _analyze(args)
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -213,6 +222,36 @@ def _memory(args: argparse.Namespace) -> None:
                 raise SystemExit(1)
     finally:
         store.close()
+
+
+def _analyze(args: argparse.Namespace) -> None:
+    from memory import SQLiteMemoryStore
+    from memory.monitor import analyze
+
+    cfg = _source(args.config, {}).get()
+    store = SQLiteMemoryStore(cfg.memory.store.path)
+    try:
+        records = store.monitor.records(since=time.time() - args.days * 86_400, owner=args.owner)
+    finally:
+        store.close()
+    weights = {name: dict(p.scope_weights) for name, p in cfg.memory.budgets.profiles.items()}
+    found = analyze(records, weights)
+    if args.json:
+        print(
+            json.dumps(
+                {"requests": len(records), "days": args.days, "recommendations": found}, indent=2
+            )
+        )
+        return
+    print(f"{len(records)} requests with memory recall in the last {args.days:g} days")
+    if not found:
+        print("no recommendations: budgets fit the observed use")
+    for r in found:
+        change = f"{r['from']} -> {r['to']}"
+        print(
+            f"- {r['agent']}: {r['kind']} {change} — {r['reason']} "
+            f"(confidence {r['confidence']:.2f})"
+        )
 
 
 def _report(args: argparse.Namespace) -> None:

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory, SQLiteMemoryStore
-from memory.budget import DEFAULT_PROFILES, AgentProfile, Complexity, decide, detect
+from memory.budget import DEFAULT_PROFILES, AgentProfile, Complexity, bump, decide, detect
 from memory.inject import inject, line
+from memory.monitor import Usage, scope_of
 from memory.profiles import choose
 from memory.query import clean, latest_user
 from memory.recall import recall
@@ -106,6 +107,9 @@ class MemoryRoutes:
             tier, tier_reason = cast(Complexity, complexity), "x-context-budget-complexity header"
         else:
             tier, tier_reason = detect(query)
+            if store.monitor.take_bump(owner, agent_name):
+                tier = bump(tier)
+                tier_reason += "; bumped a tier: the agent's last request exceeded its budget"
         encoding = settings.encoding_for(model)
         system = "".join(
             m["content"]
@@ -137,6 +141,27 @@ class MemoryRoutes:
             scope=agent,
             format_line=lambda m: line(m, now=now),
         )
+        dropped_ids = {c.memory.id for c, _ in result.dropped}
+        loaded = [c for c in result.candidates if c.memory.id not in dropped_ids]
+        per_scope: dict[str, int] = {}
+        for c in loaded:
+            key = scope_of(c.memory.scope, c.memory.category)
+            per_scope[key] = per_scope.get(key, 0) + self._tokens.count(
+                line(c.memory, now=now), encoding
+            )
+        usage = Usage(
+            ts=now,
+            owner=owner,
+            agent=agent_name,
+            budget_profile=budget_name,
+            retrieval_profile=result.profile,
+            complexity=tier,
+            budget=decision.tokens,
+            tokens_loaded=sum(per_scope.values()),
+            tokens_injected=result.tokens,
+            per_scope=per_scope,
+        )
+        store.monitor.record(usage)
         lines = [line(c.memory, now=now) for c in result.chosen]
         if result.chosen:
             turn = f"{index}:{hashlib.sha256(raw_text.encode('utf-8', 'replace')).hexdigest()}"
@@ -152,6 +177,11 @@ class MemoryRoutes:
             "maxChars": max_chars,
             "tokens": result.tokens,
             "budget": decision.to_dict(),
+            "usage": {
+                k: v
+                for k, v in usage.to_dict().items()
+                if k in ("tokensLoaded", "usagePercent", "perScope", "exceeded", "warnings")
+            },
             "boundBy": result.bound_by,
             "placement": cfg.placement,
             # ids and score signals only: the report is shared, memory text is its owner's

@@ -129,3 +129,29 @@ def test_agent_budget_and_context_window_bound_the_injection(
             headers={"x-context-budget-complexity": "huge"},
         )
         assert bad.status_code == 400
+
+
+def test_monitor_bumps_after_exceeding_and_analyze_recommends(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    config = base_config(tmp_path, standin.base_url, enabled=False)
+    config["memory"]["budgets"] = {"contextWindows": {"tiny-model": 6100}}
+    with serve(tmp_path, config) as server:
+        for i in range(8):
+            _add(server.config_path, f"Deploy note {i}: deploys need a green build and a review")
+        body = _turn("how do deploys work here?")
+        body["model"] = "tiny-model"
+        for _ in range(2):
+            httpx.post(f"{server.base_url}/chat/completions", json=body)
+        first, second = reversed(server.report()["recent"][:2])
+        assert first["memory"]["usage"]["exceeded"] is True
+        assert "bumped a tier" in second["memory"]["budget"]["complexityReason"]
+        out = subprocess.run(
+            [CTXBUDGET, "analyze", "--json", "--config", str(server.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        result = json.loads(out.stdout)
+        assert result["requests"] == 2
+        assert {(r["agent"], r["kind"]) for r in result["recommendations"]} >= {("main", "upgrade")}

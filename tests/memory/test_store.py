@@ -103,7 +103,7 @@ def test_bad_memories_are_refused_and_nothing_is_written(
 
 def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    assert store.schema_version == 2
+    assert store.schema_version == 3
     store.close()
     db = sqlite3.connect(tmp_path / "m.db")
     db.execute("PRAGMA user_version=7")

@@ -1,0 +1,188 @@
+"""The budget monitor: usage per request, soft enforcement, and recommendations.
+
+Every recall appends a usage record to the `usage` table of the memory store's SQLite file
+(one table, not a JSONL file: it is shared by every worker and the CLI, and `analyze` queries
+it by agent and time). "Tokens loaded" is what recall wanted to load — every memory that
+passed the trust pass — so usage over 100% means relevant memories did not fit the budget:
+
+- >= 75% → info, >= 90% → warning, > 100% → exceeded;
+- after an exceeded request, the agent's next request is bumped one complexity tier
+  (soft enforcement: a bigger budget next time, never a refused request).
+
+Scopes: `global` memories, and the agent's own (`agent:<name>`) split into `agent_patterns`
+(category `pattern`) and `agent_recent` (the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+ORDER = ("specialist-narrow", "specialist-broad", "role-coordinator", "role-architect")
+
+
+def scope_of(scope: str, category: str) -> str:
+    if scope == "global":
+        return "global"
+    return "agent_patterns" if category == "pattern" else "agent_recent"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    """One request's use of its memory budget."""
+
+    ts: float
+    owner: str
+    agent: str
+    budget_profile: str
+    retrieval_profile: str
+    complexity: str
+    budget: int
+    tokens_loaded: int
+    tokens_injected: int
+    per_scope: dict[str, int]
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.tokens_loaded / self.budget if self.budget else 0.0
+
+    @property
+    def exceeded(self) -> bool:
+        return self.tokens_loaded > self.budget
+
+    @property
+    def warnings(self) -> list[str]:
+        p = self.percent
+        if p > 100:
+            return [f"exceeded: {p:.0f}% of {self.budget:,} tokens; next request bumped a tier"]
+        if p >= 90:
+            return [f"warning: {p:.0f}% of the memory budget"]
+        if p >= 75:
+            return [f"info: {p:.0f}% of the memory budget"]
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "owner": self.owner,
+            "agent": self.agent,
+            "budgetProfile": self.budget_profile,
+            "profile": self.retrieval_profile,
+            "complexity": self.complexity,
+            "budget": self.budget,
+            "tokensLoaded": self.tokens_loaded,
+            "tokensInjected": self.tokens_injected,
+            "usagePercent": round(self.percent, 1),
+            "perScope": self.per_scope,
+            "exceeded": self.exceeded,
+            "warnings": self.warnings,
+        }
+
+
+class Monitor:
+    """Usage log and pending tier bumps, in the memory store's database."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def record(self, usage: Usage) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(
+                "INSERT INTO usage (ts, owner, agent, body) VALUES (?, ?, ?, ?)",
+                (usage.ts, usage.owner, usage.agent, json.dumps(usage.to_dict())),
+            )
+            if usage.exceeded:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO bumps (owner, agent) VALUES (?, ?)",
+                    (usage.owner, usage.agent),
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def take_bump(self, owner: str, agent: str) -> bool:
+        """True (once) when the agent's last request exceeded its budget."""
+        cursor = self._db.execute("DELETE FROM bumps WHERE owner = ? AND agent = ?", (owner, agent))
+        return cursor.rowcount > 0
+
+    def records(self, *, since: float, owner: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT body FROM usage WHERE ts >= ?"
+        args: list[object] = [since]
+        if owner is not None:
+            sql += " AND owner = ?"
+            args.append(owner)
+        return [json.loads(r[0]) for r in self._db.execute(sql + " ORDER BY ts", args)]
+
+
+def analyze(
+    records: list[dict[str, Any]], weights: dict[str, dict[str, float]]
+) -> list[dict[str, Any]]:
+    """Recommendations per agent, each with its reason and a confidence in [0, 1]."""
+    by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_agent[r["agent"]].append(r)
+    out = []
+    for agent, rows in sorted(by_agent.items()):
+        n = len(rows)
+        confidence = round(min(1.0, math.sqrt(n / 50)), 2)  # ~50 requests: full confidence
+        profile = rows[-1]["budgetProfile"]
+        exceeded = sum(r["exceeded"] for r in rows) / n
+        average = sum(r["usagePercent"] for r in rows) / n
+        if exceeded > 0.2 and profile in ORDER[:-1]:
+            up = ORDER[ORDER.index(profile) + 1]
+            out.append(
+                {
+                    "agent": agent,
+                    "kind": "upgrade",
+                    "from": profile,
+                    "to": up,
+                    "reason": f"exceeded its budget on {exceeded:.0%} of {n} requests (> 20%)",
+                    "confidence": confidence,
+                }
+            )
+        elif average < 40 and profile in ORDER[1:]:
+            down = ORDER[ORDER.index(profile) - 1]
+            out.append(
+                {
+                    "agent": agent,
+                    "kind": "downgrade",
+                    "from": profile,
+                    "to": down,
+                    "reason": f"used {average:.0f}% of its budget on average over {n} requests "
+                    "(< 40%)",
+                    "confidence": confidence,
+                }
+            )
+        totals: dict[str, int] = defaultdict(int)
+        for r in rows:
+            for scope, tokens in r["perScope"].items():
+                totals[scope] += tokens
+        used = sum(totals.values())
+        current = weights.get(profile, {})
+        if used and current:
+            actual = {s: round(totals.get(s, 0) / used, 2) for s in current}
+            drift = max(abs(actual[s] - current[s]) for s in current)
+            if drift > 0.2:
+                out.append(
+                    {
+                        "agent": agent,
+                        "kind": "scope-weights",
+                        "profile": profile,
+                        "from": current,
+                        "to": actual,
+                        "reason": f"actual scope use drifts {drift:.0%} from the weights",
+                        "confidence": confidence,
+                    }
+                )
+    return out
+
+
+def now() -> float:
+    return time.time()

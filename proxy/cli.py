@@ -7,6 +7,7 @@
     ctxbudget memory search QUERY [--owner O] [--json]
     ctxbudget memory rm ID [--owner O] [--json]
     ctxbudget analyze [--config PATH] [--days N] [--owner O] [--json]
+    ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc`, else
 built-in defaults). `--json` prints machine-readable JSON on stdout and nothing else.
@@ -53,6 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--config", metavar="PATH", help="config file (JSONC)")
     report.add_argument("--json", action="store_true", help="print JSON only")
 
+    rec = sub.add_parser("recall", help="show which memories a query would recall, and why")
+    rec.add_argument("query")
+    rec.add_argument(
+        "--budget",
+        choices=["lean", "balanced", "deep", "auto"],
+        default=None,
+        help="retrieval profile (default: memory.inject.budget)",
+    )
+    rec.add_argument("--agent", help="agent name (its agent:<name> memories count too)")
+    rec.add_argument("--owner", default="default", help="whose memories (default: default)")
+    rec.add_argument("--config", metavar="PATH", help="config file (JSONC)")
+    rec.add_argument("--json", action="store_true", help="print JSON only")
+
     analyze = sub.add_parser("analyze", help="budget-usage recommendations")
     analyze.add_argument("--config", metavar="PATH", help="config file (JSONC)")
     analyze.add_argument("--days", type=float, default=7, help="window to analyse (default 7)")
@@ -98,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             _memory(args)
         elif args.command == "analyze":
             _analyze(args)
+        elif args.command == "recall":
+            _recall(args)
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -222,6 +238,55 @@ def _memory(args: argparse.Namespace) -> None:
                 raise SystemExit(1)
     finally:
         store.close()
+
+
+def _recall(args: argparse.Namespace) -> None:
+    from proxy.memories import MemoryRoutes
+    from proxy.settings import settings_for
+
+    cfg = _source(args.config, {}).get()
+    settings = settings_for(cfg, os.environ)
+    routes = MemoryRoutes(None)  # type: ignore[arg-type]  # no app: the store is all it needs
+    try:
+        messages = [{"role": "user", "content": args.query}]
+        _, info = routes.recall_into(
+            messages,
+            args.owner,
+            settings,
+            budget_on=settings.enabled,
+            agent=args.agent,
+            requested=args.budget,
+            dry_run=True,
+        )
+        store = routes.store(settings)
+        texts = {m.id: m.text for m in store.all(args.owner)}
+    finally:
+        routes.close()
+    if info is None:
+        info = {
+            "injected": 0,
+            "candidates": 0,
+            "memories": [],
+            "dropped": [],
+            "reason": "no memories for this owner",
+        }
+    for entry in info["memories"] + info["dropped"]:
+        entry["text"] = texts.get(entry["id"])
+    if args.json:
+        print(json.dumps(info, indent=2, ensure_ascii=False))
+        return
+    print(
+        f"profile {info.get('applied', '-')} ({info['reason']}): {info['candidates']} "
+        f"candidates, {info['injected']} injected, bound by {info.get('boundBy', '-')}"
+    )
+    for m in info["memories"]:
+        print(f"  {m['score']:7.2f}  {m['text']}")
+        print(
+            f"           relevance {m['relevance']}, recency {m['recency']}, category "
+            f"{m['category']}, source {m['source']}, access {m['access']}"
+        )
+    for d in info["dropped"]:
+        print(f"  dropped  {d['text']} ({d['why']})")
 
 
 def _analyze(args: argparse.Namespace) -> None:

@@ -69,6 +69,7 @@ class MemoryRoutes:
         requested: str | None,
         complexity: str | None = None,
         model: str | None = None,
+        dry_run: bool = False,
     ) -> tuple[list[Any], dict[str, Any] | None]:
         """`messages` with recalled memories placed, and what recall did (None: nothing to do)."""
         cfg = settings.config.memory.inject
@@ -107,7 +108,7 @@ class MemoryRoutes:
             tier, tier_reason = cast(Complexity, complexity), "x-context-budget-complexity header"
         else:
             tier, tier_reason = detect(query)
-            if store.monitor.take_bump(owner, agent_name):
+            if not dry_run and store.monitor.take_bump(owner, agent_name):
                 tier = bump(tier)
                 tier_reason += "; bumped a tier: the agent's last request exceeded its budget"
         encoding = settings.encoding_for(model)
@@ -161,9 +162,10 @@ class MemoryRoutes:
             tokens_injected=result.tokens,
             per_scope=per_scope,
         )
-        store.monitor.record(usage)
+        if not dry_run:
+            store.monitor.record(usage)
         lines = [line(c.memory, now=now) for c in result.chosen]
-        if result.chosen:
+        if result.chosen and not dry_run:
             turn = f"{index}:{hashlib.sha256(raw_text.encode('utf-8', 'replace')).hexdigest()}"
             store.touch_once(owner, turn, [c.memory.id for c in result.chosen])
         info = {

@@ -100,3 +100,41 @@ def test_without_admin_key_a_proxy_key_acts_for_its_own_owner(
         assert other.status_code == 403
         bob = httpx.get(url, headers={"authorization": "Bearer pk-b"}).json()
         assert bob["owner"] == "bob" and bob["data"] == []
+
+
+def test_recall_cli_explains_every_signal(tmp_path: Path, standin: StandIn) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        _cli(server.config_path, "add", "Deploys happen on Tuesdays after standup")
+        _cli(server.config_path, "add", "tea")
+        lean = json.loads(
+            subprocess.run(
+                [
+                    CTXBUDGET,
+                    "recall",
+                    "deploy tea",
+                    "--budget",
+                    "lean",
+                    "--json",
+                    "--config",
+                    str(server.config_path),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+        )
+        assert lean["applied"] == "lean" and lean["reason"] == "lean requested"
+        assert [m["text"] for m in lean["memories"]] == ["Deploys happen on Tuesdays after standup"]
+        assert set(lean["memories"][0]) >= {
+            "relevance",
+            "recency",
+            "category",
+            "source",
+            "access",
+            "score",
+        }
+        assert lean["dropped"] == [{"id": 2, "why": "shorter than 12 chars", "text": "tea"}]
+        # a preview: it counts no access
+        listed = httpx.get(f"{server.base_url}/memories").json()["data"]
+        assert all(m["accessCount"] == 0 for m in listed)

@@ -158,8 +158,8 @@ def recall(
     words = rewrite(query) if profile.expand else [w.lower() for w in _WORD.findall(query)]
     words = list(dict.fromkeys(words))
     result = Recall(profile=profile.name, reason=reason, query_words=words)
-    terms = " ".join(words) + (" " + " ".join(f"{w}*" for w in words) if profile.prefix else "")
-    found = store.search(owner, terms, limit=profile.pool) if words else []
+    terms = " ".join(words)
+    found = store.search(owner, terms, limit=profile.pool, prefix=profile.prefix) if words else []
     allowed = {"global", f"agent:{scope}"} if scope else {"global"}
     found = [(m, r) for m, r in found if m.scope in allowed]
     result.candidates = score(found, limits, now=now)

@@ -36,7 +36,9 @@ class MemoryStore(Protocol):
 
     def all(self, owner: str, *, scope: str | None = None) -> list[Memory]: ...
 
-    def search(self, owner: str, query: str, *, limit: int = 20) -> list[tuple[Memory, float]]:
+    def search(
+        self, owner: str, query: str, *, limit: int = 20, prefix: bool = False
+    ) -> list[tuple[Memory, float]]:
         """Memories matching `query` with their BM25 relevance (higher is better)."""
         ...
 
@@ -101,10 +103,46 @@ def _v3(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2, _v3)
+def _v4(conn: sqlite3.Connection) -> None:
+    # Counting an owner's memories on every insert was O(n): keep the count by trigger.
+    conn.execute("CREATE TABLE owner_counts (owner TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+    conn.execute(
+        "INSERT INTO owner_counts (owner, n) SELECT owner, count(*) FROM memories GROUP BY owner"
+    )
+    # Search filtered owners after joining every match; with the owner in the index, FTS5
+    # ranks only the owner's matches.
+    for name in ("memories_ai", "memories_ad"):
+        conn.execute(f"DROP TRIGGER {name}")
+    conn.execute("DROP TABLE memories_fts")
+    conn.execute(
+        "CREATE VIRTUAL TABLE memories_fts USING fts5("
+        " text, owner, content='memories', content_rowid='id', tokenize='porter unicode61')"
+    )
+    conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')")
+    conn.execute(
+        "CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN"
+        " INSERT INTO memories_fts (rowid, text, owner) VALUES (new.id, new.text, new.owner);"
+        " INSERT INTO owner_counts (owner, n) VALUES (new.owner, 1)"
+        "  ON CONFLICT (owner) DO UPDATE SET n = n + 1; END"
+    )
+    conn.execute(
+        "CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN"
+        " INSERT INTO memories_fts (memories_fts, rowid, text, owner)"
+        "  VALUES ('delete', old.id, old.text, old.owner);"
+        " UPDATE owner_counts SET n = n - 1 WHERE owner = old.owner; END"
+    )
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2, _v3, _v4)
 """Schema version N is reached by running MIGRATIONS[N-1]; append, never edit."""
 
 _COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count"
+# Words that say nothing about which memory is meant, yet match most of them.
+STOPWORDS = frozenset(
+    "a an and are as at be but by can could did do does for from had has have how i if in is it"
+    " its me my of on or our so than that the their them then there these they this to us was"
+    " we were what when where which who why will with would you your".split()
+)
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -122,10 +160,17 @@ def _row(row: tuple[object, ...]) -> Memory:
     )
 
 
-def fts_query(text: str) -> str | None:
-    """An FTS5 query matching any word of `text` (quoted: user text is never FTS syntax)."""
-    words = _WORD.findall(text.lower())
-    return " OR ".join(f'"{w}"' for w in dict.fromkeys(words)) or None
+def fts_query(text: str, *, prefix: bool = False) -> str | None:
+    """An FTS5 query matching any word of `text` (quoted: user text is never FTS syntax).
+
+    With `prefix`, words of 3+ letters also match as prefixes (`"orion"*` finds orionwave).
+    """
+    found = list(dict.fromkeys(_WORD.findall(text.lower())))
+    words = [w for w in found if w not in STOPWORDS] or found  # all stopwords: keep them
+    terms = [f'"{w}"' for w in words]
+    if prefix:
+        terms += [f'"{w}"*' for w in words if len(w) >= 3]
+    return "text : (" + " OR ".join(terms) + ")" if terms else None
 
 
 class SQLiteMemoryStore:
@@ -191,7 +236,7 @@ class SQLiteMemoryStore:
             )
             new_id = int(cursor.lastrowid or 0)
             count = self._db.execute(
-                "SELECT count(*) FROM memories WHERE owner = ?", (memory.owner,)
+                "SELECT n FROM owner_counts WHERE owner = ?", (memory.owner,)
             ).fetchone()[0]
             evicted: list[Memory] = []
             excess = count - self.limits.max_memories
@@ -242,16 +287,20 @@ class SQLiteMemoryStore:
             args += (scope,)
         return [_row(r) for r in self._db.execute(sql + " ORDER BY id", args)]
 
-    def search(self, owner: str, query: str, *, limit: int = 20) -> list[tuple[Memory, float]]:
-        match = fts_query(query)
+    def search(
+        self, owner: str, query: str, *, limit: int = 20, prefix: bool = False
+    ) -> list[tuple[Memory, float]]:
+        match = fts_query(query, prefix=prefix)
         if match is None:
             return []
+        owner_phrase = '"' + owner.replace('"', '""') + '"'
         rows = self._db.execute(
-            f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))},"
-            " bm25(memories_fts) AS rank"
-            " FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid"
-            " WHERE memories_fts MATCH ? AND m.owner = ? ORDER BY rank, m.id LIMIT ?",
-            (match, owner, limit),
+            f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))}, f.rank"
+            " FROM (SELECT rowid, bm25(memories_fts, 1.0, 0.0) AS rank FROM memories_fts"
+            "       WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) AS f"
+            " JOIN memories m ON m.id = f.rowid"
+            " WHERE m.owner = ? ORDER BY f.rank, m.id",
+            (f"owner : {owner_phrase} AND {match}", limit, owner),
         ).fetchall()
         # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
         return [(_row(r[:9]), -float(r[9])) for r in rows]

@@ -127,3 +127,20 @@ def test_injection_is_cache_safe(tmp_path: Path) -> None:
     assert out[3]["content"][-1]["text"] == "User context:\n" + text
     assert inject(messages, [text], "system")[0]["content"] == "S\n\nUser context:\n" + text
     assert inject(messages, [], "user") is messages
+
+
+def test_deep_matches_word_prefixes_and_lean_does_not(tmp_path: Path) -> None:
+    store = _store(tmp_path, [("The orionwave project deadline notes", "fact")])
+    for profile, found in (("lean", 0), ("balanced", 0), ("deep", 1)):
+        result = recall(
+            store,
+            "default",
+            "orion?",
+            PROFILES[profile],
+            profile,  # type: ignore[index]
+            limits=MemoryLimits(),
+            now=NOW,
+            max_chars=1000,
+            count_tokens=len,
+        )
+        assert len(result.chosen) == found, profile

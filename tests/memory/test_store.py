@@ -103,7 +103,7 @@ def test_bad_memories_are_refused_and_nothing_is_written(
 
 def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    assert store.schema_version == 3
+    assert store.schema_version == 4
     store.close()
     db = sqlite3.connect(tmp_path / "m.db")
     db.execute("PRAGMA user_version=7")
@@ -133,3 +133,24 @@ def test_two_processes_adding_at_once_lose_nothing(tmp_path: Path) -> None:
     texts = {m.text for m in SQLiteMemoryStore(path).all("default")}
     assert len(texts) == 120
     assert {t.split()[0] for t in texts} == {"first", "second"}
+
+
+def test_an_older_store_is_migrated_with_its_memories(tmp_path: Path) -> None:
+    from memory.store import MIGRATIONS
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for number, migrate in enumerate(MIGRATIONS[:3], start=1):  # a schema-v3 file
+        migrate(db)
+        db.execute(f"PRAGMA user_version={number}")
+    db.execute(
+        "INSERT INTO memories (owner, text, category, source, scope, created, last_accessed)"
+        " VALUES ('default', 'Deploys happen on Tuesdays', 'fact', 'user_explicit', 'global',"
+        " 1, 1)"
+    )
+    db.close()
+    store = SQLiteMemoryStore(path, limits=MemoryLimits(max_memories=1))
+    assert store.schema_version == len(MIGRATIONS)
+    assert [m.text for m, _ in store.search("default", "deploy")] == ["Deploys happen on Tuesdays"]
+    _, evicted = store.add(NewMemory(owner="default", text="the count came along too"))
+    assert [m.text for m in evicted] == ["Deploys happen on Tuesdays"]

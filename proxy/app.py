@@ -136,8 +136,10 @@ class Proxy:
             settings,
             budget_on=enabled,
             agent=request.headers.get(f"{HEADER_PREFIX}-agent"),
-            requested=_profile(request),
-            complexity=_complexity(request),
+            requested=_choice(request, "profile", ("lean", "balanced", "deep", "auto")),
+            complexity=_choice(
+                request, "complexity", ("simple", "medium", "complex", "multi-system")
+            ),
             model=model,
         )
         if messages is not body.messages:
@@ -414,30 +416,16 @@ def _budget_headers(
     return headers
 
 
-def _profile(request: Request) -> str | None:
-    value = request.headers.get(f"{HEADER_PREFIX}-profile")
+def _choice(request: Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    """A request header restricted to `allowed` values; 400 naming them otherwise."""
+    header = f"{HEADER_PREFIX}-{name}"
+    value = request.headers.get(header)
     if value is None:
         return None
     value = value.strip().lower()
-    if value not in ("lean", "balanced", "deep", "auto"):
-        raise BadRequest(
-            f"header {HEADER_PREFIX}-profile must be lean, balanced, deep or auto, got {value!r}",
-            param=f"{HEADER_PREFIX}-profile",
-        )
-    return value
-
-
-def _complexity(request: Request) -> str | None:
-    value = request.headers.get(f"{HEADER_PREFIX}-complexity")
-    if value is None:
-        return None
-    value = value.strip().lower()
-    if value not in ("simple", "medium", "complex", "multi-system"):
-        raise BadRequest(
-            f"header {HEADER_PREFIX}-complexity must be simple, medium, complex or multi-system, "
-            f"got {value!r}",
-            param=f"{HEADER_PREFIX}-complexity",
-        )
+    if value not in allowed:
+        options = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+        raise BadRequest(f"header {header} must be {options}, got {value!r}", param=header)
     return value
 
 

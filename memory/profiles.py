@@ -3,11 +3,14 @@
 Deterministic and visible: the same query gives the same profile, rewrite and candidates, and
 `auto` always says why it chose.
 
-| profile  | query rewrite                                   | pool | trust pass  | inject |
-|----------|-------------------------------------------------|------|-------------|--------|
-| lean     | none                                            | 10   | strict      | 3–5    |
-| balanced | one: stems, synonyms, split compound words      | 30   | standard    | 6–10   |
-| deep     | + relaxed OR and prefix matching                | 100  | permissive  | max    |
+| profile  | query rewrite                                   | pool | scan   | trust pass | inject |
+|----------|-------------------------------------------------|------|--------|------------|--------|
+| lean     | none                                            | 10   | 2,000  | strict     | 3–5    |
+| balanced | one: stems, synonyms, split compound words      | 30   | 8,000  | standard   | 6–10   |
+| deep     | + relaxed OR, prefix matching, LLM rewrite (*)  | 100  | 25,000 | permissive | max    |
+
+scan: the most matching memories BM25 ranks; query words are taken rarest first and a word too
+common to fit is skipped (and reported). (*) when `memory.rewrite.model` is configured.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class Profile:
     name: ProfileName
     pool: int
     """Candidates fetched by BM25 before scoring."""
+    scan: int
+    """At most this many matching memories are ranked by BM25: query words are taken rarest
+    first, and a word whose matches would go past it is skipped as too common to rank."""
     min_inject: int
     max_inject: int
     expand: bool
@@ -43,6 +49,7 @@ PROFILES: dict[ProfileName, Profile] = {
     "lean": Profile(
         name="lean",
         pool=10,
+        scan=2_000,
         min_inject=3,
         max_inject=5,
         expand=False,
@@ -54,6 +61,7 @@ PROFILES: dict[ProfileName, Profile] = {
     "balanced": Profile(
         name="balanced",
         pool=30,
+        scan=8_000,
         min_inject=6,
         max_inject=10,
         expand=True,
@@ -65,6 +73,7 @@ PROFILES: dict[ProfileName, Profile] = {
     "deep": Profile(
         name="deep",
         pool=100,
+        scan=25_000,
         min_inject=1,
         max_inject=20,
         expand=True,

@@ -19,8 +19,9 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from memory.monitor import scope_of
 from memory.profiles import Profile
-from memory.store import MemoryStore
+from memory.store import STOPWORDS, MemoryStore
 from memory.types import Memory, MemoryLimits
 
 DAY = 86_400.0
@@ -91,8 +92,12 @@ class Recall:
     reason: str
     query_words: list[str]
     candidates: list[Scored] = field(default_factory=list)
+    skipped: list[tuple[str, int]] = field(default_factory=list)
+    """Query words too common to rank within the profile's scan, with their memory counts."""
     dropped: list[tuple[Scored, str]] = field(default_factory=list)
     chosen: list[Scored] = field(default_factory=list)
+    scopes: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per scope: its share of the token budget (from the scope weights) and tokens used."""
     chars: int = 0
     tokens: int = 0
     bound_by: str = ""
@@ -152,39 +157,114 @@ def recall(
     count_tokens: Callable[[str], int],
     max_tokens: int | None = None,
     scope: str | None = None,
+    scope_weights: dict[str, float] | None = None,
+    extra_words: Iterable[str] = (),
     format_line: Callable[[Memory], str] = lambda m: m.text,
 ) -> Recall:
-    """Find, score, trust-check and pack memories for `query` into the budget."""
+    """Find, score, trust-check and pack memories for `query` into the budget.
+
+    `extra_words` (deep's LLM rewrite) are searched as well. With `max_tokens` and
+    `scope_weights`, each scope (global, agent_recent, agent_patterns) first gets its share
+    of the token budget; what a scope leaves unused then goes to the best remaining memories.
+    """
     words = rewrite(query) if profile.expand else [w.lower() for w in _WORD.findall(query)]
-    words = list(dict.fromkeys(words))
+    words = list(dict.fromkeys([*words, *(w.lower() for w in extra_words)]))
     result = Recall(profile=profile.name, reason=reason, query_words=words)
-    terms = " ".join(words)
-    found = store.search(owner, terms, limit=profile.pool, prefix=profile.prefix) if words else []
+    ranked = _rankable(store, owner, words, profile, result.skipped)
+    found = (
+        store.search(owner, " ".join(ranked), limit=profile.pool, prefix=profile.prefix)
+        if ranked
+        else []
+    )
     allowed = {"global", f"agent:{scope}"} if scope else {"global"}
     found = [(m, r) for m, r in found if m.scope in allowed]
     result.candidates = score(found, limits, now=now)
+    trusted = []
     for cand in result.candidates:
         why = _distrust(cand, profile, now)
         if why:
             result.dropped.append((cand, why))
-            continue
-        if len(result.chosen) >= profile.max_inject:
-            result.bound_by = f"profile {profile.name} injects at most {profile.max_inject}"
-            break
-        line = format_line(cand.memory)
-        tokens = count_tokens(line)
-        if result.chars + len(line) + 1 > max_chars:
-            result.bound_by = f"char budget {max_chars:,}"
-            continue
-        if max_tokens is not None and result.tokens + tokens > max_tokens:
-            result.bound_by = f"token budget {max_tokens:,}"
-            continue
-        result.chosen.append(cand)
-        result.chars += len(line) + 1
-        result.tokens += tokens
+        else:
+            trusted.append(cand)
+    _pack(result, trusted, profile, max_chars, max_tokens, scope_weights, count_tokens, format_line)
     if not result.bound_by:
-        result.bound_by = "candidates" if result.candidates else "no matching memories"
+        if result.candidates:
+            result.bound_by = "candidates"
+        elif result.skipped and not ranked:
+            result.bound_by = "every query word too common to rank"
+        else:
+            result.bound_by = "no matching memories"
     return result
+
+
+def _rankable(
+    store: MemoryStore,
+    owner: str,
+    words: list[str],
+    profile: Profile,
+    skipped: list[tuple[str, int]],
+) -> list[str]:
+    """The query words to rank by: rarest first, while their matches fit the profile's scan.
+
+    BM25 scores every memory a word matches, so a word in most memories costs the most and
+    says the least (its IDF is near zero). Skipped words are appended to `skipped`.
+    """
+    content = [w for w in words if w not in STOPWORDS] or words
+    _, counts = store.frequencies(owner, content, prefix=profile.prefix)
+    kept, scanned = [], 0
+    for word in sorted(content, key=lambda w: counts[w]):
+        if counts[word] and scanned + counts[word] > profile.scan:
+            skipped.append((word, counts[word]))
+            continue
+        kept.append(word)
+        scanned += counts[word]
+    return [w for w in content if w in kept]
+
+
+def _pack(
+    result: Recall,
+    trusted: list[Scored],
+    profile: Profile,
+    max_chars: int,
+    max_tokens: int | None,
+    scope_weights: dict[str, float] | None,
+    count_tokens: Callable[[str], int],
+    format_line: Callable[[Memory], str],
+) -> None:
+    shares: dict[str, int] = {}
+    if max_tokens is not None and scope_weights:
+        weight = sum(scope_weights.values()) or 1.0
+        shares = {k: int(max_tokens * w / weight) for k, w in scope_weights.items()}
+    result.scopes = {k: {"share": v, "tokens": 0} for k, v in shares.items()}
+    lines = {c.memory.id: format_line(c.memory) for c in trusted}
+    tokens = {c.memory.id: count_tokens(lines[c.memory.id]) for c in trusted}
+    chosen: set[int] = set()
+    # First pass: each scope within its share; second: what the shares left, best first.
+    for within_share in (True, False) if shares else (False,):
+        for cand in trusted:
+            if cand.memory.id in chosen:
+                continue
+            if len(chosen) >= profile.max_inject:
+                result.bound_by = f"profile {profile.name} injects at most {profile.max_inject}"
+                break
+            size, cost = len(lines[cand.memory.id]) + 1, tokens[cand.memory.id]
+            key = scope_of(cand.memory.scope, cand.memory.category)
+            if result.chars + size > max_chars:
+                result.bound_by = f"char budget {max_chars:,}"
+                continue
+            if max_tokens is not None and result.tokens + cost > max_tokens:
+                result.bound_by = f"token budget {max_tokens:,}"
+                continue
+            if within_share:
+                used = result.scopes.get(key, {"tokens": 0})["tokens"]
+                if used + cost > shares.get(key, 0):
+                    continue
+            chosen.add(cand.memory.id)
+            result.chars += size
+            result.tokens += cost
+            if key in result.scopes:
+                result.scopes[key]["tokens"] += cost
+    result.chosen = [c for c in trusted if c.memory.id in chosen]
 
 
 def _distrust(cand: Scored, profile: Profile, now: float) -> str | None:

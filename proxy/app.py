@@ -130,16 +130,21 @@ class Proxy:
         messages = body.messages
         if enabled and result is not None and result.changed:
             messages = result.request["messages"]
+        requested = _choice(request, "profile", ("lean", "balanced", "deep", "auto"))
+        complexity = _choice(request, "complexity", ("simple", "medium", "complex", "multi-system"))
+        extra_words, rewrite_note = await self.memories.rewrite(
+            messages, owner, settings, requested=requested, env=self.env
+        )
         messages, recalled = self.memories.recall_into(
             messages,
             owner,
             settings,
             budget_on=enabled,
             agent=request.headers.get(f"{HEADER_PREFIX}-agent"),
-            requested=_choice(request, "profile", ("lean", "balanced", "deep", "auto")),
-            complexity=_choice(
-                request, "complexity", ("simple", "medium", "complex", "multi-system")
-            ),
+            requested=requested,
+            extra_words=extra_words,
+            rewrite_note=rewrite_note,
+            complexity=complexity,
             model=model,
         )
         if messages is not body.messages:

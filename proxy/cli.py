@@ -16,6 +16,7 @@ built-in defaults). `--json` prints machine-readable JSON on stdout and nothing 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -249,6 +250,9 @@ def _recall(args: argparse.Namespace) -> None:
     routes = MemoryRoutes(None)  # type: ignore[arg-type]  # no app: the store is all it needs
     try:
         messages = [{"role": "user", "content": args.query}]
+        extra_words, rewrite_note = asyncio.run(
+            routes.rewrite(messages, args.owner, settings, requested=args.budget, env=os.environ)
+        )
         _, info = routes.recall_into(
             messages,
             args.owner,
@@ -257,6 +261,8 @@ def _recall(args: argparse.Namespace) -> None:
             agent=args.agent,
             requested=args.budget,
             dry_run=True,
+            extra_words=extra_words,
+            rewrite_note=rewrite_note,
         )
         store = routes.store(settings)
         texts = {m.id: m.text for m in store.all(args.owner)}

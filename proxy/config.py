@@ -193,6 +193,11 @@ class Budgets(_Model):
     """Model → context window in tokens, where litellm's model map does not know it."""
 
 
+class Rewrite(Route):
+    timeout_seconds: float = Field(5.0, gt=0)
+    """Seconds to wait for the rewrite; past it (or on an error) recall goes on without it."""
+
+
 class Memory(_Model):
     qmd: Qmd = Qmd()
     """Memory limits, named as in OpenClaw."""
@@ -208,6 +213,8 @@ class Memory(_Model):
     """Where memories are kept."""
     inject: MemoryInject = MemoryInject()
     """Memory injection."""
+    rewrite: Rewrite | None = None
+    """LLM query rewrite for the `deep` profile, through litellm (off when not set)."""
 
 
 class WebFetch(_Model):

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -30,6 +31,7 @@ from memory.query import clean, latest_user
 from memory.recall import recall
 from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from proxy.models import context_window
+from proxy.rewrite import Rewriter
 from proxy.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ class MemoryRoutes:
         self.proxy = proxy
         self._store: SQLiteMemoryStore | None = None
         self._tokens = TokenCounter()  # used on the event loop only
+        self._rewriter = Rewriter()
 
     def store(self, settings: Settings) -> SQLiteMemoryStore:
         cfg = settings.config
@@ -57,6 +60,28 @@ class MemoryRoutes:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+    async def rewrite(
+        self,
+        messages: list[Any],
+        owner: str,
+        settings: Settings,
+        *,
+        requested: str | None,
+        env: Mapping[str, str],
+    ) -> tuple[list[str], str | None]:
+        """Deep recall's LLM rewrite of the query, when configured: words, and where from."""
+        cfg = settings.config.memory
+        if cfg.rewrite is None or not cfg.inject.enabled:
+            return [], None
+        found = latest_user(messages)
+        query = clean(found[1]) if found else ""
+        if not query or not self.store(settings).has_any(owner):
+            return [], None
+        profile, _ = choose(requested or cfg.inject.budget, query)  # type: ignore[arg-type]
+        if profile.name != "deep":
+            return [], None
+        return await self._rewriter.words(query, cfg.rewrite, env)
 
     def recall_into(
         self,
@@ -70,6 +95,8 @@ class MemoryRoutes:
         complexity: str | None = None,
         model: str | None = None,
         dry_run: bool = False,
+        extra_words: Sequence[str] = (),
+        rewrite_note: str | None = None,
     ) -> tuple[list[Any], dict[str, Any] | None]:
         """`messages` with recalled memories placed, and what recall did (None: nothing to do)."""
         cfg = settings.config.memory.inject
@@ -140,6 +167,8 @@ class MemoryRoutes:
             count_tokens=lambda text: self._tokens.count(text, encoding),
             max_tokens=decision.tokens,
             scope=agent,
+            scope_weights=agent_profile.scope_weights,
+            extra_words=extra_words,
             format_line=lambda m: line(m, now=now),
         )
         dropped_ids = {c.memory.id for c, _ in result.dropped}
@@ -185,10 +214,16 @@ class MemoryRoutes:
                 if k in ("tokensLoaded", "usagePercent", "perScope", "exceeded", "warnings")
             },
             "boundBy": result.bound_by,
+            "scopes": result.scopes,
+            "tooCommonWords": len(result.skipped),
             "placement": cfg.placement,
             # ids and score signals only: the report is shared, memory text is its owner's
             "memories": [{"id": c.memory.id, **c.signals()} for c in result.chosen],
         }
+        if rewrite_note is not None:
+            info["rewrite"] = rewrite_note
+        if dry_run:  # the CLI, for the person who typed the query: the words themselves
+            info["tooCommonWords"] = [{"word": w, "memories": n} for w, n in result.skipped]
         return inject(messages, lines, cfg.placement), info
 
     def _owner(self, request: Request, settings: Settings, asked: Any) -> str:

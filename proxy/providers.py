@@ -52,7 +52,7 @@ _FORWARDED = (
 _import_lock = threading.Lock()
 
 
-def _litellm() -> Any:
+def import_litellm() -> Any:
     with _import_lock:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         return importlib.import_module("litellm")
@@ -60,7 +60,7 @@ def _litellm() -> Any:
 
 def preload_litellm() -> None:
     """Import litellm on a background thread so the first routed request does not wait 5 s."""
-    threading.Thread(target=_litellm, name="ctxbudget-litellm-import", daemon=True).start()
+    threading.Thread(target=import_litellm, name="ctxbudget-litellm-import", daemon=True).start()
 
 
 async def litellm_completion(
@@ -73,7 +73,7 @@ async def litellm_completion(
     env: Mapping[str, str],
 ) -> Response:
     """Answer `body` through litellm on `route`, as OpenAI JSON or SSE."""
-    litellm = await asyncio.to_thread(_litellm)
+    litellm = await asyncio.to_thread(import_litellm)
     kwargs: dict[str, Any] = {k: body[k] for k in _FORWARDED if k in body}
     api_key = env.get(route.api_key_env) if route.api_key_env else None
     try:

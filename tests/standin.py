@@ -56,6 +56,8 @@ class StandIn:
         self.streams_completed = 0
         self.streams_cancelled = 0
         self.port = 0
+        self.replies: dict[str, str] = {}
+        """Model name → the assistant text to answer it with (default: a received-count line)."""
 
     @property
     def root(self) -> str:
@@ -76,6 +78,7 @@ class StandIn:
 
     def reset(self) -> None:
         self.received.clear()
+        self.replies.clear()
 
 
 def _error(status: int, message: str, retry_after: str | None = None) -> Response:
@@ -105,7 +108,9 @@ def create_standin(state: StandIn) -> Starlette:
         if control.get("status"):
             return _error(int(control["status"]), "standin error", control.get("retry_after"))
         model = data.get("model", "standin")
-        text = f"standin: received {len(data.get('messages') or [])} messages"
+        text = state.replies.get(
+            str(model), f"standin: received {len(data.get('messages') or [])} messages"
+        )
         cid = "chatcmpl-" + uuid.uuid4().hex[:12]
         created = int(time.time())
         tool = bool(control.get("tool_calls"))

@@ -155,3 +155,64 @@ def test_monitor_bumps_after_exceeding_and_analyze_recommends(
         result = json.loads(out.stdout)
         assert result["requests"] == 2
         assert {(r["agent"], r["kind"]) for r in result["recommendations"]} >= {("main", "upgrade")}
+
+
+def test_deep_asks_the_configured_model_for_a_rewrite_once_per_query(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    config = base_config(tmp_path, standin.base_url, enabled=False)
+    config["memory"]["rewrite"] = {
+        "model": "openai/rewriter",
+        "apiBase": standin.base_url,
+        "apiKeyEnv": "TEST_REWRITE_KEY",
+    }
+    standin.replies["rewriter"] = "therapy counselling appointment"
+    with serve(tmp_path, config, env={"TEST_REWRITE_KEY": "sk-rewrite"}) as server:
+        _add(server.config_path, "Therapy is on Thursdays at 3pm")
+        body = _turn("when is my counselor session")  # no word of the memory
+
+        def ask(profile: str) -> httpx.Response:
+            return httpx.post(
+                f"{server.base_url}/chat/completions",
+                json=body,
+                headers={"x-context-budget-profile": profile},
+                timeout=60,
+            )
+
+        assert ask("balanced").headers["x-context-budget-memories"] == "0"
+        assert ask("deep").headers["x-context-budget-memories"] == "1"
+        assert ask("deep").headers["x-context-budget-memories"] == "1"  # same words, cached
+        rewrites = [r for r in standin.received if r.json.get("model") == "rewriter"]
+        assert len(rewrites) == 1, "one rewrite per query, none for balanced"
+        asked = rewrites[0]
+        assert asked.headers["authorization"] == "Bearer sk-rewrite"
+        assert asked.json["messages"][-1] == {
+            "role": "user",
+            "content": "when is my counselor session",
+        }
+        upstream = standin.received[-1].json["messages"]
+        assert "Therapy is on Thursdays at 3pm" in json.dumps(upstream)
+        recent = server.report()["recent"]
+        assert recent[0]["memory"]["rewrite"] == "LLM rewrite by openai/rewriter (cached)"
+        assert recent[1]["memory"]["rewrite"] == "LLM rewrite by openai/rewriter: 3 words"
+
+
+def test_a_failing_rewrite_costs_only_the_rewrite(tmp_path: Path, standin: StandIn) -> None:
+    config = base_config(tmp_path, standin.base_url, enabled=False)
+    config["memory"]["rewrite"] = {
+        "model": "openai/rewriter",
+        "apiBase": "http://127.0.0.1:9/v1",  # nothing listens there
+        "timeoutSeconds": 5,
+    }
+    with serve(tmp_path, config) as server:
+        _add(server.config_path, "Deploy releases happen on Tuesdays after standup")
+        r = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json=_turn("when do we ship?"),
+            headers={"x-context-budget-profile": "deep"},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.headers["x-context-budget-memories"] == "1"
+        note = server.report()["recent"][0]["memory"]["rewrite"]
+        assert note.startswith("LLM rewrite by openai/rewriter failed (")
+        assert note.endswith("offline expansion only")

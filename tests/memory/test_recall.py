@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
@@ -144,3 +145,81 @@ def test_deep_matches_word_prefixes_and_lean_does_not(tmp_path: Path) -> None:
             count_tokens=len,
         )
         assert len(result.chosen) == found, profile
+
+
+def test_words_too_common_to_rank_are_skipped_rarest_first(tmp_path: Path) -> None:
+    texts = [(f"standup notes number {i}", "fact") for i in range(30)]
+    store = _store(tmp_path, [*texts, ("standup moved to the blue room", "fact")])
+    narrow = dataclasses.replace(PROFILES["deep"], prefix=False, scan=10)
+    result = recall(
+        store,
+        "default",
+        "standup blue room",
+        narrow,
+        "",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=1000,
+        count_tokens=len,
+    )
+    assert result.skipped == [("standup", 31)]
+    assert [c.memory.text for c in result.candidates] == ["standup moved to the blue room"]
+    only_common = recall(
+        store,
+        "default",
+        "standup notes",
+        narrow,
+        "",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=1000,
+        count_tokens=len,
+    )
+    assert only_common.candidates == [] and only_common.bound_by == (
+        "every query word too common to rank"
+    )
+    wide = recall(
+        store,
+        "default",
+        "standup notes",
+        PROFILES["deep"],
+        "",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=1000,
+        count_tokens=len,
+    )
+    assert wide.skipped == [] and len(wide.candidates) == 31
+
+
+def test_scope_weights_split_the_token_budget(tmp_path: Path) -> None:
+    store = _store(
+        tmp_path, [(f"release checklist step {i} for the release", "fact") for i in range(4)]
+    )
+    for i in range(2):
+        store.add(NewMemory(owner="default", text=f"coder release habit {i}", scope="agent:coder"))
+
+    def run(weights: dict[str, float] | None) -> list[str]:
+        result = recall(
+            store,
+            "default",
+            "release",
+            PROFILES["deep"],
+            "",
+            limits=MemoryLimits(),
+            now=NOW,
+            max_chars=10_000,
+            count_tokens=lambda t: 10,
+            max_tokens=40,
+            scope="coder",
+            scope_weights=weights,
+        )
+        if weights:
+            assert result.scopes["agent_recent"]["share"] == int(40 * weights["agent_recent"])
+        return [c.memory.scope for c in result.chosen]
+
+    assert run(None) == ["global"] * 4  # the global memories score higher
+    split = run({"global": 0.25, "agent_recent": 0.5, "agent_patterns": 0.25})
+    assert sorted(split) == ["agent:coder", "agent:coder", "global", "global"]
+    # a scope's unused share goes to the best of the rest
+    assert run({"global": 0.0, "agent_recent": 0.25, "agent_patterns": 0.75}).count("global") == 3

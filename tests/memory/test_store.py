@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from memory import InvalidMemory, MemoryLimits, NewMemory, SQLiteMemoryStore
+from memory.store import MIGRATIONS
 
 
 class Clock:
@@ -103,7 +104,7 @@ def test_bad_memories_are_refused_and_nothing_is_written(
 
 def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    assert store.schema_version == 4
+    assert store.schema_version == len(MIGRATIONS)
     store.close()
     db = sqlite3.connect(tmp_path / "m.db")
     db.execute("PRAGMA user_version=7")
@@ -154,3 +155,45 @@ def test_an_older_store_is_migrated_with_its_memories(tmp_path: Path) -> None:
     assert [m.text for m, _ in store.search("default", "deploy")] == ["Deploys happen on Tuesdays"]
     _, evicted = store.add(NewMemory(owner="default", text="the count came along too"))
     assert [m.text for m in evicted] == ["Deploys happen on Tuesdays"]
+
+
+def test_word_counts_follow_adds_removals_and_evictions(tmp_path: Path) -> None:
+    store = _store(tmp_path, max_memories=2)
+    first, _ = store.add(NewMemory(owner="default", text="coffee black, coffee hot"))
+    store.add(NewMemory(owner="default", text="Coffee with oat milk"))
+    store.add(NewMemory(owner="other", text="coffee never"))
+    assert store.frequencies("default", ["coffee", "oat", "tea"]) == (
+        2,
+        {"coffee": 2, "oat": 1, "tea": 0},
+    )
+    assert store.frequencies("default", ["cof", "co"], prefix=True)[1] == {"cof": 2, "co": 0}
+    _, evicted = store.add(NewMemory(owner="default", text="tea at four"))
+    assert [m.id for m in evicted] == [first.id]
+    assert store.frequencies("default", ["coffee", "black", "tea"])[1] == {
+        "coffee": 1,
+        "black": 0,
+        "tea": 1,
+    }
+    oat = store.search("default", "oat")[0][0]
+    assert store.remove("default", oat.id)
+    assert store.frequencies("default", ["coffee", "oat"]) == (1, {"coffee": 0, "oat": 0})
+    assert store.frequencies("other", ["coffee"]) == (1, {"coffee": 1})
+
+
+def test_upgrading_a_v4_store_counts_its_words(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    for migrate in MIGRATIONS[:4]:
+        migrate(db)
+    db.execute("PRAGMA user_version=4")
+    db.execute(
+        "INSERT INTO memories (owner, text, category, source, scope, created, last_accessed)"
+        " VALUES ('default', 'Deploys on Tuesdays, deploys only', 'fact', 'user_explicit',"
+        " 'global', 1, 1)"
+    )
+    db.close()
+    store = _store(tmp_path)
+    assert store.schema_version == len(MIGRATIONS)
+    assert store.frequencies("default", ["deploys", "tuesdays"]) == (
+        1,
+        {"deploys": 1, "tuesdays": 1},
+    )

@@ -1,0 +1,80 @@
+"""Deep recall's LLM rewrite: a configured model turns the query into more search words.
+
+Only the `deep` profile asks, only when `memory.rewrite` is configured, and at most once per
+query: the answer is kept (bounded LRU), so every request of one tool loop gets the same words,
+the same memories and the same prompt-cache prefix. A failure or timeout costs one request its
+rewrite, never the request; after one, the model is left alone for a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from proxy.config import Rewrite
+from proxy.providers import import_litellm
+
+log = logging.getLogger("ctxbudget.memory")
+
+PROMPT = (
+    "You rewrite search queries for a keyword index of a person's saved notes. Reply with at"
+    " most 12 search words for the query: synonyms, related terms, the full forms of"
+    " abbreviations and the parts of compound names. One line of words separated by spaces,"
+    " nothing else."
+)
+MAX_WORDS = 12
+_CACHED = 512
+_COOLDOWN = 60.0
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+class Rewriter:
+    """Asks the configured model for search words, with a cache and a cooldown on failure."""
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
+        self._failed_at: float | None = None
+
+    async def words(
+        self, query: str, cfg: Rewrite, env: Mapping[str, str]
+    ) -> tuple[list[str], str]:
+        """Search words for `query`, and a line saying where they came from."""
+        key = (cfg.model, query)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key], f"LLM rewrite by {cfg.model} (cached)"
+        if self._failed_at is not None and time.monotonic() - self._failed_at < _COOLDOWN:
+            return [], f"LLM rewrite skipped: {cfg.model} failed less than a minute ago"
+        try:
+            litellm = await asyncio.to_thread(import_litellm)
+            response = await asyncio.wait_for(
+                litellm.acompletion(
+                    model=cfg.model,
+                    messages=[
+                        {"role": "system", "content": PROMPT},
+                        {"role": "user", "content": query},
+                    ],
+                    api_base=cfg.api_base,
+                    api_key=env.get(cfg.api_key_env) if cfg.api_key_env else None,
+                    max_tokens=64,
+                    temperature=0,
+                    drop_params=True,
+                ),
+                cfg.timeout_seconds,
+            )
+            text = response.choices[0].message.content or ""
+        except Exception as exc:  # noqa: BLE001 - any failure: recall goes on without it
+            self._failed_at = time.monotonic()
+            reason = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+            log.warning("LLM rewrite by %s failed: %s", cfg.model, reason)
+            return [], f"LLM rewrite by {cfg.model} failed ({reason}); offline expansion only"
+        self._failed_at = None
+        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:MAX_WORDS]
+        self._cache[key] = words
+        if len(self._cache) > _CACHED:
+            self._cache.popitem(last=False)
+        return words, f"LLM rewrite by {cfg.model}: {len(words)} words"

@@ -1,4 +1,4 @@
-"""Context windows from litellm's offline model map, read as plain JSON.
+"""Context windows and input prices from litellm's offline model map, read as plain JSON.
 
 litellm ships `model_prices_and_context_window_backup.json`; reading that file (once, ~25 ms)
 gives the windows without importing litellm (~5 s, ~165 MB).
@@ -42,4 +42,22 @@ def context_window(model: str | None, overrides: Mapping[str, int]) -> int | Non
             window = entry.get("max_input_tokens") or entry.get("max_tokens")
             if isinstance(window, int) and window > 0:
                 return window
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def input_price(model: str | None) -> float | None:
+    """USD per input token for `model` from litellm's map; None if unknown.
+
+    `model` may carry a provider prefix (`openai/gpt-4o`): the full name is tried first.
+    """
+    if not model:
+        return None
+    known = _model_map()
+    for name in (model, model.rsplit("/", 1)[-1]):
+        entry = known.get(name)
+        if isinstance(entry, dict):
+            price = entry.get("input_cost_per_token")
+            if isinstance(price, int | float) and price >= 0:
+                return float(price)
     return None

@@ -44,6 +44,11 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
+def money(usd: float | None) -> str:
+    """`$0.012345`, or "price unknown" for a model litellm's map does not price."""
+    return "price unknown" if usd is None else f"${usd:,.6f}"
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command."""
     lines: list[str] = []
@@ -70,12 +75,17 @@ def render_text(report: dict[str, Any]) -> str:
     )
     lines.append(
         f"Saved: {_n(totals['savedChars'])} chars (~{_n(totals['savedTokens'])} tokens, "
-        f"{report['encoding']} for unknown models)"
+        f"{report['encoding']} for unknown models) = {money(totals['savedUsd'])} at input prices"
     )
     if totals["wouldSaveChars"]:
         lines.append(
             f"Would save with the budget on: {_n(totals['wouldSaveChars'])} chars "
-            f"(~{_n(totals['wouldSaveTokens'])} tokens)"
+            f"(~{_n(totals['wouldSaveTokens'])} tokens) = {money(totals['wouldSaveUsd'])}"
+        )
+    if totals["unpricedRequests"]:
+        lines.append(
+            f"{_n(totals['unpricedRequests'])} request(s) for models without a price in "
+            "litellm's map: their savings count in tokens only"
         )
     if totals["clampErrors"]:
         lines.append(
@@ -87,7 +97,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"- {KIND_TITLES[kind]}: {_n(t['seen'])} seen, {_n(t['clamped'])} clamped"
             + (f", {_n(t['wouldClamp'])} would clamp" if t["wouldClamp"] else "")
             + f"; {_n(t['charsBefore'])} → {_n(t['charsAfter'])} chars; "
-            f"saved {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens)"
+            f"saved {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens, "
+            f"{money(t['savedUsd'])})"
         )
     if report["recent"]:
         lines.append("")
@@ -97,7 +108,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(
             f"- {r['id']} {r['at']} {r.get('model') or '?'} [{flags}] HTTP {r['status']}: "
             f"{r['clamped']} clamped, saved {_n(r['savedChars'])} chars "
-            f"(~{_n(r['savedTokens'])} tokens)"
+            f"(~{_n(r['savedTokens'])} tokens, {money(r['savedUsd'])})"
             + (f", would save {_n(r['wouldSaveChars'])} chars" if r["wouldSaveChars"] else "")
         )
         memory = r.get("memory")

@@ -27,7 +27,7 @@ from proxy.tokens import TokenCounter
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KEEP_REQUESTS = 2000
 """Request rows kept for `/context/budget/requests/{id}`; older ones are pruned."""
 
@@ -64,6 +64,13 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (run, ts);
 """
+# Schema N+1 from N (the fresh schema above is version 1, then these run in order).
+_UPGRADES = (
+    # 2: money saved, from litellm's input prices; requests whose model has no price.
+    "ALTER TABLE totals ADD COLUMN saved_usd REAL NOT NULL DEFAULT 0;"
+    "ALTER TABLE totals ADD COLUMN would_save_usd REAL NOT NULL DEFAULT 0;"
+    "ALTER TABLE run_counts ADD COLUMN unpriced INTEGER NOT NULL DEFAULT 0",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +90,10 @@ class RequestRecord:
     memories: int = 0
     clamp_error: str | None = None
     upstream_error: str | None = None
+    segment_tokens: tuple[int, ...] = ()
+    """Tokens saved per segment, when the request path already counted them."""
+    input_price: float | None = None
+    """USD per input token of the request's model (litellm's map); None when unknown."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,11 +121,16 @@ def open_db(path: Path) -> sqlite3.Connection:
         # look again once holding it.
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            if current == 0:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                current = 1
+            for upgrade in _UPGRADES[current - 1 :]:
+                for statement in upgrade.split(";"):
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -226,16 +242,18 @@ class ReportStore:
 
     def _add_totals(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
         conn.execute(
-            "INSERT INTO run_counts (run, requests, clamp_errors, upstream_errors) "
-            "VALUES (?, ?, ?, ?) ON CONFLICT (run) DO UPDATE SET "
+            "INSERT INTO run_counts (run, requests, clamp_errors, upstream_errors, unpriced) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (run) DO UPDATE SET "
             "requests = requests + excluded.requests, "
             "clamp_errors = clamp_errors + excluded.clamp_errors, "
-            "upstream_errors = upstream_errors + excluded.upstream_errors",
+            "upstream_errors = upstream_errors + excluded.upstream_errors, "
+            "unpriced = unpriced + excluded.unpriced",
             (
                 self.run,
                 len(bodies),
                 sum(b["clampError"] is not None for b in bodies),
                 sum(b["upstreamError"] is not None for b in bodies),
+                sum(b["inputPricePerMTok"] is None for b in bodies),
             ),
         )
         for kind in SEGMENT_KINDS:
@@ -246,8 +264,10 @@ class ReportStore:
             would = [s for s in segs if s["action"] == "would-clamp"]
             conn.execute(
                 "INSERT INTO totals (run, kind, seen, clamped, would_clamp, chars_before, "
-                "chars_after, saved_chars, saved_tokens, would_save_chars, would_save_tokens) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run, kind) DO UPDATE SET "
+                "chars_after, saved_chars, saved_tokens, would_save_chars, would_save_tokens, "
+                "saved_usd, would_save_usd) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run, kind) DO UPDATE SET "
                 "seen = seen + excluded.seen, clamped = clamped + excluded.clamped, "
                 "would_clamp = would_clamp + excluded.would_clamp, "
                 "chars_before = chars_before + excluded.chars_before, "
@@ -255,7 +275,9 @@ class ReportStore:
                 "saved_chars = saved_chars + excluded.saved_chars, "
                 "saved_tokens = saved_tokens + excluded.saved_tokens, "
                 "would_save_chars = would_save_chars + excluded.would_save_chars, "
-                "would_save_tokens = would_save_tokens + excluded.would_save_tokens",
+                "would_save_tokens = would_save_tokens + excluded.would_save_tokens, "
+                "saved_usd = saved_usd + excluded.saved_usd, "
+                "would_save_usd = would_save_usd + excluded.would_save_usd",
                 (
                     self.run,
                     kind,
@@ -268,19 +290,18 @@ class ReportStore:
                     sum(s["savedTokens"] for s in clamped),
                     sum(s["saved"] for s in would),
                     sum(s["savedTokens"] for s in would),
+                    sum(s["savedUsd"] or 0 for s in clamped),
+                    sum(s["savedUsd"] or 0 for s in would),
                 ),
             )
 
     def _describe(self, r: RequestRecord) -> dict[str, Any]:
-        segments = []
-        for s in r.segments:
-            saved_tokens = 0
-            if s.action != "kept" and s.saved > 0:
-                saved_tokens = max(
-                    0,
-                    self._tokens.count(s.original, r.encoding)
-                    - self._tokens.count(s.clamped, r.encoding),
-                )
+        segments: list[dict[str, Any]] = []
+        for i, s in enumerate(r.segments):
+            if i < len(r.segment_tokens):
+                saved_tokens = r.segment_tokens[i]
+            else:
+                saved_tokens = segment_tokens_saved(self._tokens, s, r.encoding)
             segments.append(
                 {
                     "kind": s.kind,
@@ -289,6 +310,7 @@ class ReportStore:
                     "after": s.after,
                     "saved": s.saved,
                     "savedTokens": saved_tokens,
+                    "savedUsd": usd(saved_tokens, r.input_price),
                     "action": s.action,
                     "cap": s.cap,
                     "messageIndex": s.message_index,
@@ -300,6 +322,8 @@ class ReportStore:
             )
         acted = [s for s in segments if s["action"] == "clamped"]
         would = [s for s in segments if s["action"] == "would-clamp"]
+        saved_tokens = sum(s["savedTokens"] for s in acted)
+        would_tokens = sum(s["savedTokens"] for s in would)
         return {
             "id": r.id,
             "at": r.ts,
@@ -317,9 +341,12 @@ class ReportStore:
             "clamped": len(acted),
             "wouldClamp": len(would),
             "savedChars": sum(s["saved"] for s in acted),
-            "savedTokens": sum(s["savedTokens"] for s in acted),
+            "savedTokens": saved_tokens,
             "wouldSaveChars": sum(s["saved"] for s in would),
-            "wouldSaveTokens": sum(s["savedTokens"] for s in would),
+            "wouldSaveTokens": would_tokens,
+            "inputPricePerMTok": None if r.input_price is None else round(r.input_price * 1e6, 6),
+            "savedUsd": usd(saved_tokens, r.input_price),
+            "wouldSaveUsd": usd(would_tokens, r.input_price),
             "segments": segments,
             **r.extra,
         }
@@ -348,13 +375,20 @@ def read_summary(read: Any, *, recent: int) -> dict[str, Any]:
     run, started = runs[0]
     totals = _empty_totals()
     counts = read(
-        "SELECT requests, clamp_errors, upstream_errors FROM run_counts WHERE run = ?", (run,)
+        "SELECT requests, clamp_errors, upstream_errors, unpriced FROM run_counts WHERE run = ?",
+        (run,),
     )
     if counts:
-        totals["requests"], totals["clampErrors"], totals["upstreamErrors"] = counts[0]
+        (
+            totals["requests"],
+            totals["clampErrors"],
+            totals["upstreamErrors"],
+            totals["unpricedRequests"],
+        ) = counts[0]
     for row in read(
         "SELECT kind, seen, clamped, would_clamp, chars_before, chars_after, saved_chars, "
-        "saved_tokens, would_save_chars, would_save_tokens FROM totals WHERE run = ?",
+        "saved_tokens, would_save_chars, would_save_tokens, saved_usd, would_save_usd "
+        "FROM totals WHERE run = ?",
         (run,),
     ):
         kind = dict(
@@ -369,6 +403,8 @@ def read_summary(read: Any, *, recent: int) -> dict[str, Any]:
                     "savedTokens",
                     "wouldSaveChars",
                     "wouldSaveTokens",
+                    "savedUsd",
+                    "wouldSaveUsd",
                 ),
                 row[1:],
                 strict=True,
@@ -386,6 +422,20 @@ def read_summary(read: Any, *, recent: int) -> dict[str, Any]:
     }
 
 
+def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
+    """Tokens a clamp saved (or would save) on `segment`: before minus after."""
+    if segment.action == "kept" or segment.saved <= 0:
+        return 0
+    return max(
+        0, tokens.count(segment.original, encoding) - tokens.count(segment.clamped, encoding)
+    )
+
+
+def usd(tokens: int, price: float | None) -> float | None:
+    """`tokens` of input at `price` USD per token (unrounded: sums stay exact to display)."""
+    return None if price is None else tokens * price
+
+
 def _empty_totals() -> dict[str, Any]:
     zero = {
         "seen": 0,
@@ -397,11 +447,14 @@ def _empty_totals() -> dict[str, Any]:
         "savedTokens": 0,
         "wouldSaveChars": 0,
         "wouldSaveTokens": 0,
+        "savedUsd": 0.0,
+        "wouldSaveUsd": 0.0,
     }
     return {
         "requests": 0,
         "clampErrors": 0,
         "upstreamErrors": 0,
+        "unpricedRequests": 0,
         **zero,
         "byKind": {kind: dict(zero) for kind in SEGMENT_KINDS},
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
 from tests.openclaw import openclaw_request
@@ -111,3 +112,38 @@ def test_report_covers_every_worker(tmp_path: Path, standin: StandIn) -> None:
         assert report["totals"]["requests"] == 30
         workers = {r["worker"] for r in report["recent"]}
         assert len(workers) == 2, "both workers should have served requests"
+
+
+def test_tokens_saved_become_money_at_the_models_input_price(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    price = 2.5e-6  # gpt-4o's input price per token in litellm's model map
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        client = sdk(base_url=server.base_url, api_key="sk-x")
+        priced = client.chat.completions.with_raw_response.create(
+            **{**openclaw_request(version="9.x", stream=False), "model": "gpt-4o"}
+        )
+        unknown = client.chat.completions.with_raw_response.create(
+            **{**openclaw_request(version="4.x", stream=False), "model": "my-local-llama"}
+        )
+        report = server.report()
+        text = httpx.get(f"{server.base_url.removesuffix('/v1')}/context/budget?format=text").text
+    tokens = int(priced.headers["x-context-budget-saved-tokens"])
+    assert tokens > 1000
+    assert priced.headers["x-context-budget-saved-usd"] == f"{tokens * price:.6f}"
+    assert "x-context-budget-saved-usd" not in unknown.headers
+    assert int(unknown.headers["x-context-budget-saved-tokens"]) > 0
+
+    second, first = report["recent"]
+    assert first["model"] == "gpt-4o" and first["savedTokens"] == tokens
+    assert first["inputPricePerMTok"] == 2.5
+    assert first["savedUsd"] == pytest.approx(tokens * price)
+    kinds = {s["kind"] for s in first["segments"] if s["action"] == "clamped"}
+    assert sum(s["savedUsd"] for s in first["segments"]) == pytest.approx(first["savedUsd"])
+    assert second["savedUsd"] is None and second["inputPricePerMTok"] is None
+    totals = report["totals"]
+    assert totals["unpricedRequests"] == 1
+    assert totals["savedUsd"] == pytest.approx(first["savedUsd"])
+    assert sum(totals["byKind"][k]["savedUsd"] for k in kinds) == pytest.approx(totals["savedUsd"])
+    assert f"= ${totals['savedUsd']:,.6f} at input prices" in text
+    assert "1 request(s) for models without a price" in text

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
 import time
 from pathlib import Path
 
 from caps import Segment
+from proxy import report as report_module
 from proxy.render import build_report, render_text
 from proxy.report import ReportStore, RequestRecord
 
@@ -92,3 +95,26 @@ def test_text_report_lists_segments_and_totals(tmp_path: Path) -> None:
     assert "1 requests, 2 segments seen, 1 clamped" in text
     assert "  - web_fetch web_fetch call1 https://example.com: 1,000 → 200 clamped" in text
     store.close()
+
+
+def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statement in report_module._SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute("PRAGMA user_version=1")
+    db.execute("INSERT INTO runs VALUES ('old', 1)")
+    db.execute("INSERT INTO run_counts (run, requests) VALUES ('old', 7)")
+    db.execute("INSERT INTO totals (run, kind, saved_chars) VALUES ('old', 'web_fetch', 900)")
+    db.close()
+    store = ReportStore(path, run="old")
+    totals = store.summary(recent=5)["totals"]
+    assert (totals["requests"], totals["savedChars"], totals["savedUsd"]) == (7, 900, 0.0)
+    store.add(dataclasses.replace(_record(1), input_price=2.5e-6))
+    store.flush()
+    totals = store.summary(recent=5)["totals"]
+    assert totals["requests"] == 8 and totals["savedUsd"] > 0
+    store.close()
+    version = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
+    assert version == report_module.SCHEMA_VERSION == 2

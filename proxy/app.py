@@ -45,6 +45,7 @@ from proxy.models import input_price
 from proxy.render import build_report, render_text
 from proxy.report import ReportStore, RequestRecord, segment_tokens_saved, usd
 from proxy.settings import Settings, settings_for
+from proxy.telemetry import Telemetry
 from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream, UpstreamResponse, forward_request_headers
 
@@ -113,10 +114,12 @@ class Proxy:
 
     async def chat_completions(self, request: Request) -> Response:
         started = time.perf_counter()
+        marks = {"start": time.time_ns()}  # phase times for telemetry spans
         settings = self.settings()
         owner = self.check_key(request, settings)
         raw = await _read_body(request, settings.max_body_bytes)
         body = parse_chat_body(raw)
+        marks["parsed"] = time.time_ns()
         request_id = "cb-" + secrets.token_hex(8)
         enabled = _enabled(request, settings)
         model = body.get("model")
@@ -127,6 +130,7 @@ class Proxy:
             return await self._answer_command(mode, request_id, model, stream, body, settings)
 
         result, clamp_error = self._clamp(body.messages, settings, enabled)
+        marks["clamped"] = marks["recall_start"] = time.time_ns()
         segments = result.segments if result else ()
         if not enabled:
             segments = tuple(_would(s) for s in segments)
@@ -150,6 +154,7 @@ class Proxy:
             complexity=complexity,
             model=model,
         )
+        marks["recall_end"] = time.time_ns()
         if messages is not body.messages:
             out = body.encode(messages)
         else:
@@ -179,7 +184,9 @@ class Proxy:
             recalled=recalled,
             segment_tokens=seg_tokens,
             input_price=price,
+            marks=marks,
         )
+        marks["upstream_start"] = time.time_ns()
         try:
             if route is not None:
                 from proxy.providers import litellm_completion
@@ -218,6 +225,8 @@ class Proxy:
         except Exception as exc:
             record.finish(502, upstream_error=str(exc))
             raise UpstreamError(f"upstream connection broke while answering: {exc}") from exc
+        if record.keep_tail:
+            record.tail = data
         record.finish(upstream.status)
         return Response(data, status_code=upstream.status, headers={**upstream.headers, **headers})
 
@@ -353,6 +362,7 @@ class _Recorder:
         recalled: dict[str, Any] | None = None,
         segment_tokens: tuple[int, ...] = (),
         input_price: float | None = None,
+        marks: dict[str, int] | None = None,
     ) -> None:
         self.reports = reports
         self.recalled = recalled
@@ -370,14 +380,21 @@ class _Recorder:
         self.route = "openai"
         self.started = started
         self.done = False
+        self.marks = marks if marks is not None else {}
+        self.keep_tail = reports.telemetry is not None
+        """Keep the upstream's usage-bearing bytes (for gen_ai.usage.* span attributes)."""
+        self.tail: bytes | None = None
 
     def finish(self, status: int, *, upstream_error: str | None = None) -> None:
         if self.done:
             return
         self.done = True
+        self.marks["end"] = time.time_ns()
         self.reports.add(
             RequestRecord(
                 ts=time.time(),
+                marks=self.marks,
+                response_tail=self.tail,
                 status=status,
                 duration_ms=(time.perf_counter() - self.started) * 1000,
                 upstream_error=upstream_error,
@@ -393,7 +410,10 @@ async def _relay(upstream: UpstreamResponse, record: _Recorder) -> AsyncIterator
     completed = False
     error: str | None = None
     try:
+        keep = record.keep_tail
         async for chunk in upstream.iter_chunks():
+            if keep and b'"usage"' in chunk:
+                record.tail = chunk
             yield chunk
         completed = True
     except Exception as exc:  # upstream broke mid-stream: the status line is already sent
@@ -547,15 +567,26 @@ def create_app(
     env: Mapping[str, str] | None = None,
     run: str | None = None,
     clamp: Clamp = clamp_request,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
-    """The proxy app. Dependencies are injected; defaults are built from `config`."""
+    """The proxy app. Dependencies are injected; defaults are built from `config`.
+
+    Telemetry, when not given, comes from `config` and the OTEL_* environment (or is off).
+    """
     env = os.environ if env is None else env
     cfg = config.get()
+    owns_telemetry = telemetry is None
+    if telemetry is None:
+        telemetry = Telemetry.from_config(cfg.telemetry, env)
     owns_reports = reports is None
     if reports is None:
         reports = ReportStore(
-            cfg.report.path, run=run or env.get("CTXBUDGET_RUN_ID") or secrets.token_hex(6)
+            cfg.report.path,
+            run=run or env.get("CTXBUDGET_RUN_ID") or secrets.token_hex(6),
+            telemetry=telemetry,
         )
+    elif telemetry is not None:
+        reports.telemetry = telemetry
     upstream = upstream or Upstream()
     proxy = Proxy(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
     memories = proxy.memories
@@ -575,6 +606,10 @@ def create_app(
             memories.close()
             if owns_reports:
                 reports.close()
+            else:
+                reports.flush()
+            if telemetry is not None and owns_telemetry:
+                telemetry.shutdown()
 
     routes = [
         Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),

@@ -241,6 +241,17 @@ class Report(_Model):
     """tiktoken encoding for models tiktoken does not know."""
 
 
+class Telemetry(_Model):
+    enabled: bool | None = None
+    """OpenTelemetry export: true, false, or null to follow the OTEL_EXPORTER_OTLP_* variables."""
+    endpoint: str | None = None
+    """OTLP/HTTP base URL (`/v1/traces`, `/v1/metrics` are added); else OTEL_EXPORTER_OTLP_*."""
+    service_name: str | None = None
+    """service.name of the exported telemetry (OTEL_SERVICE_NAME wins); default ctxbudget."""
+    metrics_interval_seconds: float = Field(10.0, gt=0)
+    """How often metrics are exported."""
+
+
 class Config(_Model):
     proxy: Proxy = Proxy()
     """The HTTP proxy."""
@@ -252,6 +263,8 @@ class Config(_Model):
     """Tool limits."""
     report: Report = Report()
     """The report."""
+    telemetry: Telemetry = Telemetry()
+    """OpenTelemetry traces and metrics (read at start)."""
 
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 

@@ -94,8 +94,10 @@ async def litellm_completion(
         record.finish(error.status, upstream_error=error.message)
         raise error from exc
     if not stream:
-        record.finish(200)
         data = orjson.dumps(response.model_dump(exclude_none=True))
+        if record.keep_tail:
+            record.tail = data
+        record.finish(200)
         return Response(data, media_type="application/json", headers=headers)
     return StreamingResponse(
         _relay(response, record, route), media_type="text/event-stream", headers=headers
@@ -106,7 +108,10 @@ async def _relay(response: Any, record: _Recorder, route: Route) -> AsyncIterato
     status, error = 200, None
     try:
         async for chunk in response:
-            yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
+            event = b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
+            if record.keep_tail and getattr(chunk, "usage", None) is not None:
+                record.tail = event
+            yield event
         yield b"data: [DONE]\n\n"
     except Exception as exc:
         failure = _upstream_error(exc, route)

@@ -18,12 +18,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from caps import SEGMENT_KINDS, Segment
 from proxy.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from proxy.telemetry import Telemetry
 
 log = logging.getLogger("ctxbudget.report")
 
@@ -94,6 +97,10 @@ class RequestRecord:
     """Tokens saved per segment, when the request path already counted them."""
     input_price: float | None = None
     """USD per input token of the request's model (litellm's map); None when unknown."""
+    marks: dict[str, int] = field(default_factory=dict)
+    """Wall-clock ns of the request's phases (start, parsed, clamped, recall_start, …, end)."""
+    response_tail: bytes | None = None
+    """The upstream's JSON body or last usage-bearing SSE event (kept only for telemetry)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -151,9 +158,16 @@ class ReportStore:
     """Writes request records on a background thread and answers report queries."""
 
     def __init__(
-        self, path: Path, *, run: str, started: float | None = None, batch_seconds: float = 0.05
+        self,
+        path: Path,
+        *,
+        run: str,
+        started: float | None = None,
+        batch_seconds: float = 0.05,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.path = path
+        self.telemetry = telemetry
         self.run = run
         self._batch_seconds = batch_seconds
         self._flush_now = threading.Event()
@@ -220,6 +234,12 @@ class ReportStore:
 
     def _write(self, conn: sqlite3.Connection, records: list[RequestRecord]) -> None:
         bodies = [self._describe(r) for r in records]
+        if self.telemetry is not None:
+            for record, body in zip(records, bodies, strict=True):
+                try:
+                    self.telemetry.record(record, body)
+                except Exception:
+                    log.exception("could not record telemetry for %s", record.id)
         rows = [(b["id"], self.run, b["at"], orjson.dumps(b).decode()) for b in bodies]
         conn.execute("BEGIN IMMEDIATE")
         try:

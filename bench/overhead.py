@@ -16,6 +16,7 @@ median of the repeats is printed.
 
     .venv/bin/python bench/overhead.py            # full run, a few minutes
     .venv/bin/python bench/overhead.py --quick    # smaller counts, to try it out
+    .venv/bin/python bench/overhead.py --telemetry  # OpenTelemetry on vs off, side by side
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +98,7 @@ def start_standin() -> tuple[subprocess.Popen[str], str]:
 
 
 def start_proxy(
-    workdir: Path, upstream: str, *, enabled: bool = True
+    workdir: Path, upstream: str, *, enabled: bool = True, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str, float]:
     """Start `ctxbudget serve`; return it, its URL and seconds until it served a request."""
     config = {
@@ -114,6 +117,7 @@ def start_proxy(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=_pin(1),
+        env={**os.environ, **(env or {})},
     )
     import urllib.request
 
@@ -252,9 +256,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--telemetry", action="store_true", help="compare OpenTelemetry on vs off, nothing else"
+    )
     args = parser.parse_args()
     n_seq, n_conc, n_rss = (200, 1000, 2000) if args.quick else (1000, 4000, 10_000)
     _pin(0)()
+    if args.telemetry:
+        telemetry_compare(args.repeats, n_seq, n_conc)
+        return
     bodies = requests()
     largest = bodies[0][1]
     stream_body = largest.replace(b'"stream": false', b'"stream": true', 1)
@@ -376,6 +386,75 @@ def run(
         f"start to first served request: median {statistics.median(starts) * 1000:.0f} ms "
         f"over {len(starts)} starts (min {min(starts) * 1000:.0f}, max {max(starts) * 1000:.0f})"
         "   (target <= 1 s)"
+    )
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that accepts and drops everything (counts what it got)."""
+
+    received = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).received += 1
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def telemetry_compare(repeats: int, n_seq: int, n_conc: int) -> None:
+    """Added latency, CPU and throughput of the proxy with telemetry off and on (OTLP/HTTP)."""
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    bodies = requests()
+    largest = bodies[0][1]
+    standin, direct = start_standin()
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}",
+        "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+    }
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = {}
+        try:
+            for name, env in (("off", {}), ("on", otel)):
+                (Path(tmp) / name).mkdir()
+                proc, url, _ = start_proxy(Path(tmp) / name, direct, env=env)
+                procs[name] = (proc, url)
+            for _ in range(repeats):
+                d = asyncio.run(sequential(direct, largest, n_seq))
+                for name, (proc, url) in procs.items():
+                    before = cpu_seconds(proc.pid)
+                    p = asyncio.run(sequential(url, largest, n_seq))
+                    cpu = (cpu_seconds(proc.pid) - before) / n_seq
+                    rps, _ = asyncio.run(concurrent(url, [b for _, b in bodies], n_conc, 32))
+                    for key, value in (
+                        ("added p50", pct(p, 0.5) - pct(d, 0.5)),
+                        ("added p99", pct(p, 0.99) - pct(d, 0.99)),
+                        ("cpu", cpu),
+                        ("rps", rps),
+                    ):
+                        results.setdefault(f"{name} {key}", []).append(value)
+        finally:
+            for proc, _ in procs.values():
+                stop(proc)
+            stop(standin)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nOpenTelemetry off vs on (OTLP/HTTP to a local sink), median of {repeats} repeats")
+    print(f"{'':>10} {'added p50':>10} {'added p99':>10} {'CPU/request':>12} {'c32 req/s':>10}")
+    for name in ("off", "on"):
+        print(
+            f"{name:>10} {ms(med[f'{name} added p50']):>10} {ms(med[f'{name} added p99']):>10}"
+            f" {ms(med[f'{name} cpu']):>12} {med[f'{name} rps']:>10.0f}"
+        )
+    print(
+        f"on - off: added p50 {ms(med['on added p50'] - med['off added p50'])}, CPU "
+        f"{ms(med['on cpu'] - med['off cpu'])} per request, throughput "
+        f"{med['on rps'] / med['off rps'] * 100:.0f}% of off; the sink got {_Sink.received} exports"
     )
 
 

@@ -23,7 +23,13 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 
 from caps import ClampResult, Segment, clamp_request
@@ -42,6 +48,7 @@ from proxy.errors import (
 )
 from proxy.memories import MemoryRoutes
 from proxy.models import input_price
+from proxy.page import render_html
 from proxy.render import build_report, render_text
 from proxy.report import ReportStore, RequestRecord, segment_tokens_saved, usd
 from proxy.settings import Settings, settings_for
@@ -50,6 +57,11 @@ from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream, UpstreamResponse, forward_request_headers
 
 log = logging.getLogger("ctxbudget.proxy")
+
+ANALYSIS_DAYS = 7.0
+"""Window of the `analyze` recommendations in the report."""
+PAGE_REQUESTS = 200
+"""Latest requests on the report page (its savings-over-time plot)."""
 
 Clamp = Callable[..., ClampResult]
 """`clamp_request`'s signature: `(request, caps, *, tools) -> ClampResult`."""
@@ -127,7 +139,9 @@ class Proxy:
 
         mode = command.find_command(body.messages)
         if mode is not None:
-            return await self._answer_command(mode, request_id, model, stream, body, settings)
+            return await self._answer_command(
+                mode, request_id, model, stream, body, settings, request
+            )
 
         result, clamp_error = self._clamp(body.messages, settings, enabled)
         marks["clamped"] = marks["recall_start"] = time.time_ns()
@@ -259,8 +273,9 @@ class Proxy:
         stream: bool,
         body: ChatBody,
         settings: Settings,
+        request: Request,
     ) -> Response:
-        report = await self.report(settings)
+        report = await self.report(settings, request)
         text = (
             orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
             if mode == "json"
@@ -285,14 +300,20 @@ class Proxy:
             headers=headers,
         )
 
-    async def report(self, settings: Settings) -> dict[str, Any]:
+    async def report(
+        self, settings: Settings, request: Request, *, recent: int | None = None
+    ) -> dict[str, Any]:
         # Waiting for the writer and reading SQLite block: keep them off the event loop.
-        def read() -> dict[str, Any]:
+        def read() -> tuple[dict[str, Any], dict[str, Any]]:
             self.reports.flush()
-            return self.reports.summary(recent=settings.recent_requests)
+            summary = self.reports.summary(recent=recent or settings.recent_requests)
+            return summary, self.memories.analysis(settings, days=ANALYSIS_DAYS)
 
-        summary = await asyncio.to_thread(read)
-        return build_report(summary, settings=settings.describe(self.config))
+        summary, analysis = await asyncio.to_thread(read)
+        report = build_report(summary, settings=settings.describe(self.config))
+        report["analysis"] = analysis
+        report["page"] = str(request.base_url).rstrip("/") + "/context/budget"
+        return report
 
     async def models(self, request: Request) -> Response:
         settings = self.settings()
@@ -313,12 +334,20 @@ class Proxy:
     async def budget(self, request: Request) -> Response:
         settings = self.settings()
         self.check_key(request, settings)
-        report = await self.report(settings)
         fmt = request.query_params.get("format")
-        if fmt not in (None, "json", "text"):
-            raise BadRequest(f"format must be 'json' or 'text', got {fmt!r}", param="format")
+        if fmt not in (None, "json", "text", "html"):
+            raise BadRequest(
+                f"format must be 'json', 'text' or 'html', got {fmt!r}", param="format"
+            )
         accept = request.headers.get("accept", "")
-        if fmt == "text" or (fmt is None and "text/plain" in accept and "json" not in accept):
+        if fmt is None and "json" not in accept:
+            # a browser asks for text/html first; curl and SDKs for */* or JSON
+            fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
+        if fmt == "html":
+            report = await self.report(settings, request, recent=PAGE_REQUESTS)
+            return HTMLResponse(render_html(report))
+        report = await self.report(settings, request)
+        if fmt == "text":
             return PlainTextResponse(render_text(report))
         return JSONResponse(report)
 

@@ -57,6 +57,19 @@ class MemoryRoutes:
         self._store.limits = settings.memory_limits  # the config may have been edited
         return self._store
 
+    def analysis(self, settings: Settings, *, days: float) -> dict[str, Any]:
+        """`ctxbudget analyze` over the last `days`, for the report (every owner)."""
+        from memory.monitor import analyze
+
+        records = self.store(settings).monitor.records(since=time.time() - days * 86_400)
+        profiles = settings.config.memory.budgets.profiles
+        weights = {name: dict(p.scope_weights) for name, p in profiles.items()}
+        return {
+            "days": days,
+            "requests": len(records),
+            "recommendations": analyze(records, weights),
+        }
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()

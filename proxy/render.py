@@ -100,6 +100,14 @@ def render_text(report: dict[str, Any]) -> str:
             f"saved {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens, "
             f"{money(t['savedUsd'])})"
         )
+    analysis = report.get("analysis") or {}
+    for r in analysis.get("recommendations", []):
+        lines.append(
+            f"Recommendation for {r['agent']}: {r['kind']} {r['from']} → {r['to']} — "
+            f"{r['reason']} (confidence {r['confidence']:.2f})"
+        )
+    if report.get("page"):
+        lines.append(f"Report page with plots: {report['page']} (open it in a browser)")
     if report["recent"]:
         lines.append("")
         lines.append("Recent requests:")

@@ -1,0 +1,310 @@
+"""The report as a self-contained HTML page: inline CSS and server-drawn SVG, no script, no CDN.
+
+Rendered from the same report dict as the JSON and the text (`proxy/render.py`), so the three
+agree figure for figure. Every figure a test compares carries `data-figure="<path>"` with the
+JSON value in `data-value`.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from proxy.render import KIND_TITLES, money
+
+_CSS = """
+:root { --fg:#1d232b; --muted:#5b6675; --line:#d8dee6; --bg:#f6f8fa; --before:#c3ccd7;
+        --after:#2f7d5b; --warn:#b35900; --bad:#b3261e; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg);
+       margin: 0; background: var(--bg); }
+main { max-width: 1100px; margin: 0 auto; padding: 24px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 28px 0 10px; }
+.sub { color: var(--muted); }
+.badge { display:inline-block; padding:2px 8px; border-radius:10px; font-weight:600;
+         font-size:12px; vertical-align:middle; }
+.on { background:#d9f2e4; color:#1b5e3f; } .off { background:#eceff3; color:#4a5563; }
+.cards { display:grid; grid-template-columns:repeat(auto-fit,minmax(170px,1fr)); gap:12px; }
+.card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:12px; }
+.card .v { font-size:22px; font-weight:650; } .card .k { color:var(--muted); font-size:12px; }
+table { border-collapse:collapse; width:100%; background:#fff; border:1px solid var(--line); }
+th, td { text-align:left; padding:6px 8px; border-bottom:1px solid var(--line);
+         vertical-align:top; }
+th { font-size:12px; color:var(--muted); font-weight:600; background:#fbfcfd; }
+td.n, th.n { text-align:right; font-variant-numeric: tabular-nums; }
+.seg { font-size:12px; color:var(--muted); margin:2px 0 0; padding-left:16px; }
+.seg li { margin:1px 0; } code { font-size:12px; word-break:break-all; }
+.panel { background:#fff; border:1px solid var(--line); border-radius:8px; padding:12px; }
+.warn { color:var(--warn); } .bad { color:var(--bad); }
+svg text { font: 12px system-ui, sans-serif; fill: var(--fg); }
+.legend span { display:inline-block; width:10px; height:10px; margin:0 4px 0 12px; }
+"""
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """The whole page for `report` (as built by `proxy.render.build_report`)."""
+    totals = report["totals"]
+    on = report["enabled"]
+    config = report["config"]
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        "<title>ctxbudget — context budget report</title>",
+        f"<style>{_CSS}</style></head><body><main>",
+        "<h1>Context budget "
+        f"<span id='status' class='badge {'on' if on else 'off'}'>{'ON' if on else 'OFF'}</span>"
+        "</h1>",
+        f"<div class='sub'>Config {escape(config['path'] or 'built-in defaults')} (loaded "
+        f"{escape(config['loadedAt'])}) · since {escape(report['since'] or 'start')} · generated "
+        f"{escape(report['generatedAt'])} · chars in UTF-16 code units, tokens by "
+        f"{escape(report['encoding'])} for unknown models</div>",
+    ]
+    if config.get("error"):
+        parts.append(
+            f"<p class='bad'>Config error, the last good config is still in force: "
+            f"{escape(config['error'])}</p>"
+        )
+    parts.append(_cards(totals))
+    parts.append(_caps(report["caps"]))
+    parts.append(_kinds(totals))
+    parts.append(_over_time(report["recent"]))
+    parts.append(_requests(report["recent"]))
+    parts.append(_memory(report["recent"]))
+    parts.append(_monitor(report))
+    parts.append("</main></body></html>")
+    return "".join(parts)
+
+
+def _figure(path: str, value: Any, shown: str) -> str:
+    raw = "" if value is None else str(value)
+    return f"<span data-figure='{escape(path)}' data-value='{escape(raw)}'>{escape(shown)}</span>"
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _cards(t: dict[str, Any]) -> str:
+    cards = [
+        ("Requests", _figure("totals.requests", t["requests"], _n(t["requests"]))),
+        ("Segments clamped", _figure("totals.clamped", t["clamped"], _n(t["clamped"]))),
+        ("Chars saved", _figure("totals.savedChars", t["savedChars"], _n(t["savedChars"]))),
+        ("Tokens saved", _figure("totals.savedTokens", t["savedTokens"], _n(t["savedTokens"]))),
+        ("Money saved", _figure("totals.savedUsd", t["savedUsd"], money(t["savedUsd"]))),
+    ]
+    if t["wouldSaveChars"]:
+        cards.append(
+            (
+                "Would save (budget off)",
+                _figure("totals.wouldSaveChars", t["wouldSaveChars"], _n(t["wouldSaveChars"]))
+                + " chars",
+            )
+        )
+    html = "".join(
+        f"<div class='card'><div class='k'>{escape(k)}</div><div class='v'>{v}</div></div>"
+        for k, v in cards
+    )
+    note = ""
+    if t["unpricedRequests"]:
+        note = (
+            f"<p class='sub'>{_n(t['unpricedRequests'])} request(s) for models without a price "
+            "in litellm's map: their savings count in tokens only.</p>"
+        )
+    if t["clampErrors"]:
+        note += (
+            f"<p class='warn'>{_n(t['clampErrors'])} request(s) forwarded untouched after a "
+            "clamp error.</p>"
+        )
+    return f"<div class='cards' id='totals'>{html}</div>{note}"
+
+
+def _caps(caps: dict[str, Any]) -> str:
+    rows = []
+    for kind, cap in caps.items():
+        value = "no limit" if cap["value"] is None else _n(cap["value"])
+        rows.append(
+            f"<tr><td>{escape(KIND_TITLES.get(kind, kind))}</td>"
+            f"<td class='n'>{_figure(f'caps.{kind}.value', cap['value'], value)}</td>"
+            f"<td>{escape(str(cap['source']))}</td><td><code>{escape(str(cap['from']))}</code>"
+            "</td></tr>"
+        )
+    return (
+        "<h2>Effective caps</h2><table id='caps'><tr><th>kind</th><th class='n'>cap (chars)</th>"
+        f"<th>set by</th><th>origin</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def _kinds(t: dict[str, Any]) -> str:
+    kinds = t["byKind"]
+    top = max([k["charsBefore"] for k in kinds.values()] + [1])
+    width, label_w, row_h = 720, 130, 46
+    bars = []
+    for i, (kind, k) in enumerate(kinds.items()):
+        y = 10 + i * row_h
+        before = k["charsBefore"] / top * (width - label_w - 90)
+        after = k["charsAfter"] / top * (width - label_w - 90)
+        bars.append(
+            f"<text x='0' y='{y + 17}'>{escape(KIND_TITLES.get(kind, kind))}</text>"
+            f"<rect x='{label_w}' y='{y}' width='{before:.1f}' height='16' fill='var(--before)'>"
+            f"<title>before: {_n(k['charsBefore'])} chars</title></rect>"
+            f"<text x='{label_w + before + 6:.1f}' y='{y + 13}'>{_n(k['charsBefore'])}</text>"
+            f"<rect x='{label_w}' y='{y + 18}' width='{after:.1f}' height='16' "
+            f"fill='var(--after)'><title>after: {_n(k['charsAfter'])} chars</title></rect>"
+            f"<text x='{label_w + after + 6:.1f}' y='{y + 31}'>{_n(k['charsAfter'])}</text>"
+        )
+    height = 10 + len(kinds) * row_h
+    rows = "".join(
+        f"<tr><td>{escape(KIND_TITLES.get(kind, kind))}</td>"
+        f"<td class='n'>{_figure(f'totals.byKind.{kind}.seen', k['seen'], _n(k['seen']))}</td>"
+        f"<td class='n'>{_figure(f'totals.byKind.{kind}.clamped', k['clamped'], _n(k['clamped']))}"
+        "</td><td class='n'>"
+        f"{_figure(f'totals.byKind.{kind}.charsBefore', k['charsBefore'], _n(k['charsBefore']))}"
+        "</td><td class='n'>"
+        f"{_figure(f'totals.byKind.{kind}.charsAfter', k['charsAfter'], _n(k['charsAfter']))}"
+        "</td><td class='n'>"
+        f"{_figure(f'totals.byKind.{kind}.savedChars', k['savedChars'], _n(k['savedChars']))}"
+        "</td><td class='n'>"
+        f"{_figure(f'totals.byKind.{kind}.savedTokens', k['savedTokens'], _n(k['savedTokens']))}"
+        "</td><td class='n'>"
+        f"{_figure(f'totals.byKind.{kind}.savedUsd', k['savedUsd'], money(k['savedUsd']))}"
+        "</td></tr>"
+        for kind, k in kinds.items()
+    )
+    return (
+        "<h2>Chars before and after, per kind</h2><div class='panel'>"
+        f"<svg id='kinds-chart' role='img' aria-label='chars before and after per kind' "
+        f"width='100%' viewBox='0 0 {width} {height}'>{''.join(bars)}</svg>"
+        "<div class='legend sub'><span style='background:var(--before)'></span>before"
+        "<span style='background:var(--after)'></span>after</div></div>"
+        "<table id='kinds'><tr><th>kind</th><th class='n'>seen</th><th class='n'>clamped</th>"
+        "<th class='n'>chars before</th><th class='n'>chars after</th><th class='n'>chars saved"
+        "</th><th class='n'>tokens saved</th><th class='n'>money saved</th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def _over_time(recent: list[dict[str, Any]]) -> str:
+    points = sorted(recent, key=lambda r: r["at"])
+    head = "<h2>Savings over time (latest requests, cumulative tokens saved)</h2>"
+    if len(points) < 2:
+        return head + "<p class='sub' id='over-time'>Not enough requests yet to draw.</p>"
+    total, series = 0, []
+    for r in points:
+        total += r["savedTokens"] + r["wouldSaveTokens"]
+        series.append(total)
+    width, height, pad = 720, 180, 40
+    step = (width - 2 * pad) / (len(series) - 1)
+    top = max(series) or 1
+    xy = [
+        (pad + i * step, height - pad - v / top * (height - 2 * pad)) for i, v in enumerate(series)
+    ]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    area = f"{pad},{height - pad} {line} {xy[-1][0]:.1f},{height - pad}"
+    return (
+        head + "<div class='panel'>"
+        f"<svg id='over-time' role='img' aria-label='cumulative tokens saved' width='100%' "
+        f"viewBox='0 0 {width} {height}'>"
+        f"<polygon points='{area}' fill='var(--after)' opacity='0.15'/>"
+        f"<polyline points='{line}' fill='none' stroke='var(--after)' stroke-width='2'/>"
+        f"<line x1='{pad}' y1='{height - pad}' x2='{width - pad}' y2='{height - pad}' "
+        "stroke='var(--line)'/>"
+        f"<text x='{pad}' y='{height - pad + 16}'>{escape(points[0]['at'])}</text>"
+        f"<text x='{width - pad}' y='{height - pad + 16}' text-anchor='end'>"
+        f"{escape(points[-1]['at'])}</text>"
+        f"<text x='{pad}' y='{pad - 8}'>{_n(series[-1])} tokens over {len(series)} requests"
+        "</text></svg></div>"
+    )
+
+
+def _requests(recent: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in recent:
+        segs = [s for s in r["segments"] if s["action"] != "kept"]
+        detail = "".join(
+            f"<li>{escape(s['kind'])} <code>{escape(s['label'])}</code>: "
+            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}</li>"
+            for s in segs
+        )
+        error = ""
+        if r.get("clampError"):
+            error = f"<div class='warn'>clamp error: {escape(r['clampError'])}</div>"
+        if r.get("upstreamError"):
+            error += f"<div class='bad'>upstream: {escape(r['upstreamError'])}</div>"
+        rid = r["id"]
+        rows.append(
+            f"<tr data-request='{escape(rid)}'><td>{escape(r['at'])}<br><code>{escape(rid)}"
+            f"</code></td><td>{escape(r.get('model') or '?')}</td>"
+            f"<td class='n'>{r['status']}</td>"
+            f"<td class='n'>{_figure(f'recent.{rid}.clamped', r['clamped'], _n(r['clamped']))}"
+            "</td><td class='n'>"
+            f"{_figure(f'recent.{rid}.savedChars', r['savedChars'], _n(r['savedChars']))}</td>"
+            "<td class='n'>"
+            f"{_figure(f'recent.{rid}.savedTokens', r['savedTokens'], _n(r['savedTokens']))}"
+            f"</td><td class='n'>"
+            f"{_figure(f'recent.{rid}.savedUsd', r['savedUsd'], money(r['savedUsd']))}"
+            f"</td><td>{error}<ul class='seg'>{detail}</ul></td></tr>"
+        )
+    body = "".join(rows) or "<tr><td colspan='8' class='sub'>No requests yet.</td></tr>"
+    return (
+        "<h2>Latest requests and their clamps</h2><table id='requests'><tr><th>when / id</th>"
+        "<th>model</th><th class='n'>status</th><th class='n'>clamped</th>"
+        "<th class='n'>chars saved</th><th class='n'>tokens saved</th><th class='n'>money</th>"
+        f"<th>clamps: file, tool or URL, before → after</th></tr>{body}</table>"
+    )
+
+
+def _memory(recent: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in recent:
+        m = r.get("memory")
+        if not m:
+            continue
+        budget = m.get("budget") or {}
+        rows.append(
+            f"<tr><td><code>{escape(r['id'])}</code></td>"
+            f"<td>{escape(str(m['requested']))} → <b>{escape(m['applied'])}</b><br>"
+            f"<span class='sub'>{escape(m['reason'])}</span></td>"
+            f"<td class='n'>{m['candidates']}</td><td class='n'>{m['injected']}</td>"
+            f"<td class='n'>{_n(m['tokens'])}</td><td>{escape(m['boundBy'])}</td>"
+            f"<td>{escape(str(budget.get('boundBy', '')))}</td></tr>"
+        )
+    if not rows:
+        return "<h2>Memory injection</h2><p class='sub' id='memory'>No memories injected yet.</p>"
+    return (
+        "<h2>Memory injection</h2><table id='memory'><tr><th>request</th>"
+        "<th>profile requested → applied, and why</th><th class='n'>candidates</th>"
+        "<th class='n'>injected</th><th class='n'>tokens</th><th>packing bound by</th>"
+        f"<th>budget bound by</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def _monitor(report: dict[str, Any]) -> str:
+    warnings = [
+        (r["id"], w)
+        for r in report["recent"]
+        for w in ((r.get("memory") or {}).get("usage") or {}).get("warnings", [])
+    ]
+    items = "".join(
+        f"<li class='{'bad' if w.startswith('exceeded') else 'warn'}'><code>{escape(rid)}</code> "
+        f"{escape(w)}</li>"
+        for rid, w in warnings
+    )
+    analysis = report.get("analysis") or {}
+    recs = "".join(
+        f"<li><b>{escape(str(r['agent']))}</b>: {escape(str(r['kind']))} "
+        f"{escape(str(r['from']))} → {escape(str(r['to']))} — {escape(str(r['reason']))} "
+        f"(confidence {float(r['confidence']):.2f})</li>"
+        for r in analysis.get("recommendations", [])
+    )
+    days = analysis.get("days", 7)
+    return (
+        "<h2>Budget monitor</h2><div class='panel' id='monitor'>"
+        + (f"<ul>{items}</ul>" if items else "<p class='sub'>No warnings in these requests.</p>")
+        + f"<h2>Recommendations (ctxbudget analyze, last {days:g} days)</h2>"
+        + (
+            f"<ul id='recommendations'>{recs}</ul>"
+            if recs
+            else "<p class='sub'>None: budgets fit the observed use.</p>"
+        )
+        + "</div>"
+    )

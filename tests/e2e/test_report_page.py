@@ -1,0 +1,147 @@
+"""The report page in a real browser (Debian's headless Chromium), after real traffic.
+
+Also: the page, the JSON report and the `/context budget` chat command agree figure for figure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
+from tests.openclaw import openclaw_request
+from tests.standin import StandIn
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "build" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.fail(
+            "headless Chromium is needed: apt-get install chromium chromium-driver "
+            "(scripts/test installs them when it can)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,2400",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _traffic(server: Any) -> None:
+    subprocess.run(
+        [CTXBUDGET, "memory", "add", "Deploys happen on Tuesdays after standup"]
+        + ["--config", str(server.config_path)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    client = sdk(base_url=server.base_url, api_key="sk-x")
+    client.chat.completions.create(**openclaw_request(version="9.x", stream=False, model="gpt-4o"))
+    stream = openclaw_request(version="4.x", stream=True, model="my-local-llama")
+    for _ in client.chat.completions.create(**stream):
+        pass
+    turn = openclaw_request(version="9.x", stream=False, model="gpt-4o")
+    turn["messages"].append({"role": "user", "content": "when do we deploy?"})
+    client.chat.completions.create(**turn)
+
+
+def _at(report: dict[str, Any], path: str) -> Any:
+    """The JSON value at a page figure's path (`recent.<id>.x` looks the request up by id)."""
+    node: Any = report
+    parts = path.split(".")
+    if parts[0] == "recent":
+        node = {r["id"]: r for r in report["recent"]}
+        node, parts = node[parts[1]], parts[2:]
+    for part in parts:
+        node = node[part]
+    return node
+
+
+def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
+    tmp_path: Path, standin: StandIn, browser: webdriver.Chrome
+) -> None:
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        _traffic(server)
+        root = server.base_url.removesuffix("/v1")
+        report = httpx.get(f"{root}/context/budget", timeout=30).json()
+        text = httpx.get(f"{root}/context/budget?format=text", timeout=30).text
+        command = sdk(base_url=server.base_url, api_key="sk-x").chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "/context budget"}]
+        )
+        browser.get(f"{root}/context/budget")
+        title = browser.title
+        status = browser.find_element(By.ID, "status").text
+        figures = {
+            e.get_attribute("data-figure"): (e.get_attribute("data-value"), e.text)
+            for e in browser.find_elements(By.CSS_SELECTOR, "[data-figure]")
+        }
+        bars = browser.find_elements(By.CSS_SELECTOR, "#kinds-chart rect")
+        bar_widths = [float(b.get_attribute("width") or 0) for b in bars]
+        line = browser.find_element(By.CSS_SELECTOR, "#over-time polyline")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#requests tr[data-request]")
+        requests_text = browser.find_element(By.ID, "requests").text
+        memory_text = browser.find_element(By.ID, "memory").text
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOTS / "report-page.png"
+        assert browser.save_screenshot(str(shot))
+    chat_text = command.choices[0].message.content or ""
+
+    assert title.startswith("ctxbudget") and status == "ON"
+    totals = report["totals"]
+    assert totals["requests"] == 3 and totals["savedChars"] > 10_000
+    # the page, figure for figure, against the JSON report
+    assert len(figures) > 30
+    for path, (value, shown) in figures.items():
+        expected = _at(report, str(path))
+        if isinstance(expected, float):
+            assert float(value or "nan") == pytest.approx(expected), path
+        else:
+            assert value == ("" if expected is None else str(expected)), path
+        if isinstance(expected, int) and not isinstance(expected, bool):
+            assert shown == f"{expected:,}", path
+    assert figures["totals.savedUsd"][1] == f"${totals['savedUsd']:,.6f}"
+    # ... and the text report and the chat command say the same
+    for said in (text, chat_text):
+        assert f"Saved: {totals['savedChars']:,} chars (~{totals['savedTokens']:,} tokens" in said
+        assert f"= ${totals['savedUsd']:,.6f} at input prices" in said
+        assert f"Report page with plots: {root}/context/budget" in said
+    # what a person sees: plots drawn, every request with its clamps, memory choices
+    assert len(bars) == 6 and all(w >= 0 for w in bar_widths) and max(bar_widths) > 100
+    assert len((line.get_attribute("points") or "").split()) == 3
+    assert [r.get_attribute("data-request") for r in rows] == [r["id"] for r in report["recent"]]
+    assert "AGENTS.md" in requests_text and "web_fetch" in requests_text and "→" in requests_text
+    memory = report["recent"][0]["memory"]
+    assert memory["injected"] == 1 and memory["applied"] in memory_text
+    assert memory["reason"] in memory_text
+    assert shot.stat().st_size > 20_000

@@ -5,8 +5,8 @@ from pathlib import Path
 
 from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
 from memory.inject import inject, line
-from memory.profiles import PROFILES, choose
-from memory.recall import DAY, recall, recency_points, rewrite
+from memory.profiles import PROFILES, Profile, choose
+from memory.recall import DAY, Recall, recall, recency_points, rewrite
 
 NOW = 2_000_000_000.0
 
@@ -151,44 +151,28 @@ def test_words_too_common_to_rank_are_skipped_rarest_first(tmp_path: Path) -> No
     texts = [(f"standup notes number {i}", "fact") for i in range(30)]
     store = _store(tmp_path, [*texts, ("standup moved to the blue room", "fact")])
     narrow = dataclasses.replace(PROFILES["deep"], prefix=False, scan=10)
-    result = recall(
-        store,
-        "default",
-        "standup blue room",
-        narrow,
-        "",
-        limits=MemoryLimits(),
-        now=NOW,
-        max_chars=1000,
-        count_tokens=len,
-    )
+
+    def run(query: str, profile: Profile) -> Recall:
+        return recall(
+            store,
+            "default",
+            query,
+            profile,
+            "",
+            limits=MemoryLimits(),
+            now=NOW,
+            max_chars=1000,
+            count_tokens=len,
+        )
+
+    result = run("standup blue room", narrow)
     assert result.skipped == [("standup", 31)]
     assert [c.memory.text for c in result.candidates] == ["standup moved to the blue room"]
-    only_common = recall(
-        store,
-        "default",
-        "standup notes",
-        narrow,
-        "",
-        limits=MemoryLimits(),
-        now=NOW,
-        max_chars=1000,
-        count_tokens=len,
-    )
+    only_common = run("standup notes", narrow)
     assert only_common.candidates == [] and only_common.bound_by == (
         "every query word too common to rank"
     )
-    wide = recall(
-        store,
-        "default",
-        "standup notes",
-        PROFILES["deep"],
-        "",
-        limits=MemoryLimits(),
-        now=NOW,
-        max_chars=1000,
-        count_tokens=len,
-    )
+    wide = run("standup notes", PROFILES["deep"])
     assert wide.skipped == [] and len(wide.candidates) == 31
 
 

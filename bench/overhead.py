@@ -416,6 +416,7 @@ def telemetry_compare(repeats: int, n_seq: int, n_conc: int) -> None:
     otel = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}",
         "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        **{k: v for k, v in os.environ.items() if k.startswith("OTEL_BSP_")},
     }
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

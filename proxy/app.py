@@ -624,7 +624,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await upstream.start()
         settings = proxy.settings()
-        if settings.routes:
+        if settings.routes or settings.config.memory.rewrite is not None:
             from proxy.providers import preload_litellm
 
             preload_litellm()

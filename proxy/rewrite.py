@@ -50,7 +50,12 @@ class Rewriter:
         if self._failed_at is not None and time.monotonic() - self._failed_at < _COOLDOWN:
             return [], f"LLM rewrite skipped: {cfg.model} failed less than a minute ago"
         try:
-            litellm = await asyncio.to_thread(import_litellm)
+            # The server starts importing litellm at start-up (~5 s); a request that comes
+            # sooner waits at most the rewrite timeout for it, and goes on without it.
+            litellm = await asyncio.wait_for(asyncio.to_thread(import_litellm), cfg.timeout_seconds)
+        except TimeoutError:
+            return [], "LLM rewrite skipped: litellm is still loading"
+        try:
             response = await asyncio.wait_for(
                 litellm.acompletion(
                     model=cfg.model,

@@ -353,6 +353,8 @@ def run(
     for _ in range(4):
         asyncio.run(concurrent(url, all_bodies, n_rss // 4, 32))
         rss.append(rss_mb(pid))
+    time.sleep(3)  # the report writer trims freed memory after 2 s without requests
+    idle = rss_mb(pid)
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"\nmedian of {repeats} repeats; proxy with contextBudget on, pinned to its own core")
@@ -382,6 +384,7 @@ def run(
         f"proxy RSS (MB) at 0, {n_rss // 4}, ... {n_rss} requests: {marks}",
         "  (target flat, <= 100 MB)",
     )
+    print(f"proxy RSS after 3 s idle: {idle:.1f} MB")
     print(
         f"start to first served request: median {statistics.median(starts) * 1000:.0f} ms "
         f"over {len(starts)} starts (min {min(starts) * 1000:.0f}, max {max(starts) * 1000:.0f})"

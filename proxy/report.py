@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from caps import SEGMENT_KINDS, Segment
-from proxy.tokens import TokenCounter
+from proxy.tokens import TokenCounter, trim_memory
 
 if TYPE_CHECKING:
     from proxy.telemetry import Telemetry
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ctxbudget.report")
 
 SCHEMA_VERSION = 2
+IDLE_SECONDS = 2.0
+"""After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
 """Request rows kept for `/context/budget/requests/{id}`; older ones are pruned."""
 
@@ -205,9 +207,19 @@ class ReportStore:
 
     def _writer(self) -> None:
         conn = _connect(self.path)
+        written = False
         try:
             while True:
-                first = self._queue.get()
+                try:
+                    first = self._queue.get(timeout=IDLE_SECONDS)
+                except queue.Empty:
+                    if written:
+                        # Idle after traffic: hand the freed request buffers back to the OS
+                        # (glibc keeps them otherwise; ~30 MB after a burst of 32 at once).
+                        trim_memory()
+                        written = False
+                    continue
+                written = True
                 # Gather for a moment and write one transaction: per-request writes would
                 # compete with the request path for the GIL on every request.
                 self._flush_now.wait(self._batch_seconds)

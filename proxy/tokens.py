@@ -58,12 +58,13 @@ def _encoding(name: str) -> Any:
             # loader's garbage back to the OS.
             enc._mergeable_ranks = {}
             gc.collect()
-            _malloc_trim()
+            trim_memory()
             _encodings[name] = enc
         return enc
 
 
-def _malloc_trim() -> None:
+def trim_memory() -> None:
+    """Return freed heap memory to the OS (glibc `malloc_trim`; elsewhere nothing)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim

@@ -10,6 +10,7 @@ GET  /healthz
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -101,19 +102,28 @@ class Proxy:
 
     # -- auth ----------------------------------------------------------------------------
 
-    def check_key(self, request: Request, settings: Settings) -> str:
-        """The owner the request acts for; 401 when proxy keys are set and none matches."""
+    def check_key(self, request: Request, settings: Settings, *, browser: bool = False) -> str:
+        """The owner the request acts for; 401 when proxy keys are set and none matches.
+
+        With `browser` (the report page), HTTP Basic also works, the key as the password:
+        the 401 asks the browser for it.
+        """
         if not settings.proxy_keys:
             return DEFAULT_OWNER
-        given = _bearer(request.headers.get("authorization"))
+        header = request.headers.get("authorization")
+        given = _bearer(header) or (_basic_password(header) if browser else None)
         if given is not None:
             for key, owner in settings.proxy_keys.items():
                 if secrets.compare_digest(given, key):
                     return owner
-        raise Unauthorized(
+        error = Unauthorized(
             "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
             f"the keys in ${settings.proxy_keys_env}"
+            + (" (in a browser: any user name, the key as the password)" if browser else "")
         )
+        if browser:
+            error.headers = {"www-authenticate": 'Basic realm="ctxbudget report"'}
+        raise error
 
     def upstream_authorization(self, request: Request, settings: Settings) -> str | None:
         if settings.upstream_api_key:
@@ -333,7 +343,6 @@ class Proxy:
 
     async def budget(self, request: Request) -> Response:
         settings = self.settings()
-        self.check_key(request, settings)
         fmt = request.query_params.get("format")
         if fmt not in (None, "json", "text", "html"):
             raise BadRequest(
@@ -343,6 +352,7 @@ class Proxy:
         if fmt is None and "json" not in accept:
             # a browser asks for text/html first; curl and SDKs for */* or JSON
             fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
+        self.check_key(request, settings, browser=fmt == "html")
         if fmt == "html":
             report = await self.report(settings, request, recent=PAGE_REQUESTS)
             return HTMLResponse(render_html(report))
@@ -520,6 +530,18 @@ def _bearer(value: str | None) -> str | None:
         return None
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _basic_password(value: str | None) -> str | None:
+    scheme, _, encoded = (value or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    password = decoded.partition(":")[2]
+    return password or None
 
 
 def _enabled(request: Request, settings: Settings) -> bool:

@@ -32,6 +32,8 @@ class CtxBudgetError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.headers: dict[str, str] = {}
+        """Extra response headers (e.g. `retry-after`, `www-authenticate`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The OpenAI error body."""

@@ -50,4 +50,15 @@ def test_proxy_keys_gate_access(tmp_path: Path, standin: StandIn) -> None:
         client.chat.completions.create(**HELLO)
         r = httpx.get(f"{server.root}/context/budget", headers={"authorization": "Bearer pk-one"})
         assert r.status_code == 200
+        # the report page: a browser is asked for the key (HTTP Basic, key as the password)
+        page = f"{server.root}/context/budget?format=html"
+        asked = httpx.get(page)
+        assert asked.status_code == 401
+        assert asked.headers["www-authenticate"] == 'Basic realm="ctxbudget report"'
+        assert httpx.get(page, auth=("me", "pk-wrong")).status_code == 401
+        shown = httpx.get(page, auth=("me", "pk-one"))
+        assert shown.status_code == 200 and shown.text.startswith("<!doctype html>")
+        basic_json = httpx.get(f"{server.root}/context/budget", auth=("me", "pk-one"))
+        assert basic_json.status_code == 401, "Basic is for the page only"
+        assert "www-authenticate" not in basic_json.headers
     assert standin.received[0].headers["authorization"] == "Bearer sk-upstream"

@@ -83,8 +83,8 @@ class Proxy:
         clamp: Clamp = clamp_request,
     ) -> None:
         self.clamp = clamp
-        self.memories = MemoryRoutes(self)
         self.tokens = TokenCounter()  # event loop only; counts are cached per text
+        self.memories = MemoryRoutes(self)
         self.config = config
         self.upstream = upstream
         self.reports = reports

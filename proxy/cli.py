@@ -304,24 +304,19 @@ def _recall(args: argparse.Namespace) -> None:
 
 def _analyze(args: argparse.Namespace) -> None:
     from memory import SQLiteMemoryStore
-    from memory.monitor import analyze
+    from proxy.memories import analysis
 
     cfg = _source(args.config, {}).get()
     store = SQLiteMemoryStore(cfg.memory.store.path)
     try:
-        records = store.monitor.records(since=time.time() - args.days * 86_400, owner=args.owner)
+        result = analysis(store, cfg, days=args.days, owner=args.owner)
     finally:
         store.close()
-    weights = {name: dict(p.scope_weights) for name, p in cfg.memory.budgets.profiles.items()}
-    found = analyze(records, weights)
+    found = result["recommendations"]
     if args.json:
-        print(
-            json.dumps(
-                {"requests": len(records), "days": args.days, "recommendations": found}, indent=2
-            )
-        )
+        print(json.dumps(result, indent=2))
         return
-    print(f"{len(records)} requests with memory recall in the last {args.days:g} days")
+    print(f"{result['requests']} requests with memory recall in the last {args.days:g} days")
     if not found:
         print("no recommendations: budgets fit the observed use")
     for r in found:

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory, SQLiteMemoryStore
 from memory.budget import DEFAULT_PROFILES, AgentProfile, Complexity, bump, decide, detect
 from memory.inject import inject, line
-from memory.monitor import Usage, scope_of
+from memory.monitor import Usage, analyze, scope_of
 from memory.profiles import choose
 from memory.query import clean, latest_user
 from memory.recall import recall
@@ -36,9 +36,20 @@ from proxy.tokens import TokenCounter
 
 if TYPE_CHECKING:
     from proxy.app import Proxy
+    from proxy.config import Config
     from proxy.settings import Settings
 
 _FIELDS = {"text", "category", "source", "scope", "owner"}
+
+
+def analysis(
+    store: SQLiteMemoryStore, config: Config, *, days: float, owner: str | None = None
+) -> dict[str, Any]:
+    """The budget monitor's recommendations over the last `days` (`ctxbudget analyze`)."""
+    records = store.monitor.records(since=time.time() - days * 86_400, owner=owner)
+    profiles = config.memory.budgets.profiles
+    weights = {name: dict(p.scope_weights) for name, p in profiles.items()}
+    return {"days": days, "requests": len(records), "recommendations": analyze(records, weights)}
 
 
 class MemoryRoutes:
@@ -47,7 +58,8 @@ class MemoryRoutes:
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
         self._store: SQLiteMemoryStore | None = None
-        self._tokens = TokenCounter()  # used on the event loop only
+        # one token cache with the proxy's own counting (event loop only)
+        self._tokens = proxy.tokens if proxy is not None else TokenCounter()
         self._rewriter = Rewriter()
 
     def store(self, settings: Settings) -> SQLiteMemoryStore:
@@ -59,16 +71,7 @@ class MemoryRoutes:
 
     def analysis(self, settings: Settings, *, days: float) -> dict[str, Any]:
         """`ctxbudget analyze` over the last `days`, for the report (every owner)."""
-        from memory.monitor import analyze
-
-        records = self.store(settings).monitor.records(since=time.time() - days * 86_400)
-        profiles = settings.config.memory.budgets.profiles
-        weights = {name: dict(p.scope_weights) for name, p in profiles.items()}
-        return {
-            "days": days,
-            "requests": len(records),
-            "recommendations": analyze(records, weights),
-        }
+        return analysis(self.store(settings), settings.config, days=days)
 
     def close(self) -> None:
         if self._store is not None:

@@ -9,7 +9,7 @@ UTF-16 code units, the unit OpenClaw's own limits use (JavaScript string length)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Message = dict[str, Any]
 ChatRequest = dict[str, Any]
@@ -94,3 +94,11 @@ class ClampResult:
     segments: tuple[Segment, ...]
     changed: bool
     """True when `request` differs from the input."""
+
+
+class Clamp(Protocol):
+    """What `clamp_request` is: the one way callers reach the clamps (and a test's stand-in)."""
+
+    def __call__(
+        self, request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
+    ) -> ClampResult: ...

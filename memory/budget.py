@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 Complexity = Literal["simple", "medium", "complex", "multi-system"]
 MULTIPLIER: dict[Complexity, float] = {
@@ -26,13 +26,14 @@ MULTIPLIER: dict[Complexity, float] = {
     "complex": 1.5,
     "multi-system": 2.0,
 }
-TIERS: tuple[Complexity, ...] = ("simple", "medium", "complex", "multi-system")
+TIERS: tuple[Complexity, ...] = get_args(Complexity)
+"""The complexity tiers, smallest first."""
 WINDOW_SHARE = 0.2
 
 
 @dataclass(frozen=True, kw_only=True)
-class AgentProfile:
-    """An agent budget profile."""
+class BudgetProfile:
+    """An agent's memory budget (`specialist-narrow`, …): not a retrieval profile."""
 
     tokens: int
     """Memory tokens at `medium` complexity."""
@@ -42,23 +43,23 @@ class AgentProfile:
     """How the budget splits between `global`, `agent_recent` and `agent_patterns`."""
 
 
-DEFAULT_PROFILES: dict[str, AgentProfile] = {
-    "specialist-narrow": AgentProfile(
+DEFAULT_PROFILES: dict[str, BudgetProfile] = {
+    "specialist-narrow": BudgetProfile(
         tokens=20_000,
         max_tokens=50_000,
         scope_weights={"global": 0.2, "agent_recent": 0.5, "agent_patterns": 0.3},
     ),
-    "specialist-broad": AgentProfile(
+    "specialist-broad": BudgetProfile(
         tokens=35_000,
         max_tokens=75_000,
         scope_weights={"global": 0.3, "agent_recent": 0.4, "agent_patterns": 0.3},
     ),
-    "role-coordinator": AgentProfile(
+    "role-coordinator": BudgetProfile(
         tokens=50_000,
         max_tokens=100_000,
         scope_weights={"global": 0.5, "agent_recent": 0.3, "agent_patterns": 0.2},
     ),
-    "role-architect": AgentProfile(
+    "role-architect": BudgetProfile(
         tokens=75_000,
         max_tokens=150_000,
         scope_weights={"global": 0.4, "agent_recent": 0.2, "agent_patterns": 0.4},
@@ -118,7 +119,7 @@ def decide(
     *,
     agent: str,
     profile_name: str,
-    profile: AgentProfile,
+    profile: BudgetProfile,
     complexity: Complexity,
     complexity_reason: str,
     context_window: int | None,

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memory.budget import BudgetProfile
+    from memory.sqlite import Database
 
 ORDER = ("specialist-narrow", "specialist-broad", "role-coordinator", "role-architect")
 
@@ -87,25 +91,20 @@ class Usage:
 class Monitor:
     """Usage log and pending tier bumps, in the memory store's database."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Database) -> None:
         self._db = db
 
     def record(self, usage: Usage) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            self._db.execute(
+        with self._db.transaction() as conn:
+            conn.execute(
                 "INSERT INTO usage (ts, owner, agent, body) VALUES (?, ?, ?, ?)",
                 (usage.ts, usage.owner, usage.agent, json.dumps(usage.to_dict())),
             )
             if usage.exceeded:
-                self._db.execute(
+                conn.execute(
                     "INSERT OR REPLACE INTO bumps (owner, agent) VALUES (?, ?)",
                     (usage.owner, usage.agent),
                 )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def take_bump(self, owner: str, agent: str) -> bool:
         """True (once) when the agent's last request exceeded its budget."""
@@ -118,7 +117,7 @@ class Monitor:
         if owner is not None:
             sql += " AND owner = ?"
             args.append(owner)
-        return [json.loads(r[0]) for r in self._db.execute(sql + " ORDER BY ts", args)]
+        return [json.loads(r[0]) for r in self._db.fetchall(sql + " ORDER BY ts", args)]
 
 
 def analyze(
@@ -184,5 +183,17 @@ def analyze(
     return out
 
 
-def now() -> float:
-    return time.time()
+def analysis(
+    monitor: Monitor,
+    profiles: Mapping[str, BudgetProfile],
+    *,
+    days: float,
+    owner: str | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """`ctxbudget analyze`: recommendations from the usage of the last `days` (every owner,
+    or one)."""
+    since = (time.time() if now is None else now) - days * 86_400
+    records = monitor.records(since=since, owner=owner)
+    weights = {name: dict(p.scope_weights) for name, p in profiles.items()}
+    return {"days": days, "requests": len(records), "recommendations": analyze(records, weights)}

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-ProfileName = Literal["lean", "balanced", "deep"]
-Requested = Literal["lean", "balanced", "deep", "auto"]
+RetrievalProfileName = Literal["lean", "balanced", "deep"]
+RequestedProfile = Literal["lean", "balanced", "deep", "auto"]
+"""A retrieval profile, or `auto` to let `choose` pick one (config, header, CLI)."""
+REQUESTED_PROFILES: tuple[RequestedProfile, ...] = get_args(RequestedProfile)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Profile:
-    name: ProfileName
+class RetrievalProfile:
+    name: RetrievalProfileName
     pool: int
     """Candidates fetched by BM25 before scoring."""
     scan: int
@@ -45,8 +47,8 @@ class Profile:
     """Trust pass: normalised keyword relevance below this is dropped."""
 
 
-PROFILES: dict[ProfileName, Profile] = {
-    "lean": Profile(
+PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
+    "lean": RetrievalProfile(
         name="lean",
         pool=10,
         scan=2_000,
@@ -58,7 +60,7 @@ PROFILES: dict[ProfileName, Profile] = {
         max_age_days=180,
         min_relevance=0.35,
     ),
-    "balanced": Profile(
+    "balanced": RetrievalProfile(
         name="balanced",
         pool=30,
         scan=8_000,
@@ -70,7 +72,7 @@ PROFILES: dict[ProfileName, Profile] = {
         max_age_days=365,
         min_relevance=0.15,
     ),
-    "deep": Profile(
+    "deep": RetrievalProfile(
         name="deep",
         pool=100,
         scan=25_000,
@@ -89,7 +91,7 @@ _CODE = re.compile(r"[A-Za-z]+[_.][A-Za-z]|[a-z][A-Z]|\(\)|`|/[\w.-]+/|\.py\b|\.
 _PARTS = re.compile(r"\?.+\?|\band\b.+\band\b|;|\n", re.S)
 
 
-def choose(requested: Requested, query: str) -> tuple[Profile, str]:
+def choose(requested: RequestedProfile, query: str) -> tuple[RetrievalProfile, str]:
     """The profile to use for `query`, and why."""
     if requested != "auto":
         return PROFILES[requested], f"{requested} requested"

@@ -7,12 +7,41 @@ Agent-internal blocks are skipped: OpenClaw 9.x ends every request with a
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 from typing import Any
 
 INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 _STAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
 _RUNTIME = re.compile(r"^(?:Runtime|Reasoning): .*$", re.M)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserTurn:
+    """The latest real user text of a request, as a wire adapter found it (once per request)."""
+
+    index: int
+    """Where it is in the format's message list."""
+    text: str
+    """The text as sent (OpenClaw's stamp and runtime lines included)."""
+    last: bool
+    """Nothing but agent-internal context follows it: the user's own turn, not a tool loop."""
+
+    @property
+    def query(self) -> str:
+        """What recall searches for and the chat command is read from: `clean(text)`."""
+        return clean(self.text)
+
+    @property
+    def key(self) -> str:
+        """Stable id of this turn: a tool loop resends it, and recall counts it once."""
+        return f"{self.index}:{hashlib.sha256(self.text.encode('utf-8', 'replace')).hexdigest()}"
+
+
+def internal(text: str) -> bool:
+    """Whether `text` is an agent-internal block rather than something a person typed."""
+    return text.lstrip().startswith(INTERNAL_CONTEXT)
 
 
 def message_text(message: dict[str, Any]) -> str | None:
@@ -37,10 +66,23 @@ def latest_user(messages: list[Any]) -> tuple[int, str] | None:
         if not isinstance(message, dict) or message.get("role") != "user":
             continue
         text = message_text(message)
-        if text is None or text.lstrip().startswith(INTERNAL_CONTEXT):
+        if text is None or internal(text):
             continue
         return index, text
     return None
+
+
+def user_turn(messages: list[Any]) -> UserTurn | None:
+    """The latest real user turn of chat-style `messages` (role + string or text parts)."""
+    found = latest_user(messages)
+    if found is None:
+        return None
+    index, text = found
+    last = all(
+        isinstance(m, dict) and m.get("role") == "user" and internal(message_text(m) or "")
+        for m in messages[index + 1 :]
+    )
+    return UserTurn(index=index, text=text, last=last)
 
 
 def clean(text: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from memory.monitor import scope_of
-from memory.profiles import Profile
+from memory.profiles import RetrievalProfile
 from memory.store import STOPWORDS, MemoryStore
 from memory.types import Memory, MemoryLimits
 
@@ -148,7 +148,7 @@ def recall(
     store: MemoryStore,
     owner: str,
     query: str,
-    profile: Profile,
+    profile: RetrievalProfile,
     reason: str,
     *,
     limits: MemoryLimits,
@@ -201,7 +201,7 @@ def _rankable(
     store: MemoryStore,
     owner: str,
     words: list[str],
-    profile: Profile,
+    profile: RetrievalProfile,
     skipped: list[tuple[str, int]],
 ) -> list[str]:
     """The query words to rank by: rarest first, while their matches fit the profile's scan.
@@ -224,7 +224,7 @@ def _rankable(
 def _pack(
     result: Recall,
     trusted: list[Scored],
-    profile: Profile,
+    profile: RetrievalProfile,
     max_chars: int,
     max_tokens: int | None,
     scope_weights: dict[str, float] | None,
@@ -267,7 +267,7 @@ def _pack(
     result.chosen = [c for c in trusted if c.memory.id in chosen]
 
 
-def _distrust(cand: Scored, profile: Profile, now: float) -> str | None:
+def _distrust(cand: Scored, profile: RetrievalProfile, now: float) -> str | None:
     memory = cand.memory
     if len(memory.text) < profile.min_chars:
         return f"shorter than {profile.min_chars} chars"

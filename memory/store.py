@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from memory.monitor import Monitor
+from memory.sqlite import Database
 from memory.types import Memory, MemoryLimits, NewMemory
 
 log = logging.getLogger("ctxbudget.memory")
@@ -218,32 +219,23 @@ class SQLiteMemoryStore:
         self.path = path
         self.limits = limits or MemoryLimits()
         self._clock = clock
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db = Database(path)
         self._migrate()
 
     def close(self) -> None:
         self._db.close()
 
     def _migrate(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        with self._db.transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > len(MIGRATIONS):
                 raise RuntimeError(
                     f"memory store {self.path} has schema version {version}, newer than this "
                     f"ctxbudget knows ({len(MIGRATIONS)}): upgrade ctxbudget"
                 )
             for number in range(version, len(MIGRATIONS)):
-                MIGRATIONS[number](self._db)
-                self._db.execute(f"PRAGMA user_version={number + 1}")
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+                MIGRATIONS[number](conn)
+                conn.execute(f"PRAGMA user_version={number + 1}")
 
     @property
     def monitor(self) -> Monitor:
@@ -252,23 +244,22 @@ class SQLiteMemoryStore:
 
     @property
     def schema_version(self) -> int:
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        return int(self._db.fetchall("PRAGMA user_version")[0][0])
 
     def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
         memory = memory.validate(self.limits)
         now = self._clock()
         # One write transaction: concurrent adders (CLI, API, workers) queue on the lock
         # instead of losing writes, and the eviction sees the count it is correcting.
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            cursor = self._db.execute(
+        with self._db.transaction() as conn:
+            cursor = conn.execute(
                 "INSERT INTO memories (owner, text, category, source, scope, created,"
                 " last_accessed, access_count) VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
                 (memory.owner, memory.text, memory.category, memory.source, memory.scope, now, now),
             )
             new_id = int(cursor.lastrowid or 0)
-            self._count_words(memory.owner, [memory.text], 1)
-            count = self._db.execute(
+            self._count_words(conn, memory.owner, [memory.text], 1)
+            count = conn.execute(
                 "SELECT n FROM owner_counts WHERE owner = ?", (memory.owner,)
             ).fetchone()[0]
             evicted: list[Memory] = []
@@ -276,20 +267,14 @@ class SQLiteMemoryStore:
             if excess > 0:
                 evicted = [
                     _row(r)
-                    for r in self._db.execute(
+                    for r in conn.execute(
                         f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id != ?"
                         " ORDER BY last_accessed, id LIMIT ?",
                         (memory.owner, new_id, excess),
-                    )
+                    ).fetchall()
                 ]
-                self._db.executemany(
-                    "DELETE FROM memories WHERE id = ?", [(m.id,) for m in evicted]
-                )
-                self._count_words(memory.owner, [m.text for m in evicted], -1)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+                conn.executemany("DELETE FROM memories WHERE id = ?", [(m.id,) for m in evicted])
+                self._count_words(conn, memory.owner, [m.text for m in evicted], -1)
         for gone in evicted:
             log.info(
                 "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
@@ -304,14 +289,13 @@ class SQLiteMemoryStore:
 
     def has_any(self, owner: str) -> bool:
         """Whether `owner` has any memory (an index lookup: recall skips work when not)."""
-        found = self._db.execute("SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,))
-        return found.fetchone() is not None
+        return bool(self._db.fetchall("SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,)))
 
     def get(self, owner: str, memory_id: int) -> Memory | None:
-        row = self._db.execute(
+        rows = self._db.fetchall(
             f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id = ?", (owner, memory_id)
-        ).fetchone()
-        return _row(row) if row else None
+        )
+        return _row(rows[0]) if rows else None
 
     def all(self, owner: str, *, scope: str | None = None) -> list[Memory]:
         sql = f"SELECT {_COLUMNS} FROM memories WHERE owner = ?"
@@ -319,7 +303,7 @@ class SQLiteMemoryStore:
         if scope is not None:
             sql += " AND scope = ?"
             args += (scope,)
-        return [_row(r) for r in self._db.execute(sql + " ORDER BY id", args)]
+        return [_row(r) for r in self._db.fetchall(sql + " ORDER BY id", args)]
 
     def search(
         self, owner: str, query: str, *, limit: int = 20, prefix: bool = False
@@ -332,46 +316,44 @@ class SQLiteMemoryStore:
             # ~7 ms at 100k memories, so a store with one owner skips it.
             phrase = '"' + owner.replace('"', '""') + '"'
             match = f"owner : {phrase} AND {match}"
-        rows = self._db.execute(
+        rows = self._db.fetchall(
             f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))}, f.rank"
             " FROM (SELECT rowid, bm25(memories_fts, 1.0, 0.0) AS rank FROM memories_fts"
             "       WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) AS f"
             " JOIN memories m ON m.id = f.rowid"
             " WHERE m.owner = ? ORDER BY f.rank, m.id",
             (match, limit, owner),
-        ).fetchall()
+        )
         # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
         return [(_row(r[:9]), -float(r[9])) for r in rows]
 
     def _shared(self) -> bool:
         """Whether memories of more than one owner are stored."""
-        row = self._db.execute("SELECT count(*) FROM owner_counts WHERE n > 0").fetchone()
-        return int(row[0]) > 1
+        rows = self._db.fetchall("SELECT count(*) FROM owner_counts WHERE n > 0")
+        return int(rows[0][0]) > 1
 
     def remove(self, owner: str, memory_id: int) -> bool:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            gone = self._db.execute(
+        with self._db.transaction() as conn:
+            gone = conn.execute(
                 "DELETE FROM memories WHERE owner = ? AND id = ? RETURNING text", (owner, memory_id)
             ).fetchall()
-            self._count_words(owner, [text for (text,) in gone], -1)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+            self._count_words(conn, owner, [text for (text,) in gone], -1)
         return bool(gone)
 
-    def _count_words(self, owner: str, texts: Iterable[str], delta: int) -> None:
+    @staticmethod
+    def _count_words(
+        conn: sqlite3.Connection, owner: str, texts: Iterable[str], delta: int
+    ) -> None:
         counts: Counter[str] = Counter()
         for text in texts:
             counts.update(words_of(text))
-        self._db.executemany(
+        conn.executemany(
             "INSERT INTO words (owner, word, n) VALUES (?, ?, ?)"
             " ON CONFLICT (owner, word) DO UPDATE SET n = n + excluded.n",
             ((owner, word, n * delta) for word, n in counts.items()),
         )
         if delta < 0:
-            self._db.executemany(
+            conn.executemany(
                 "DELETE FROM words WHERE owner = ? AND word = ? AND n <= 0",
                 ((owner, word) for word in counts),
             )
@@ -379,37 +361,34 @@ class SQLiteMemoryStore:
     def frequencies(
         self, owner: str, words: Iterable[str], *, prefix: bool = False
     ) -> tuple[int, dict[str, int]]:
-        total = self._db.execute("SELECT n FROM owner_counts WHERE owner = ?", (owner,)).fetchone()
-        counts: dict[str, int] = {}
-        for word in words:
-            if prefix and len(word) >= 3:
-                row = self._db.execute(
-                    "SELECT coalesce(sum(n), 0) FROM words WHERE owner = ? AND word >= ?"
-                    " AND word < ?",
-                    (owner, word, word + "\U0010ffff"),
-                ).fetchone()
-            else:
-                row = self._db.execute(
-                    "SELECT n FROM words WHERE owner = ? AND word = ?", (owner, word)
-                ).fetchone()
-            counts[word] = int(row[0]) if row else 0
+        with self._db.lock:
+            conn = self._db.conn
+            total = conn.execute("SELECT n FROM owner_counts WHERE owner = ?", (owner,)).fetchone()
+            counts: dict[str, int] = {}
+            for word in words:
+                if prefix and len(word) >= 3:
+                    row = conn.execute(
+                        "SELECT coalesce(sum(n), 0) FROM words WHERE owner = ? AND word >= ?"
+                        " AND word < ?",
+                        (owner, word, word + "\U0010ffff"),
+                    ).fetchone()
+                else:
+                    row = conn.execute(
+                        "SELECT n FROM words WHERE owner = ? AND word = ?", (owner, word)
+                    ).fetchone()
+                counts[word] = int(row[0]) if row else 0
         return (int(total[0]) if total else 0), counts
 
     def touch_once(self, owner: str, turn: str, ids: Iterable[int]) -> bool:
         now = self._clock()
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            fresh = self._db.execute(
+        with self._db.transaction() as conn:
+            fresh = conn.execute(
                 "INSERT OR IGNORE INTO turns (owner, key, at) VALUES (?, ?, ?)", (owner, turn, now)
             ).rowcount
             if fresh:
                 self._touch(owner, ids, now)
                 # Keep the table small: a turn older than a day will not come back.
-                self._db.execute("DELETE FROM turns WHERE at < ?", (now - 86_400,))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+                conn.execute("DELETE FROM turns WHERE at < ?", (now - 86_400,))
         return bool(fresh)
 
     def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:

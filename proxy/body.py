@@ -22,8 +22,9 @@ from typing import Any
 
 import msgspec
 import orjson
+from starlette.requests import Request
 
-from proxy.errors import BadRequest
+from proxy.errors import BadRequest, PayloadTooLarge
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _MISSING = object()
@@ -163,3 +164,24 @@ def _kind(raw: bytes) -> str:
     return {b"[": "list", b'"': "string", b"t": "boolean", b"f": "boolean", b"n": "null"}.get(
         first, "number"
     )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is known to be over `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"request body is {int(declared):,} bytes, over proxy.maxBodyBytes ({limit:,}); "
+            "raise proxy.maxBodyBytes or send less context"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"request body is over proxy.maxBodyBytes ({limit:,} bytes); "
+                "raise proxy.maxBodyBytes or send less context"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)

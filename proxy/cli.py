@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memory.profiles import REQUESTED_PROFILES
 from proxy.errors import ConfigError
 
 # Set by `serve` for its uvicorn workers, which rebuild the app from them.
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("query")
     rec.add_argument(
         "--budget",
-        choices=["lean", "balanced", "deep", "auto"],
+        choices=REQUESTED_PROFILES,
         default=None,
         help="retrieval profile (default: memory.inject.budget)",
     )
@@ -249,33 +250,43 @@ def _memory(args: argparse.Namespace) -> None:
 
 
 def _recall(args: argparse.Namespace) -> None:
-    from proxy.memories import MemoryRoutes
+    from memory import SQLiteMemoryStore
+    from memory.query import UserTurn
+    from memory.recaller import Recaller, RecallRequest
+    from proxy.rewrite import Rewriter
     from proxy.settings import settings_for
+    from proxy.tokens import TokenCounter
 
-    cfg = _source(args.config, {}).get()
-    settings = settings_for(cfg, os.environ)
-    routes = MemoryRoutes(None)  # type: ignore[arg-type]  # no app: the store is all it needs
+    settings = settings_for(_source(args.config, {}).get(), os.environ)
+    store = SQLiteMemoryStore(settings.memory_path, limits=settings.memory_limits)
     try:
-        messages = [{"role": "user", "content": args.query}]
-        extra_words, rewrite_note = asyncio.run(
-            routes.rewrite(messages, args.owner, settings, requested=args.budget, env=os.environ)
+        recaller = Recaller(store, settings.recall)
+        turn = UserTurn(index=0, text=args.query, last=True)
+        words: list[str] = []
+        note: str | None = None
+        profile = recaller.profile_for(args.owner, turn, args.budget)
+        if settings.rewrite is not None and profile is not None and profile.name == "deep":
+            words, note = asyncio.run(Rewriter().words(turn.query, settings.rewrite, os.environ))
+        tokens = TokenCounter()
+        encoding = settings.default_encoding
+        recalled = recaller.recall(
+            turn,
+            RecallRequest(
+                owner=args.owner,
+                agent=args.agent,
+                profile=args.budget,
+                max_chars=settings.memory_max_chars(settings.enabled),
+                count_tokens=lambda text: tokens.count(text, encoding),
+                extra_words=words,
+                rewrite_note=note,
+                dry_run=True,
+            ),
         )
-        _, info = routes.recall_into(
-            messages,
-            args.owner,
-            settings,
-            budget_on=settings.enabled,
-            agent=args.agent,
-            requested=args.budget,
-            dry_run=True,
-            extra_words=extra_words,
-            rewrite_note=rewrite_note,
-        )
-        store = routes.store(settings)
         texts = {m.id: m.text for m in store.all(args.owner)}
     finally:
-        routes.close()
-    if info is None:
+        store.close()
+    info: dict[str, Any]
+    if recalled is None:
         info = {
             "injected": 0,
             "candidates": 0,
@@ -283,6 +294,8 @@ def _recall(args: argparse.Namespace) -> None:
             "dropped": [],
             "reason": "no memories for this owner",
         }
+    else:
+        info = recalled.report.to_dict()
     for entry in info["memories"] + info["dropped"]:
         entry["text"] = texts.get(entry["id"])
     if args.json:
@@ -304,12 +317,15 @@ def _recall(args: argparse.Namespace) -> None:
 
 def _analyze(args: argparse.Namespace) -> None:
     from memory import SQLiteMemoryStore
-    from proxy.memories import analysis
+    from memory.monitor import analysis
+    from proxy.settings import settings_for
 
-    cfg = _source(args.config, {}).get()
-    store = SQLiteMemoryStore(cfg.memory.store.path)
+    settings = settings_for(_source(args.config, {}).get(), os.environ)
+    store = SQLiteMemoryStore(settings.memory_path)
     try:
-        result = analysis(store, cfg, days=args.days, owner=args.owner)
+        result = analysis(
+            store.monitor, settings.recall.budget_profiles, days=args.days, owner=args.owner
+        )
     finally:
         store.close()
     found = result["recommendations"]
@@ -328,23 +344,18 @@ def _analyze(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from proxy.render import build_report, render_text
-    from proxy.report import open_db, read_summary
+    from proxy.report import build_report, open_db, read_summary, render_text
     from proxy.settings import settings_for
 
     source = _source(args.config, {})
-    cfg = source.get()
-    settings = settings_for(cfg, os.environ)
-    path: Path = cfg.report.path
+    settings = settings_for(source.get(), os.environ)
+    path: Path = settings.report_path
     if not path.exists():
-        summary = read_summary(lambda sql, args=(): [], recent=settings.recent_requests)
+        summary = read_summary(lambda sql, args: [], recent=settings.recent_requests)
     else:
         db = open_db(path)
         try:
-            summary = read_summary(
-                lambda sql, a=(): db.execute(sql, tuple(a)).fetchall(),
-                recent=settings.recent_requests,
-            )
+            summary = read_summary(db.fetchall, recent=settings.recent_requests)
         finally:
             db.close()
     report = build_report(summary, settings=settings.describe(source))

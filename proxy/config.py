@@ -31,6 +31,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic.alias_generators import to_camel
 
 from caps import Caps, ToolNames
+from memory.budget import DEFAULT_PROFILES
+from memory.inject import Placement
+from memory.profiles import RequestedProfile
 from memory.types import MemoryLimits
 from proxy.errors import ConfigError
 
@@ -59,7 +62,7 @@ class _Model(BaseModel):
     )
 
 
-class Upstream(_Model):
+class UpstreamConfig(_Model):
     base_url: str = Field("https://api.openai.com/v1", min_length=1)
     """OpenAI-compatible base URL; requests go to `<baseUrl>/chat/completions`."""
     api_key_env: str | None = "OPENAI_API_KEY"
@@ -70,7 +73,7 @@ class Upstream(_Model):
     """Seconds to wait for each read from the upstream (504 after)."""
 
 
-class Route(_Model):
+class RouteConfig(_Model):
     model: str = Field(pattern=r"^[A-Za-z0-9_.-]+/.+")
     """litellm model string with its provider prefix, e.g. `anthropic/claude-sonnet-4-5`."""
     api_base: str | None = None
@@ -79,14 +82,14 @@ class Route(_Model):
     """Environment variable holding this provider's key."""
 
 
-class Proxy(_Model):
+class ProxyConfig(_Model):
     host: str = "127.0.0.1"
     """Address to listen on."""
     port: int = Field(4141, ge=0, le=65535)
     """Port to listen on (0 picks a free one)."""
-    upstream: Upstream = Upstream()
+    upstream: UpstreamConfig = UpstreamConfig()
     """The OpenAI-compatible provider requests are forwarded to."""
-    routes: dict[str, Route] = {}
+    routes: dict[str, RouteConfig] = {}
     """Model name → litellm route, for providers that are not OpenAI-compatible."""
     keys_env: str = "CTXBUDGET_PROXY_KEYS"
     """Environment variable with comma-separated proxy keys; when set, clients must send one."""
@@ -107,7 +110,7 @@ class ToolNamesConfig(_Model):
     """Tool names whose results are memory_get texts."""
 
 
-class ContextBudget(_Model):
+class ContextBudgetConfig(_Model):
     enabled: bool = False
     """Clamp requests (true) or only report what would be clamped (false)."""
     bootstrap_max_chars: int = Field(8000, ge=0)
@@ -122,45 +125,45 @@ class ContextBudget(_Model):
     """Which tool names count as which kind."""
 
 
-class AgentDefaults(_Model):
+class AgentDefaultsConfig(_Model):
     bootstrap_max_chars: int = Field(20000, gt=0)
     """OpenClaw's per-file bootstrap limit (the feature limit)."""
     bootstrap_total_max_chars: int = Field(60000, gt=0)
     """OpenClaw's total bootstrap limit (reported; the per-file cap is what ctxbudget applies)."""
-    context_budget: ContextBudget = ContextBudget()
+    context_budget: ContextBudgetConfig = ContextBudgetConfig()
     """The opt-in caps."""
 
 
-class Agents(_Model):
-    defaults: AgentDefaults = AgentDefaults()
+class AgentsConfig(_Model):
+    defaults: AgentDefaultsConfig = AgentDefaultsConfig()
     """Defaults for every agent."""
 
 
-class QmdLimits(_Model):
+class QmdLimitsConfig(_Model):
     max_injected_chars: int = Field(4000, gt=0)
     """Memory feature limit per memory tool result, UTF-16 chars."""
 
 
-class Qmd(_Model):
-    limits: QmdLimits = QmdLimits()
+class QmdConfig(_Model):
+    limits: QmdLimitsConfig = QmdLimitsConfig()
     """Memory result limits."""
 
 
-class MemoryStore(_Model):
+class MemoryStoreConfig(_Model):
     path: FilePath = Path("~/.ctxbudget/memory.db").expanduser()
     """SQLite file of the memory store."""
 
 
-class MemoryInject(_Model):
+class MemoryInjectConfig(_Model):
     enabled: bool = True
     """Inject memories into requests."""
-    budget: Literal["lean", "balanced", "deep", "auto"] = "auto"
+    budget: RequestedProfile = "auto"
     """Retrieval profile."""
-    placement: Literal["user", "system"] = "user"
+    placement: Placement = "user"
     """Where the memory block goes: the last user message (cache-safe) or the system prompt."""
 
 
-class AgentBudgetProfile(_Model):
+class BudgetProfileConfig(_Model):
     tokens: int = Field(gt=0)
     """Memory tokens at medium complexity."""
     max_tokens: int = Field(gt=0)
@@ -169,19 +172,17 @@ class AgentBudgetProfile(_Model):
     """How the budget splits between global, agent_recent and agent_patterns."""
 
 
-def _default_budget_profiles() -> dict[str, AgentBudgetProfile]:
-    from memory.budget import DEFAULT_PROFILES
-
+def _default_budget_profiles() -> dict[str, BudgetProfileConfig]:
     return {
-        name: AgentBudgetProfile(
+        name: BudgetProfileConfig(
             tokens=p.tokens, max_tokens=p.max_tokens, scope_weights=dict(p.scope_weights)
         )
         for name, p in DEFAULT_PROFILES.items()
     }
 
 
-class Budgets(_Model):
-    profiles: dict[str, AgentBudgetProfile] = Field(default_factory=_default_budget_profiles)
+class BudgetsConfig(_Model):
+    profiles: dict[str, BudgetProfileConfig] = Field(default_factory=_default_budget_profiles)
     """Agent budget profiles by name."""
     agents: dict[str, str] = {}
     """Agent name → budget profile name."""
@@ -193,13 +194,13 @@ class Budgets(_Model):
     """Model → context window in tokens, where litellm's model map does not know it."""
 
 
-class Rewrite(Route):
+class RewriteConfig(RouteConfig):
     timeout_seconds: float = Field(5.0, gt=0)
     """Seconds to wait for the rewrite; past it (or on an error) recall goes on without it."""
 
 
-class Memory(_Model):
-    qmd: Qmd = Qmd()
+class MemoryConfig(_Model):
+    qmd: QmdConfig = QmdConfig()
     """Memory limits, named as in OpenClaw."""
     max_chars: int = Field(2000, gt=0)
     """Longest memory text a person may add, in characters."""
@@ -207,32 +208,32 @@ class Memory(_Model):
     """Memories kept per owner; past it the least recently used is evicted."""
     categories: dict[str, float] = {"preference": 1.0, "fact": 1.0, "pattern": 0.8}
     """Memory categories and their recall weights."""
-    budgets: Budgets = Budgets()
+    budgets: BudgetsConfig = BudgetsConfig()
     """Agent budget profiles and which agent uses which."""
-    store: MemoryStore = MemoryStore()
+    store: MemoryStoreConfig = MemoryStoreConfig()
     """Where memories are kept."""
-    inject: MemoryInject = MemoryInject()
+    inject: MemoryInjectConfig = MemoryInjectConfig()
     """Memory injection."""
-    rewrite: Rewrite | None = None
+    rewrite: RewriteConfig | None = None
     """LLM query rewrite for the `deep` profile, through litellm (off when not set)."""
 
 
-class WebFetch(_Model):
+class WebFetchConfig(_Model):
     max_chars: int = Field(50000, gt=0)
     """web_fetch feature limit per result, UTF-16 chars."""
 
 
-class Web(_Model):
-    fetch: WebFetch = WebFetch()
+class WebConfig(_Model):
+    fetch: WebFetchConfig = WebFetchConfig()
     """web_fetch settings."""
 
 
-class Tools(_Model):
-    web: Web = Web()
+class ToolsConfig(_Model):
+    web: WebConfig = WebConfig()
     """Web tools."""
 
 
-class Report(_Model):
+class ReportConfig(_Model):
     path: FilePath = Path("~/.ctxbudget/report.db").expanduser()
     """SQLite file of the report, shared by every worker."""
     recent_requests: int = Field(50, ge=1, le=1000)
@@ -241,7 +242,7 @@ class Report(_Model):
     """tiktoken encoding for models tiktoken does not know."""
 
 
-class Telemetry(_Model):
+class TelemetryConfig(_Model):
     enabled: bool | None = None
     """OpenTelemetry export: true, false, or null to follow the OTEL_EXPORTER_OTLP_* variables."""
     endpoint: str | None = None
@@ -253,17 +254,17 @@ class Telemetry(_Model):
 
 
 class Config(_Model):
-    proxy: Proxy = Proxy()
+    proxy: ProxyConfig = ProxyConfig()
     """The HTTP proxy."""
-    agents: Agents = Agents()
+    agents: AgentsConfig = AgentsConfig()
     """Agent limits and the context budget."""
-    memory: Memory = Memory()
+    memory: MemoryConfig = MemoryConfig()
     """Memory limits and the memory store."""
-    tools: Tools = Tools()
+    tools: ToolsConfig = ToolsConfig()
     """Tool limits."""
-    report: Report = Report()
+    report: ReportConfig = ReportConfig()
     """The report."""
-    telemetry: Telemetry = Telemetry()
+    telemetry: TelemetryConfig = TelemetryConfig()
     """OpenTelemetry traces and metrics (read at start)."""
 
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -436,8 +437,8 @@ def _known_keys(loc: list[str]) -> list[str]:
         annotation = getattr(field, "annotation", None)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
-        elif part in ("routes",) or model is Route:
-            model = Route
+        elif part in ("routes",) or model is RouteConfig:
+            model = RouteConfig
         else:
             return []
     return [f.alias or n for n, f in model.model_fields.items()]

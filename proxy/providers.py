@@ -2,8 +2,9 @@
 
 A model name listed in `proxy.routes` (e.g. `"claude" → "anthropic/claude-sonnet-4-5"`) is
 sent through `litellm.acompletion`, which translates to the provider's own wire format and
-back; the client still sees OpenAI JSON or SSE. litellm is imported only here, and only when a
-route is configured: importing it costs ~5 s and ~165 MB.
+back. The answer is an `UpstreamReply` like the HTTP upstream's — OpenAI JSON, or OpenAI SSE
+ending in `data: [DONE]` — so the pipeline relays and records it the same way. litellm is
+imported only here, and only when a route is configured: importing it costs ~5 s and ~165 MB.
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from starlette.responses import Response, StreamingResponse
 
-from proxy.config import Route
+from proxy.config import RouteConfig
 from proxy.errors import UpstreamError
-
-if TYPE_CHECKING:
-    from proxy.app import _Recorder
 
 log = logging.getLogger("ctxbudget.providers")
 
@@ -63,16 +60,10 @@ def preload_litellm() -> None:
     threading.Thread(target=import_litellm, name="ctxbudget-litellm-import", daemon=True).start()
 
 
-async def litellm_completion(
-    body: dict[str, Any],
-    route: Route,
-    *,
-    stream: bool,
-    headers: dict[str, str],
-    record: _Recorder,
-    env: Mapping[str, str],
-) -> Response:
-    """Answer `body` through litellm on `route`, as OpenAI JSON or SSE."""
+async def litellm_reply(
+    body: dict[str, Any], route: RouteConfig, *, stream: bool, env: Mapping[str, str]
+) -> LitellmReply:
+    """Send OpenAI chat `body` through litellm on `route`; `UpstreamError` when it fails."""
     litellm = await asyncio.to_thread(import_litellm)
     kwargs: dict[str, Any] = {k: body[k] for k in _FORWARDED if k in body}
     api_key = env.get(route.api_key_env) if route.api_key_env else None
@@ -90,35 +81,37 @@ async def litellm_completion(
             **kwargs,
         )
     except Exception as exc:
-        error = _upstream_error(exc, route)
-        record.finish(error.status, upstream_error=error.message)
-        raise error from exc
-    if not stream:
-        data = orjson.dumps(response.model_dump(exclude_none=True))
-        if record.keep_tail:
-            record.tail = data
-        record.finish(200)
-        return Response(data, media_type="application/json", headers=headers)
-    return StreamingResponse(
-        _relay(response, record, route), media_type="text/event-stream", headers=headers
-    )
+        raise _upstream_error(exc, route) from exc
+    return LitellmReply(response, route, stream=stream)
 
 
-async def _relay(response: Any, record: _Recorder, route: Route) -> AsyncIterator[bytes]:
-    status, error = 200, None
-    try:
-        async for chunk in response:
-            event = b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
-            if record.keep_tail and getattr(chunk, "usage", None) is not None:
-                record.tail = event
-            yield event
+class LitellmReply:
+    """`UpstreamReply` of a litellm answer: OpenAI JSON, or OpenAI SSE events."""
+
+    status = 200
+
+    def __init__(self, response: Any, route: RouteConfig, *, stream: bool) -> None:
+        self._response = response
+        self._route = route
+        media = "text/event-stream" if stream else "application/json"
+        self.headers = {"content-type": media}
+
+    async def read(self) -> bytes:
+        return orjson.dumps(self._response.model_dump(exclude_none=True))
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response:
+                yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"
+        except Exception as exc:
+            raise _upstream_error(exc, self._route) from exc
         yield b"data: [DONE]\n\n"
-    except Exception as exc:
-        failure = _upstream_error(exc, route)
-        status, error = failure.status, failure.message
-        yield b"data: " + orjson.dumps(failure.to_dict()) + b"\n\n"
-    finally:
-        record.finish(status, upstream_error=error)
+
+    def close(self) -> None:
+        """Nothing to close: litellm owns its connections."""
+
+    def release(self) -> None:
+        """Nothing to release: litellm owns its connections."""
 
 
 def _first_line(exc: Exception) -> str:
@@ -128,7 +121,7 @@ def _first_line(exc: Exception) -> str:
     return line[:300]
 
 
-def _upstream_error(exc: Exception, route: Route) -> UpstreamError:
+def _upstream_error(exc: Exception, route: RouteConfig) -> UpstreamError:
     name = exc.__class__.__name__
     log.warning("%s failed: %s", route.model, exc)
     status = getattr(exc, "status_code", None)

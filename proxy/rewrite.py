@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from proxy.config import Rewrite
+from proxy.config import RewriteConfig
 from proxy.providers import import_litellm
 
 log = logging.getLogger("ctxbudget.memory")
@@ -40,7 +40,7 @@ class Rewriter:
         self._failed_at: float | None = None
 
     async def words(
-        self, query: str, cfg: Rewrite, env: Mapping[str, str]
+        self, query: str, cfg: RewriteConfig, env: Mapping[str, str]
     ) -> tuple[list[str], str]:
         """Search words for `query`, and a line saying where they came from."""
         key = (cfg.model, query)

@@ -9,14 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from caps import Caps, ToolNames
 from memory import MemoryLimits
+from memory.budget import BudgetProfile
+from memory.recaller import RecallConfig
 from proxy.config import (
     Config,
     ConfigSource,
-    Route,
+    RewriteConfig,
+    RouteConfig,
     admin_key,
     effective_caps,
     memory_limits,
@@ -29,9 +33,8 @@ from proxy.tokens import encoding_name
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Derived, ready-to-use values of one config version."""
+    """Derived, ready-to-use values of one config version: all the request path reads."""
 
-    config: Config
     enabled: bool
     fail_closed: bool
     caps: Caps
@@ -43,19 +46,28 @@ class Settings:
     """Proxy key → the owner it stands for."""
     admin_key: str | None = field(repr=False)
     proxy_keys_env: str
-    routes: Mapping[str, Route]
+    admin_key_env: str
+    routes: Mapping[str, RouteConfig]
     connect_timeout: float
     read_timeout: float
     max_body_bytes: int
     recent_requests: int
     default_encoding: str
     memory_limits: MemoryLimits
+    memory_path: Path
+    memory_feature_chars: int
+    """The memory feature limit (`memory.qmd.limits.maxInjectedChars`): the cap with the
+    budget off."""
+    recall: RecallConfig
+    rewrite: RewriteConfig | None
+    context_windows: Mapping[str, int]
+    report_path: Path
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
     def upstream_url(self, path: str) -> str:
         return self.upstream_base + path
 
-    def route_for(self, model: str | None) -> Route | None:
+    def route_for(self, model: str | None) -> RouteConfig | None:
         if model is None or not self.routes:
             return None
         return self.routes.get(model)
@@ -67,6 +79,12 @@ class Settings:
             found = encoding_name(model, self.default_encoding)
             self._encodings[model] = found
         return found
+
+    def memory_max_chars(self, budget_on: bool) -> int:
+        """The char cap on injected memories: the effective cap with the budget on, else the
+        feature limit."""
+        cap = self.caps.memory_max_chars if budget_on else None
+        return self.memory_feature_chars if cap is None else cap
 
     def describe(self, source: ConfigSource) -> dict[str, Any]:
         """The settings part of the report. Never includes a secret."""
@@ -88,8 +106,9 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
     effective = effective_caps(config)
     budget = config.agents.defaults.context_budget
     upstream = config.proxy.upstream
+    memory = config.memory
+    budgets = memory.budgets
     return Settings(
-        config=config,
         enabled=budget.enabled,
         fail_closed=budget.fail_closed,
         caps=effective.caps,
@@ -100,6 +119,7 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         proxy_keys=proxy_keys(config, env),
         admin_key=admin_key(config, env),
         proxy_keys_env=config.proxy.keys_env,
+        admin_key_env=config.proxy.admin_key_env,
         routes=config.proxy.routes,
         connect_timeout=upstream.connect_timeout_seconds,
         read_timeout=upstream.read_timeout_seconds,
@@ -107,4 +127,23 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         recent_requests=config.report.recent_requests,
         default_encoding=config.report.default_encoding,
         memory_limits=memory_limits(config),
+        memory_path=memory.store.path,
+        memory_feature_chars=memory.qmd.limits.max_injected_chars,
+        recall=RecallConfig(
+            inject=memory.inject.enabled,
+            profile=memory.inject.budget,
+            placement=memory.inject.placement,
+            budget_profiles={
+                name: BudgetProfile(
+                    tokens=p.tokens, max_tokens=p.max_tokens, scope_weights=dict(p.scope_weights)
+                )
+                for name, p in budgets.profiles.items()
+            },
+            agents=dict(budgets.agents),
+            default_budget_profile=budgets.default_profile,
+            default_agent=budgets.default_agent,
+        ),
+        rewrite=memory.rewrite,
+        context_windows=dict(budgets.context_windows),
+        report_path=config.report.path,
     )

@@ -29,8 +29,8 @@ import orjson
 from caps import SEGMENT_KINDS
 
 if TYPE_CHECKING:
-    from proxy.config import Telemetry as TelemetryConfig
-    from proxy.report import RequestRecord
+    from proxy.config import TelemetryConfig
+    from proxy.report.record import RequestRecord
 
 log = logging.getLogger("ctxbudget.telemetry")
 

@@ -81,6 +81,7 @@ class TokenCounter:
     def __init__(self, *, max_entries: int = 4096) -> None:
         self._cache: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._max = max_entries
+        self._lock = threading.Lock()  # the event loop and recall's worker threads share it
 
     def count(self, text: str, encoding: str) -> int:
         """Tokens in `text` under `encoding` (e.g. `o200k_base`)."""
@@ -90,12 +91,14 @@ class TokenCounter:
         # caps caches: this key costs nothing for them and one pass for a new original. A
         # collision (64-bit hash and length equal) would misreport one count; never a clamp.
         key = (encoding, hash(text), len(text))
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
         n = len(_encoding(encoding).encode_ordinary(text))
-        self._cache[key] = n
-        if len(self._cache) > self._max:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = n
+            if len(self._cache) > self._max:
+                self._cache.popitem(last=False)
         return n

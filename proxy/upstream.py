@@ -1,4 +1,10 @@
-"""The OpenAI-compatible upstream: one shared, pooled aiohttp session.
+"""The upstream: what the pipeline needs of it (`UpstreamClient`), and the aiohttp client.
+
+The pipeline sees two Protocols: an `UpstreamClient` that sends one request, and the
+`UpstreamReply` it gets back (status and headers first, then the body read whole or relayed
+chunk by chunk). `HttpUpstream` is the real one: one shared, pooled aiohttp session. Tests
+replay canned answers through the same Protocols (`tests/fakes.py`), and litellm routes answer
+with their own `UpstreamReply` (`proxy/providers.py`).
 
 aiohttp rather than httpx because it measured faster on this exact path: relaying a 170 KB
 chat request to a local upstream, 0.77 ms vs 1.2 ms median at concurrency 1 and 2,550 vs
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -59,9 +65,52 @@ def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
 
 
+class UpstreamReply(Protocol):
+    """An upstream answer whose status was 2xx; the body is still unread.
+
+    Read it once: `read()` whole, or `iter_chunks()` as it arrives. After streaming, call
+    `release()` when the body was read to its end, else `close()` (a half-read connection
+    cannot be reused).
+    """
+
+    status: int
+    headers: dict[str, str]
+    """Response headers to pass on (hop-by-hop ones already dropped)."""
+
+    async def read(self) -> bytes: ...
+
+    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class UpstreamClient(Protocol):
+    """Sends requests upstream; owned by the app's lifespan."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        connect_timeout: float,
+        read_timeout: float,
+    ) -> UpstreamReply:
+        """Send a request; raise `UpstreamError` for transport failures and non-2xx answers
+        (with the upstream's status, and its body when it is an error object)."""
+        ...
+
+
 @dataclass
-class UpstreamResponse:
-    """An upstream answer whose status was 2xx; the body is still unread."""
+class HttpResponse:
+    """`UpstreamReply` of an aiohttp response."""
 
     status: int
     headers: dict[str, str]
@@ -87,8 +136,8 @@ class UpstreamResponse:
         self._response.release()
 
 
-class Upstream:
-    """Shared HTTP client to OpenAI-compatible upstreams, owned by the app lifespan."""
+class HttpUpstream:
+    """`UpstreamClient` over HTTP: one pooled aiohttp session, owned by the app lifespan."""
 
     def __init__(self, *, max_connections: int = 512) -> None:
         self._max_connections = max_connections
@@ -117,7 +166,7 @@ class Upstream:
         headers: Mapping[str, str],
         connect_timeout: float,
         read_timeout: float,
-    ) -> UpstreamResponse:
+    ) -> HttpResponse:
         """Send a request; raise `UpstreamError` for transport failures and non-2xx answers."""
         if self._session is None:
             await self.start()
@@ -155,7 +204,7 @@ class Upstream:
         headers_out = response_headers(resp.headers)
         if resp.status >= 400:
             raise await _upstream_failure(resp, url, headers_out)
-        return UpstreamResponse(status=resp.status, headers=headers_out, _response=resp)
+        return HttpResponse(status=resp.status, headers=headers_out, _response=resp)
 
 
 async def _upstream_failure(

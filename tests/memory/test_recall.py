@@ -5,7 +5,7 @@ from pathlib import Path
 
 from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
 from memory.inject import inject, line
-from memory.profiles import PROFILES, Profile, choose
+from memory.profiles import PROFILES, RetrievalProfile, choose
 from memory.recall import DAY, Recall, recall, recency_points, rewrite
 
 NOW = 2_000_000_000.0
@@ -152,7 +152,7 @@ def test_words_too_common_to_rank_are_skipped_rarest_first(tmp_path: Path) -> No
     store = _store(tmp_path, [*texts, ("standup moved to the blue room", "fact")])
     narrow = dataclasses.replace(PROFILES["deep"], prefix=False, scan=10)
 
-    def run(query: str, profile: Profile) -> Recall:
+    def run(query: str, profile: RetrievalProfile) -> Recall:
         return recall(
             store,
             "default",

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from memory.query import user_turn
 from proxy.command import find_command
 
 INTERNAL = {
@@ -39,10 +40,13 @@ INTERNAL = {
             [{"role": "user", "content": "/context budget"}, {"role": "assistant", "content": "x"}],
             None,
         ),
+        ([{"role": "user", "content": "/ctxbudget"}], "text"),
+        ([{"role": "user", "content": "/ctxbudget json"}], "json"),
+        ([{"role": "user", "content": "/ctxbudget now"}], None),
         ([], None),
     ],
 )
 def test_command_is_found_only_in_the_latest_real_user_text(
     messages: list[dict[str, object]], mode: str | None
 ) -> None:
-    assert find_command(messages) == mode
+    assert find_command(user_turn(messages)) == mode

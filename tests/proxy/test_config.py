@@ -12,10 +12,10 @@ import pytest
 from pydantic import BaseModel
 
 from proxy.config import (
-    AgentBudgetProfile,
+    BudgetProfileConfig,
     Config,
     ConfigSource,
-    Route,
+    RouteConfig,
     effective_caps,
     load_config,
     proxy_keys,
@@ -62,8 +62,8 @@ def test_example_config_loads_and_documents_every_field() -> None:
     assert config.model_dump() == Config().model_dump(), "the example shows the defaults"
     text = EXAMPLE.read_text()
     lines = text.splitlines()
-    nested = [f"proxy.routes.*.{k}" for k in _fields(Route)] + [
-        f"memory.budgets.profiles.*.{k}" for k in _fields(AgentBudgetProfile)
+    nested = [f"proxy.routes.*.{k}" for k in _fields(RouteConfig)] + [
+        f"memory.budgets.profiles.*.{k}" for k in _fields(BudgetProfileConfig)
     ]
     for dotted in _fields(Config) + nested:
         key = dotted.rsplit(".", 1)[-1]

@@ -6,9 +6,8 @@ import time
 from pathlib import Path
 
 from caps import Segment
-from proxy import report as report_module
-from proxy.render import build_report, render_text
-from proxy.report import ReportStore, RequestRecord
+from proxy.report import ReportStore, RequestRecord, build_report, render_text
+from proxy.report import store as report_module
 
 
 def _record(i: int, *, action: str = "clamped") -> RequestRecord:

@@ -19,8 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from memory import NewMemory, SQLiteMemoryStore
 from proxy.app import create_app
-from proxy.config import ConfigSource
-from proxy.config import Telemetry as TelemetryConfig
+from proxy.config import ConfigSource, TelemetryConfig
 from proxy.report import ReportStore
 from proxy.telemetry import Telemetry, wanted
 from tests.openclaw import openclaw_request
@@ -63,7 +62,7 @@ def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     telemetry = Telemetry(tracer_provider, MeterProvider(metric_readers=[reader]))
-    reports = ReportStore(tmp_path / "r.db", run="t", telemetry=telemetry)
+    reports = ReportStore(tmp_path / "r.db", run="t", sinks=[telemetry])
     app = create_app(ConfigSource(path, {}, {}), reports=reports, env={}, telemetry=telemetry)
     with serve_app(app) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=CLIENT_KEY)

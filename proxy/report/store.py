@@ -6,6 +6,9 @@ record; token counting (tiktoken) happens there too. Readers in the same process
 `flush()` first so they see their own latest requests.
 
 Totals are kept per *run* (one `ctxbudget serve`); the report shows the latest run.
+
+Sinks (OpenTelemetry, in `proxy/telemetry.py`) get each record with its JSON entry on the
+same thread, so the request path pays for none of them.
 """
 
 from __future__ import annotations
@@ -15,18 +18,17 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
-from caps import SEGMENT_KINDS, Segment
+from caps import SEGMENT_KINDS
+from memory.sqlite import Database, connect
+from proxy.report.record import RequestRecord, describe
+from proxy.report.summary import read_summary
 from proxy.tokens import TokenCounter, trim_memory
-
-if TYPE_CHECKING:
-    from proxy.telemetry import Telemetry
 
 log = logging.getLogger("ctxbudget.report")
 
@@ -78,48 +80,20 @@ _UPGRADES = (
 )
 
 
-@dataclass(frozen=True, kw_only=True)
-class RequestRecord:
-    """What the proxy did with one request; queued by the app, written by the store."""
+class Sink(Protocol):
+    """Something else that wants each finished request (telemetry)."""
 
-    id: str
-    ts: float
-    model: str | None
-    enabled: bool
-    stream: bool
-    status: int
-    duration_ms: float
-    segments: tuple[Segment, ...]
-    encoding: str
-    route: str = "openai"
-    memories: int = 0
-    clamp_error: str | None = None
-    upstream_error: str | None = None
-    segment_tokens: tuple[int, ...] = ()
-    """Tokens saved per segment, when the request path already counted them."""
-    input_price: float | None = None
-    """USD per input token of the request's model (litellm's map); None when unknown."""
-    marks: dict[str, int] = field(default_factory=dict)
-    """Wall-clock ns of the request's phases (start, parsed, clamped, recall_start, …, end)."""
-    response_tail: bytes | None = None
-    """The upstream's JSON body or last usage-bearing SSE event (kept only for telemetry)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
+        """Take one request and its report entry (on the report's writer thread)."""
+        ...
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=30000")
-    return conn
-
-
-def open_db(path: Path) -> sqlite3.Connection:
+def open_db(path: Path) -> Database:
     """Open (and create or migrate) the report database at `path`."""
-    conn = _connect(path)
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    db = Database(path)
+    version = db.fetchall("PRAGMA user_version")[0][0]
     if version > SCHEMA_VERSION:
+        db.close()
         raise RuntimeError(
             f"report database {path} has schema version {version}, newer than this "
             f"ctxbudget understands ({SCHEMA_VERSION}); upgrade ctxbudget or use another "
@@ -128,8 +102,7 @@ def open_db(path: Path) -> sqlite3.Connection:
     if version < SCHEMA_VERSION:
         # Several workers may open a new file at once: migrate under the write lock, and
         # look again once holding it.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with db.transaction() as conn:
             current = conn.execute("PRAGMA user_version").fetchone()[0]
             if current == 0:
                 for statement in _SCHEMA.split(";"):
@@ -140,20 +113,16 @@ def open_db(path: Path) -> sqlite3.Connection:
                 for statement in upgrade.split(";"):
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    return conn
+    return db
 
 
 def start_run(path: Path, run: str, started: float) -> None:
     """Record the start of a serving run (called once, before workers start)."""
-    conn = open_db(path)
+    db = open_db(path)
     try:
-        conn.execute("INSERT OR IGNORE INTO runs (run, started) VALUES (?, ?)", (run, started))
+        db.execute("INSERT OR IGNORE INTO runs (run, started) VALUES (?, ?)", (run, started))
     finally:
-        conn.close()
+        db.close()
 
 
 class ReportStore:
@@ -166,10 +135,10 @@ class ReportStore:
         run: str,
         started: float | None = None,
         batch_seconds: float = 0.05,
-        telemetry: Telemetry | None = None,
+        sinks: Sequence[Sink] = (),
     ) -> None:
         self.path = path
-        self.telemetry = telemetry
+        self.sinks = list(sinks)
         self.run = run
         self._batch_seconds = batch_seconds
         self._flush_now = threading.Event()
@@ -180,10 +149,14 @@ class ReportStore:
             "INSERT OR IGNORE INTO runs (run, started) VALUES (?, ?)",
             (run, started if started is not None else time.time()),
         )
-        self._read_lock = threading.Lock()
         self._writes = 0
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
         self._thread.start()
+
+    @property
+    def keeps_usage(self) -> bool:
+        """Whether records should carry the upstream's usage-bearing bytes (a sink reads them)."""
+        return bool(self.sinks)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -206,7 +179,7 @@ class ReportStore:
         self._db.close()
 
     def _writer(self) -> None:
-        conn = _connect(self.path)
+        conn = connect(self.path)  # the writer's own: reads never wait for a batch
         written = False
         try:
             while True:
@@ -245,14 +218,15 @@ class ReportStore:
             conn.close()
 
     def _write(self, conn: sqlite3.Connection, records: list[RequestRecord]) -> None:
-        bodies = [self._describe(r) for r in records]
-        if self.telemetry is not None:
+        bodies = [describe(r, self._tokens) for r in records]
+        for sink in self.sinks:
             for record, body in zip(records, bodies, strict=True):
                 try:
-                    self.telemetry.record(record, body)
+                    sink.record(record, body)
                 except Exception:
-                    log.exception("could not record telemetry for %s", record.id)
+                    log.exception("%s could not take request %s", type(sink).__name__, record.id)
         rows = [(b["id"], self.run, b["at"], orjson.dumps(b).decode()) for b in bodies]
+        # The writer's own connection (not a shared `Database`): one thread uses it.
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(
@@ -327,166 +301,13 @@ class ReportStore:
                 ),
             )
 
-    def _describe(self, r: RequestRecord) -> dict[str, Any]:
-        segments: list[dict[str, Any]] = []
-        for i, s in enumerate(r.segments):
-            if i < len(r.segment_tokens):
-                saved_tokens = r.segment_tokens[i]
-            else:
-                saved_tokens = segment_tokens_saved(self._tokens, s, r.encoding)
-            segments.append(
-                {
-                    "kind": s.kind,
-                    "label": s.label,
-                    "before": s.before,
-                    "after": s.after,
-                    "saved": s.saved,
-                    "savedTokens": saved_tokens,
-                    "savedUsd": usd(saved_tokens, r.input_price),
-                    "action": s.action,
-                    "cap": s.cap,
-                    "messageIndex": s.message_index,
-                    "tool": s.tool,
-                    "callId": s.call_id,
-                    "url": s.url,
-                    "note": s.note,
-                }
-            )
-        acted = [s for s in segments if s["action"] == "clamped"]
-        would = [s for s in segments if s["action"] == "would-clamp"]
-        saved_tokens = sum(s["savedTokens"] for s in acted)
-        would_tokens = sum(s["savedTokens"] for s in would)
-        return {
-            "id": r.id,
-            "at": r.ts,
-            "model": r.model,
-            "route": r.route,
-            "enabled": r.enabled,
-            "stream": r.stream,
-            "status": r.status,
-            "durationMs": round(r.duration_ms, 3),
-            "encoding": r.encoding,
-            "memories": r.memories,
-            "clampError": r.clamp_error,
-            "upstreamError": r.upstream_error,
-            "segmentsSeen": len(segments),
-            "clamped": len(acted),
-            "wouldClamp": len(would),
-            "savedChars": sum(s["saved"] for s in acted),
-            "savedTokens": saved_tokens,
-            "wouldSaveChars": sum(s["saved"] for s in would),
-            "wouldSaveTokens": would_tokens,
-            "inputPricePerMTok": None if r.input_price is None else round(r.input_price * 1e6, 6),
-            "savedUsd": usd(saved_tokens, r.input_price),
-            "wouldSaveUsd": usd(would_tokens, r.input_price),
-            "segments": segments,
-            **r.extra,
-        }
-
     # -- reading -------------------------------------------------------------------------
-
-    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
-        with self._read_lock:
-            return self._db.execute(sql, tuple(args)).fetchall()
 
     def request(self, request_id: str) -> dict[str, Any] | None:
         """One request's record, as written (any run)."""
-        rows = self._read("SELECT body FROM requests WHERE id = ?", (request_id,))
+        rows = self._db.fetchall("SELECT body FROM requests WHERE id = ?", (request_id,))
         return orjson.loads(rows[0][0]) if rows else None
 
     def summary(self, *, recent: int) -> dict[str, Any]:
         """Totals for the latest run, and its `recent` latest requests."""
-        return read_summary(self._read, recent=recent)
-
-
-def read_summary(read: Any, *, recent: int) -> dict[str, Any]:
-    """Totals and recent requests of the latest run, through `read(sql, args) -> rows`."""
-    runs = read("SELECT run, started FROM runs ORDER BY started DESC, run DESC LIMIT 1")
-    if not runs:
-        return {"run": None, "since": None, "totals": _empty_totals(), "recent": []}
-    run, started = runs[0]
-    totals = _empty_totals()
-    counts = read(
-        "SELECT requests, clamp_errors, upstream_errors, unpriced FROM run_counts WHERE run = ?",
-        (run,),
-    )
-    if counts:
-        (
-            totals["requests"],
-            totals["clampErrors"],
-            totals["upstreamErrors"],
-            totals["unpricedRequests"],
-        ) = counts[0]
-    for row in read(
-        "SELECT kind, seen, clamped, would_clamp, chars_before, chars_after, saved_chars, "
-        "saved_tokens, would_save_chars, would_save_tokens, saved_usd, would_save_usd "
-        "FROM totals WHERE run = ?",
-        (run,),
-    ):
-        kind = dict(
-            zip(
-                (
-                    "seen",
-                    "clamped",
-                    "wouldClamp",
-                    "charsBefore",
-                    "charsAfter",
-                    "savedChars",
-                    "savedTokens",
-                    "wouldSaveChars",
-                    "wouldSaveTokens",
-                    "savedUsd",
-                    "wouldSaveUsd",
-                ),
-                row[1:],
-                strict=True,
-            )
-        )
-        totals["byKind"][row[0]] = kind
-        for key, value in kind.items():
-            totals[key] += value
-    rows = read("SELECT body FROM requests WHERE run = ? ORDER BY ts DESC LIMIT ?", (run, recent))
-    return {
-        "run": run,
-        "since": started,
-        "totals": totals,
-        "recent": [orjson.loads(r[0]) for r in rows],
-    }
-
-
-def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
-    """Tokens a clamp saved (or would save) on `segment`: before minus after."""
-    if segment.action == "kept" or segment.saved <= 0:
-        return 0
-    return max(
-        0, tokens.count(segment.original, encoding) - tokens.count(segment.clamped, encoding)
-    )
-
-
-def usd(tokens: int, price: float | None) -> float | None:
-    """`tokens` of input at `price` USD per token (unrounded: sums stay exact to display)."""
-    return None if price is None else tokens * price
-
-
-def _empty_totals() -> dict[str, Any]:
-    zero = {
-        "seen": 0,
-        "clamped": 0,
-        "wouldClamp": 0,
-        "charsBefore": 0,
-        "charsAfter": 0,
-        "savedChars": 0,
-        "savedTokens": 0,
-        "wouldSaveChars": 0,
-        "wouldSaveTokens": 0,
-        "savedUsd": 0.0,
-        "wouldSaveUsd": 0.0,
-    }
-    return {
-        "requests": 0,
-        "clampErrors": 0,
-        "upstreamErrors": 0,
-        "unpricedRequests": 0,
-        **zero,
-        "byKind": {kind: dict(zero) for kind in SEGMENT_KINDS},
-    }
+        return read_summary(self._db.fetchall, recent=recent)

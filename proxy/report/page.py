@@ -1,6 +1,6 @@
 """The report as a self-contained HTML page: inline CSS and server-drawn SVG, no script, no CDN.
 
-Rendered from the same report dict as the JSON and the text (`proxy/render.py`), so the three
+Rendered from the same report dict as the JSON and the text (`proxy/report/render.py`), so the three
 agree figure for figure. Every figure a test compares carries `data-figure="<path>"` with the
 JSON value in `data-value`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from proxy.render import KIND_TITLES, money
+from proxy.report.render import KIND_TITLES, money
 
 _CSS = """
 :root { --fg:#1d232b; --muted:#5b6675; --line:#d8dee6; --bg:#f6f8fa; --before:#c3ccd7;
@@ -42,7 +42,7 @@ svg text { font: 12px system-ui, sans-serif; fill: var(--fg); }
 
 
 def render_html(report: dict[str, Any]) -> str:
-    """The whole page for `report` (as built by `proxy.render.build_report`)."""
+    """The whole page for `report` (as built by `proxy.report.render.build_report`)."""
     totals = report["totals"]
     on = report["enabled"]
     config = report["config"]

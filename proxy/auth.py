@@ -1,0 +1,68 @@
+"""Who a request acts for: proxy keys, the admin key, and HTTP Basic for the report page.
+
+- No `proxy.keys`: access is open and every request acts for the one owner, `default`.
+- With proxy keys: `Authorization: Bearer <key>` names the owner (constant-time compare);
+  the report page also takes HTTP Basic with the key as the password, so a browser can ask.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import Mapping
+
+from memory import DEFAULT_OWNER
+from proxy.errors import Unauthorized
+from proxy.settings import Settings
+
+
+def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool = False) -> str:
+    """The owner the request acts for; `Unauthorized` when keys are set and none matches.
+
+    With `browser` (the report page), HTTP Basic also works; the 401 asks the browser for it.
+    """
+    if not settings.proxy_keys:
+        return DEFAULT_OWNER
+    header = headers.get("authorization")
+    given = bearer(header) or (basic_password(header) if browser else None)
+    if given is not None:
+        for key, owner in settings.proxy_keys.items():
+            if secrets.compare_digest(given, key):
+                return owner
+    error = Unauthorized(
+        "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
+        f"the keys in ${settings.proxy_keys_env}"
+        + (" (in a browser: any user name, the key as the password)" if browser else "")
+    )
+    if browser:
+        error.headers = {"www-authenticate": 'Basic realm="ctxbudget report"'}
+    raise error
+
+
+def is_admin(headers: Mapping[str, str], settings: Settings) -> bool:
+    """Whether the request carries the admin key (False when none is configured)."""
+    if not settings.admin_key:
+        return False
+    given = bearer(headers.get("authorization")) or ""
+    return secrets.compare_digest(given, settings.admin_key)
+
+
+def bearer(value: str | None) -> str | None:
+    """The token of `Bearer <token>`, else None."""
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def basic_password(value: str | None) -> str | None:
+    """The password of `Basic <base64 user:password>`, else None."""
+    scheme, _, encoded = (value or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    password = decoded.partition(":")[2]
+    return password or None

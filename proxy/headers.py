@@ -1,0 +1,107 @@
+"""The `x-context-budget*` headers: what a request asks for, and what its answer says.
+
+Request: `x-context-budget: on|off` (the caps), `-profile`, `-complexity`, `-agent`.
+Response: request id, enabled, segments clamped, chars/tokens/USD saved (or that would be,
+with the budget off), memories injected and the profile applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
+from caps import Segment
+from memory.budget import TIERS, Complexity
+from memory.profiles import REQUESTED_PROFILES, RequestedProfile
+from proxy.errors import BadRequest
+from proxy.report.record import usd
+
+PREFIX = "x-context-budget"
+_ON = ("on", "true", "1")
+_OFF = ("off", "false", "0")
+_T = TypeVar("_T", bound=str)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestOptions:
+    """What the client asked of the proxy for this request."""
+
+    enabled: bool
+    """Caps on (clamp) or off (only report what would be clamped)."""
+    profile: RequestedProfile | None
+    complexity: Complexity | None
+    agent: str | None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str], *, default_enabled: bool) -> RequestOptions:
+        """Read the request headers; `BadRequest` naming the allowed values of a bad one."""
+        return cls(
+            enabled=_switch(headers, default_enabled),
+            profile=choice(headers, "profile", REQUESTED_PROFILES),
+            complexity=choice(headers, "complexity", TIERS),
+            agent=headers.get(f"{PREFIX}-agent"),
+        )
+
+
+def _switch(headers: Mapping[str, str], default: bool) -> bool:
+    value = headers.get(PREFIX)
+    if value is None:
+        return default
+    value = value.strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise BadRequest(f"header {PREFIX} must be 'on' or 'off', got {value!r}", param=PREFIX)
+
+
+def choice(headers: Mapping[str, str], name: str, allowed: Sequence[_T]) -> _T | None:
+    """Header `x-context-budget-<name>` restricted to `allowed`; 400 naming them otherwise."""
+    header = f"{PREFIX}-{name}"
+    value = headers.get(header)
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in allowed:
+        options = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+        raise BadRequest(f"header {header} must be {options}, got {value!r}", param=header)
+    return cast(_T, value)
+
+
+def budget_headers(
+    request_id: str, enabled: bool, segments: Sequence[Segment], clamp_error: str | None
+) -> dict[str, str]:
+    """The headers every proxied answer carries."""
+    clamped = [s for s in segments if s.action == "clamped"]
+    would = [s for s in segments if s.action == "would-clamp"]
+    headers = {
+        f"{PREFIX}-request-id": request_id,
+        f"{PREFIX}-enabled": "true" if enabled else "false",
+        f"{PREFIX}-clamped": str(len(clamped)),
+        f"{PREFIX}-saved-chars": str(sum(s.saved for s in clamped)),
+        f"{PREFIX}-memories": "0",
+    }
+    if not enabled:
+        headers[f"{PREFIX}-would-clamp"] = str(len(would))
+        headers[f"{PREFIX}-would-save-chars"] = str(sum(s.saved for s in would))
+    if clamp_error:
+        headers[f"{PREFIX}-clamp-error"] = "forwarded-untouched"
+    return headers
+
+
+def money_headers(
+    headers: dict[str, str],
+    enabled: bool,
+    segments: Sequence[Segment],
+    tokens: Sequence[int],
+    price: float | None,
+) -> None:
+    """Tokens saved (or that would be saved), and their input price when the model has one."""
+    action = "clamped" if enabled else "would-clamp"
+    saved = sum(n for s, n in zip(segments, tokens, strict=True) if s.action == action)
+    name = "saved" if enabled else "would-save"
+    headers[f"{PREFIX}-{name}-tokens"] = str(saved)
+    money = usd(saved, price)
+    if money is not None:
+        headers[f"{PREFIX}-{name}-usd"] = f"{money:.6f}"

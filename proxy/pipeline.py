@@ -1,0 +1,233 @@
+"""The request pipeline: one path for every wire format, read top to bottom in `handle`.
+
+    authenticate → read and parse → (chat command?) → clamp → recall and inject
+                 → forward → relay → record
+
+What differs between formats is behind `WireFormat`/`WireRequest` (`proxy/wire/`); the caps
+are pure functions reached through `caps.Clamp`; memory's front door is `memory.recaller`
+(through `proxy/injection.py`, off the event loop); the upstream is an `UpstreamClient`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from caps import Segment
+from memory.query import UserTurn
+from memory.recaller import RecallReport
+from proxy import command
+from proxy.auth import owner_for
+from proxy.body import read_body
+from proxy.config import RouteConfig
+from proxy.errors import ClampError, UpstreamError
+from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
+from proxy.price_map import input_price
+from proxy.relay import Recorder, read_whole, relay
+from proxy.report import RequestRecord, segment_tokens_saved
+from proxy.report.render import render_text
+from proxy.reporting import Reporting
+from proxy.settings import Settings
+from proxy.state import ProxyState
+from proxy.upstream import UpstreamReply
+from proxy.wire.types import WireFormat, WireRequest
+
+log = logging.getLogger("ctxbudget.proxy")
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class Pipeline:
+    """Serves proxied requests of any wire format."""
+
+    def __init__(self, state: ProxyState, reporting: Reporting) -> None:
+        self.state = state
+        self.reporting = reporting
+
+    def endpoint(self, wire: WireFormat) -> Endpoint:
+        """The Starlette endpoint serving `wire`'s route(s)."""
+
+        async def serve(request: Request) -> Response:
+            request.state.wire = wire  # errors are answered in the client's own format
+            return await self.handle(request, wire)
+
+        return serve
+
+    async def handle(self, request: Request, wire: WireFormat) -> Response:
+        started = time.perf_counter()
+        marks = {"start": time.time_ns()}  # phase times for telemetry spans
+        settings = self.state.settings()
+
+        # authenticate, read and parse
+        owner = owner_for(request.headers, settings)
+        body = wire.parse(await read_body(request, settings.max_body_bytes))
+        marks["parsed"] = time.time_ns()
+        options = RequestOptions.from_headers(request.headers, default_enabled=settings.enabled)
+        request_id = "cb-" + secrets.token_hex(8)
+        turn = body.user_turn()
+
+        mode = command.find_command(turn)
+        if mode is not None:
+            return await self._answer_command(mode, wire, body, request_id, settings, request)
+
+        # clamp
+        segments, clamp_error = self._clamp(body, settings, options.enabled)
+        marks["clamped"] = marks["recall_start"] = time.time_ns()
+
+        # recall and inject
+        recalled = await self._recall(body, turn, owner, settings, options)
+        marks["recall_end"] = time.time_ns()
+
+        # forward
+        encoding = settings.encoding_for(body.model)
+        route = settings.route_for(body.model)
+        price = input_price(route.model if route else body.model)
+        # Counted here for the x-context-budget-saved-tokens header: ~0.1 ms per 1,000 chars
+        # the first time a text is seen, a cache hit on every later turn that resends it.
+        tokens = self.state.tokens
+        seg_tokens = tuple(segment_tokens_saved(tokens, s, encoding) for s in segments)
+        headers = budget_headers(request_id, options.enabled, segments, clamp_error)
+        money_headers(headers, options.enabled, segments, seg_tokens, price)
+        if recalled is not None:
+            headers[f"{PREFIX}-memories"] = str(recalled.injected)
+            headers[f"{PREFIX}-profile"] = recalled.applied
+        recorder = Recorder(
+            self.state.reports,
+            RequestRecord(
+                id=request_id,
+                ts=0.0,
+                model=body.model,
+                enabled=options.enabled,
+                stream=body.stream,
+                status=0,
+                duration_ms=0.0,
+                segments=segments,
+                encoding=encoding,
+                route=route.model if route else "openai",
+                wire=wire.name,
+                clamp_error=clamp_error,
+                segment_tokens=seg_tokens,
+                input_price=price,
+                marks=marks,
+                memory=recalled.to_dict() if recalled is not None else None,
+                worker=os.getpid(),
+            ),
+            started=started,
+            keep_usage=self.state.reports.keeps_usage,
+        )
+        marks["upstream_start"] = time.time_ns()
+        try:
+            reply = await self._forward(request, wire, body, settings, route)
+        except UpstreamError as exc:
+            exc.headers = {**exc.headers, **headers}
+            recorder.finish(exc.status, upstream_error=exc.message)
+            raise
+
+        # relay and record
+        headers = {**reply.headers, **headers}
+        if body.stream:
+            return StreamingResponse(
+                relay(reply, recorder, wire), status_code=reply.status, headers=headers
+            )
+        data = await read_whole(reply, recorder)
+        return Response(data, status_code=reply.status, headers=headers)
+
+    # -- stages --------------------------------------------------------------------------
+
+    def _clamp(
+        self, body: WireRequest, settings: Settings, enabled: bool
+    ) -> tuple[tuple[Segment, ...], str | None]:
+        """Segments found (clamped, kept, or would-clamp with the budget off) and any error.
+
+        A clamp that raises forwards the request untouched (fail-open), unless
+        `failClosed` is set and the budget is on.
+        """
+        try:
+            found = body.clamp(self.state.clamp, settings.caps, settings.tool_names, apply=enabled)
+        except Exception as exc:  # a clamp bug must not lose the user's request
+            message = f"{exc.__class__.__name__}: {exc}"
+            refuse = settings.fail_closed and enabled
+            log.exception(
+                "clamp failed; %s",
+                "refusing (failClosed)" if refuse else "forwarding the request untouched",
+            )
+            if refuse:
+                raise ClampError(
+                    f"clamping failed and agents.defaults.contextBudget.failClosed is true, so "
+                    f"nothing was sent upstream: {message}"
+                ) from exc
+            return (), message
+        if not enabled:
+            found = [_would(s) for s in found]
+        return tuple(found), None
+
+    async def _recall(
+        self,
+        body: WireRequest,
+        turn: UserTurn | None,
+        owner: str,
+        settings: Settings,
+        options: RequestOptions,
+    ) -> RecallReport | None:
+        return await self.state.memory.inject(body, turn, owner, settings, options)
+
+    async def _forward(
+        self,
+        request: Request,
+        wire: WireFormat,
+        body: WireRequest,
+        settings: Settings,
+        route: RouteConfig | None,
+    ) -> UpstreamReply:
+        litellm_body = body.litellm_body() if route is not None else None
+        if route is not None and litellm_body is not None:
+            from proxy.providers import litellm_reply
+
+            return await litellm_reply(litellm_body, route, stream=body.stream, env=self.state.env)
+        path = wire.upstream_path(request.url.path, request.url.query)
+        return await self.state.upstream.request(
+            "POST",
+            settings.upstream_url(path),
+            body=body.encode(),
+            headers=wire.upstream_headers(
+                request.headers,
+                api_key=settings.upstream_api_key,
+                strip_auth=bool(settings.proxy_keys),
+            ),
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+        )
+
+    async def _answer_command(
+        self,
+        mode: command.CommandMode,
+        wire: WireFormat,
+        body: WireRequest,
+        request_id: str,
+        settings: Settings,
+        request: Request,
+    ) -> Response:
+        report = await self.reporting.report(settings, request)
+        text = (
+            orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+            if mode == "json"
+            else render_text(report)
+        )
+        headers = budget_headers(request_id, settings.enabled, (), None)
+        headers[f"{PREFIX}-command"] = "context-budget"
+        reply = wire.command_reply(text, body, request_id=request_id)
+        if isinstance(reply.body, bytes):
+            return Response(reply.body, media_type=reply.media_type, headers=headers)
+        return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
+
+
+def _would(segment: Segment) -> Segment:
+    return replace(segment, action="would-clamp") if segment.action == "clamped" else segment

@@ -1,0 +1,26 @@
+"""The report: what every request clamped, injected and saved.
+
+`store` keeps it (SQLite, one writer thread), `summary` reads totals back, `render` builds the
+JSON and the text, `page` the HTML page; `record` is one request.
+"""
+
+from proxy.report.record import RequestRecord, describe, segment_tokens_saved, usd
+from proxy.report.render import build_report, money, render_text
+from proxy.report.store import SCHEMA_VERSION, ReportStore, Sink, open_db, start_run
+from proxy.report.summary import read_summary
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ReportStore",
+    "RequestRecord",
+    "Sink",
+    "build_report",
+    "describe",
+    "money",
+    "open_db",
+    "read_summary",
+    "render_text",
+    "segment_tokens_saved",
+    "start_run",
+    "usd",
+]

@@ -1,0 +1,93 @@
+"""The report routes: `GET /context/budget` (JSON, text or the page) and one request's record.
+
+With `proxy.keys`, a key is needed to read them (the page also takes HTTP Basic, so a browser
+can ask for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from memory.monitor import analysis
+from proxy.auth import owner_for
+from proxy.errors import BadRequest, NotFound
+from proxy.report import build_report
+from proxy.report.page import render_html
+from proxy.report.render import render_text
+from proxy.settings import Settings
+from proxy.state import ProxyState
+
+ANALYSIS_DAYS = 7.0
+"""Window of the `analyze` recommendations in the report."""
+PAGE_REQUESTS = 200
+"""Latest requests on the report page (its savings-over-time plot)."""
+
+
+class Reporting:
+    """Builds the report from the store and serves it."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    async def report(
+        self, settings: Settings, request: Request, *, recent: int | None = None
+    ) -> dict[str, Any]:
+        """The report dict (JSON, text, page and the chat command all render this)."""
+        state = self.state
+
+        # Waiting for the writer and reading SQLite block: keep them off the event loop.
+        def read() -> tuple[dict[str, Any], dict[str, Any]]:
+            state.reports.flush()
+            summary = state.reports.summary(recent=recent or settings.recent_requests)
+            store = state.memory.store(settings)
+            profiles = settings.recall.budget_profiles
+            return summary, analysis(store.monitor, profiles, days=ANALYSIS_DAYS)
+
+        summary, found = await asyncio.to_thread(read)
+        report = build_report(summary, settings=settings.describe(state.config))
+        report["analysis"] = found
+        report["page"] = str(request.base_url).rstrip("/") + "/context/budget"
+        return report
+
+    async def budget(self, request: Request) -> Response:
+        settings = self.state.settings()
+        fmt = request.query_params.get("format")
+        if fmt not in (None, "json", "text", "html"):
+            raise BadRequest(
+                f"format must be 'json', 'text' or 'html', got {fmt!r}", param="format"
+            )
+        accept = request.headers.get("accept", "")
+        if fmt is None and "json" not in accept:
+            # a browser asks for text/html first; curl and SDKs for */* or JSON
+            fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
+        owner_for(request.headers, settings, browser=fmt == "html")
+        if fmt == "html":
+            report = await self.report(settings, request, recent=PAGE_REQUESTS)
+            return HTMLResponse(render_html(report))
+        report = await self.report(settings, request)
+        if fmt == "text":
+            return PlainTextResponse(render_text(report))
+        return JSONResponse(report)
+
+    async def budget_request(self, request: Request) -> Response:
+        settings = self.state.settings()
+        owner_for(request.headers, settings)
+        request_id = request.path_params["id"]
+        reports = self.state.reports
+
+        def read() -> dict[str, Any] | None:
+            reports.flush()
+            return reports.request(request_id)
+
+        found = await asyncio.to_thread(read)
+        if found is None:
+            raise NotFound(
+                f"no request {request_id!r} in the report (it keeps the latest ones; "
+                "ids come from the x-context-budget-request-id header)",
+                param="id",
+            )
+        return JSONResponse(found)

@@ -1,0 +1,44 @@
+"""What every route of one app shares: config, upstream, report store, memory, tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from caps import Clamp, clamp_request
+from proxy.config import ConfigSource
+from proxy.injection import MemoryInjection
+from proxy.report import ReportStore
+from proxy.settings import Settings, settings_for
+from proxy.tokens import TokenCounter
+from proxy.upstream import UpstreamClient
+
+
+class ProxyState:
+    """The app's dependencies, injected by `create_app`, and the settings in force."""
+
+    def __init__(
+        self,
+        config: ConfigSource,
+        *,
+        upstream: UpstreamClient,
+        reports: ReportStore,
+        env: Mapping[str, str],
+        clamp: Clamp = clamp_request,
+    ) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.reports = reports
+        self.env = env
+        self.clamp = clamp
+        self.tokens = TokenCounter()  # counts are cached per text, shared by every stage
+        self.memory = MemoryInjection(self.tokens, env)
+        self._settings: tuple[int, Settings] | None = None
+
+    def settings(self) -> Settings:
+        """Settings derived from the current config, recomputed only when it changes."""
+        cfg = self.config.get()
+        cached = self._settings
+        if cached is None or cached[0] != id(cfg):
+            cached = (id(cfg), settings_for(cfg, self.env))
+            self._settings = cached
+        return cached[1]

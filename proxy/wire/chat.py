@@ -1,0 +1,164 @@
+"""OpenAI chat completions (`POST /v1/chat/completions`): the first wire adapter.
+
+System prompt: `system`/`developer` messages. Tool results: `tool` messages, named by the
+assistant's `tool_calls`. Latest user turn: the last `user` message that is not OpenClaw's
+internal-context block. Changes are spliced back into the client's bytes (`proxy/body.py`):
+only `messages` is re-serialised, and only when something changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from caps import Caps, Clamp, Segment, ToolNames
+from memory.inject import Placement, inject
+from memory.query import UserTurn, user_turn
+from proxy.body import ChatBody, parse_chat_body
+from proxy.errors import CtxBudgetError
+from proxy.upstream import forward_request_headers
+from proxy.wire.types import Reply, WireRequest
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+class ChatCompletionsRequest:
+    """A parsed chat completions request (`WireRequest`)."""
+
+    def __init__(self, body: ChatBody) -> None:
+        self.raw = body.raw
+        self._body = body
+        self.messages: list[Any] = body.messages
+        model = body.get("model")
+        self.model: str | None = model
+        self.stream: bool = body.get("stream") is True
+        self._turn: tuple[UserTurn | None] | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.messages is not self._body.messages
+
+    def get(self, key: str) -> Any:
+        """A top-level field as a Python value."""
+        return self._body.get(key)
+
+    def user_turn(self) -> UserTurn | None:
+        if self._turn is None:  # found once, before anything changes the messages
+            self._turn = (user_turn(self.messages),)
+        return self._turn[0]
+
+    def system_text(self) -> str:
+        return "".join(
+            m["content"]
+            for m in self.messages
+            if isinstance(m, dict)
+            and m.get("role") in _SYSTEM_ROLES
+            and isinstance(m.get("content"), str)
+        )
+
+    def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        result = clamp({"messages": self.messages}, caps, tools=tools)
+        if apply and result.changed:
+            self.messages = result.request["messages"]
+        return list(result.segments)
+
+    def inject(self, lines: Sequence[str], placement: Placement) -> None:
+        self.messages = inject(self.messages, list(lines), placement)
+
+    def encode(self) -> bytes:
+        return self._body.encode(self.messages) if self.changed else self.raw
+
+    def litellm_body(self) -> dict[str, Any]:
+        return self._body.to_dict(self.messages)
+
+
+class ChatCompletions:
+    """The chat completions format (`WireFormat`)."""
+
+    name = "chat"
+    usage_marker = b'"usage"'
+
+    def parse(self, raw: bytes) -> ChatCompletionsRequest:
+        return ChatCompletionsRequest(parse_chat_body(raw))
+
+    def upstream_path(self, path: str, query: str) -> str:
+        return "/chat/completions" + (f"?{query}" if query else "")
+
+    def upstream_headers(
+        self, headers: Mapping[str, str], *, api_key: str | None, strip_auth: bool
+    ) -> dict[str, str]:
+        if api_key:
+            authorization: str | None = f"Bearer {api_key}"
+        elif strip_auth:
+            authorization = None  # the client's header holds a proxy key, not a provider key
+        else:
+            authorization = headers.get("authorization")
+        return forward_request_headers(headers, authorization)
+
+    def error_body(self, error: CtxBudgetError) -> dict[str, Any]:
+        return error.to_dict()
+
+    def stream_error(self, error: CtxBudgetError) -> bytes:
+        return b"data: " + orjson.dumps(error.to_dict()) + b"\n\n"
+
+    def command_reply(self, text: str, request: WireRequest, *, request_id: str) -> Reply:
+        model = request.model or "ctxbudget"
+        if not request.stream:
+            return Reply(completion(text, model=model, request_id=request_id), "application/json")
+        options = None
+        if isinstance(request, ChatCompletionsRequest):
+            options = request.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return Reply(
+            completion_stream(text, model=model, request_id=request_id, include_usage=usage),
+            "text/event-stream",
+        )
+
+
+def completion(text: str, *, model: str, request_id: str) -> bytes:
+    """A complete `chat.completion` answering with `text`."""
+    return orjson.dumps(
+        {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+    )
+
+
+async def completion_stream(
+    text: str, *, model: str, request_id: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The same answer as SSE `chat.completion.chunk`s ending in `data: [DONE]`."""
+    base = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        body = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    yield chunk({"role": "assistant", "content": ""}, None)
+    for start in range(0, len(text), 400):
+        yield chunk({"content": text[start : start + 400]}, None)
+    yield chunk({}, "stop")
+    if include_usage:
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        yield b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+    yield b"data: [DONE]\n\n"

@@ -13,7 +13,8 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from proxy.config import RewriteConfig
 from proxy.providers import import_litellm
@@ -32,10 +33,22 @@ _COOLDOWN = 60.0
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
+Complete = Callable[..., Awaitable[Any]]
+"""`litellm.acompletion`'s shape: keyword arguments in, an OpenAI-shaped response out."""
+
+
 class Rewriter:
     """Asks the configured model for search words, with a cache and a cooldown on failure."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        complete: Complete | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._complete = complete
+        """None: litellm's `acompletion`."""
+        self._clock = clock
         self._cache: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
         self._failed_at: float | None = None
 
@@ -47,17 +60,22 @@ class Rewriter:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key], f"LLM rewrite by {cfg.model} (cached)"
-        if self._failed_at is not None and time.monotonic() - self._failed_at < _COOLDOWN:
+        if self._failed_at is not None and self._clock() - self._failed_at < _COOLDOWN:
             return [], f"LLM rewrite skipped: {cfg.model} failed less than a minute ago"
-        try:
-            # The server starts importing litellm at start-up (~5 s); a request that comes
-            # sooner waits at most the rewrite timeout for it, and goes on without it.
-            litellm = await asyncio.wait_for(asyncio.to_thread(import_litellm), cfg.timeout_seconds)
-        except TimeoutError:
-            return [], "LLM rewrite skipped: litellm is still loading"
+        complete = self._complete
+        if complete is None:
+            try:
+                # The server starts importing litellm at start-up (~5 s); a request that comes
+                # sooner waits at most the rewrite timeout for it, and goes on without it.
+                litellm = await asyncio.wait_for(
+                    asyncio.to_thread(import_litellm), cfg.timeout_seconds
+                )
+            except TimeoutError:
+                return [], "LLM rewrite skipped: litellm is still loading"
+            complete = litellm.acompletion
         try:
             response = await asyncio.wait_for(
-                litellm.acompletion(
+                complete(
                     model=cfg.model,
                     messages=[
                         {"role": "system", "content": PROMPT},
@@ -73,7 +91,7 @@ class Rewriter:
             )
             text = response.choices[0].message.content or ""
         except Exception as exc:  # noqa: BLE001 - any failure: recall goes on without it
-            self._failed_at = time.monotonic()
+            self._failed_at = self._clock()
             reason = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
             log.warning("LLM rewrite by %s failed: %s", cfg.model, reason)
             return [], f"LLM rewrite by {cfg.model} failed ({reason}); offline expansion only"

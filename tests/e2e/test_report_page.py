@@ -88,6 +88,7 @@ def _at(report: dict[str, Any], path: str) -> Any:
     return node
 
 
+@pytest.mark.browser
 def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
     tmp_path: Path, standin: StandIn, browser: webdriver.Chrome
 ) -> None:

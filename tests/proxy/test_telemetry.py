@@ -43,6 +43,7 @@ def _turn(question: str, *, stream: bool) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.e2e  # the openai SDK against uvicorn on a port
 def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn) -> None:
     standin.reset()
     path = tmp_path / "c.json"

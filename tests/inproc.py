@@ -1,0 +1,120 @@
+"""The proxy in-process: the real ASGI app, a fake upstream, no sockets, no subprocess.
+
+    with proxy_app(tmp_path, {"agents": ...}) as (client, fake):
+        r = client.post("/v1/chat/completions", json=body)
+
+`client` sends through `httpx.ASGITransport` into the app, whose lifespan runs on an event
+loop of its own thread, as under uvicorn; the report and memory stores are real SQLite files
+in `tmp_path`. Responses are read whole (streams too: their bytes are what the client gets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from starlette.applications import Starlette
+
+from caps import Clamp, clamp_request
+from proxy.app import create_app
+from proxy.config import ConfigSource
+from proxy.state import ProxyState
+from tests.fakes import FakeUpstream
+
+UPSTREAM = "http://upstream.test/v1"
+
+
+def config_for(tmp_path: Path, **sections: Any) -> dict[str, Any]:
+    """A config with its stores in `tmp_path` and the budget on; `sections` merged over it."""
+    config: dict[str, Any] = {
+        "proxy": {"upstream": {"baseUrl": UPSTREAM, "apiKeyEnv": None}},
+        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
+        "report": {"path": str(tmp_path / "report.db")},
+        "memory": {"store": {"path": str(tmp_path / "memory.db")}},
+    }
+    _merge(config, sections)
+    return config
+
+
+def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:
+    for key, value in more.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+_T = TypeVar("_T")
+
+
+class InProcess:
+    """A synchronous httpx-style client for an ASGI app, its lifespan running."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._lifespan = app.router.lifespan_context(app)
+        self._run(self._lifespan.__aenter__())
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://proxy.test")
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self._client.request(method, url, **kwargs))
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", url, **kwargs)
+
+    def delete(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", url, **kwargs)
+
+    def close(self) -> None:
+        try:
+            self._run(self._client.aclose())
+            self._run(self._lifespan.__aexit__(None, None, None))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+
+@contextmanager
+def proxy_app(
+    tmp_path: Path,
+    config: dict[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    clamp: Clamp = clamp_request,
+    upstream: FakeUpstream | None = None,
+) -> Iterator[tuple[InProcess, FakeUpstream]]:
+    """The app with `config` (default `config_for(tmp_path)`) in front of a fake upstream."""
+    path = tmp_path / "ctxbudget.json"
+    path.write_text(json.dumps(config if config is not None else config_for(tmp_path)))
+    fake = upstream or FakeUpstream()
+    app = create_app(
+        ConfigSource(path, env or {}, {}), upstream=fake, env=env or {}, clamp=clamp, run="test"
+    )
+    client = InProcess(app)
+    try:
+        yield client, fake
+    finally:
+        client.close()
+
+
+def state_of(client: InProcess) -> ProxyState:
+    """The app's shared state (its report store, memory, settings)."""
+    state: ProxyState = client.app.state.proxy
+    return state

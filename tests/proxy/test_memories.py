@@ -1,0 +1,95 @@
+"""`/v1/memories` in-process: who may act for whom, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.inproc import proxy_app
+
+ADMIN = {"authorization": "Bearer adm-secret"}
+
+
+def test_personal_setup_add_list_search_remove(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, _):
+        added = client.post("/v1/memories", json={"text": "Standup is at 9:30", "scope": "global"})
+        assert added.status_code == 201
+        memory = added.json()["memory"]
+        assert (memory["owner"], memory["category"], memory["source"]) == (
+            "default",
+            "fact",
+            "user_explicit",
+        )
+        for text in ("Lunch is at noon", "Retro is on Fridays"):  # BM25 needs a corpus
+            client.post("/v1/memories", json={"text": text})
+        listed = client.get("/v1/memories").json()
+        assert [m["text"] for m in listed["data"]] == [
+            "Standup is at 9:30",
+            "Lunch is at noon",
+            "Retro is on Fridays",
+        ]
+        found = client.get("/v1/memories", params={"q": "standup"}).json()["data"]
+        assert [m["id"] for m in found] == [memory["id"]] and found[0]["relevance"] > 0
+        gone = client.delete(f"/v1/memories/{memory['id']}")
+        assert gone.json() == {"id": memory["id"], "deleted": True}
+        again = client.delete(f"/v1/memories/{memory['id']}")
+        assert again.status_code == 404
+        assert again.json()["error"]["message"] == f"no memory {memory['id']} for owner 'default'"
+
+
+def test_with_proxy_keys_each_key_sees_only_its_own(tmp_path: Path) -> None:
+    env = {"CTXBUDGET_PROXY_KEYS": "alice=ka-1,bob=kb-2"}
+    alice, bob = {"authorization": "Bearer ka-1"}, {"authorization": "Bearer kb-2"}
+    with proxy_app(tmp_path, env=env) as (client, _):
+        assert client.post("/v1/memories", json={"text": "alice's note"}).status_code == 401
+        assert client.post("/v1/memories", json={"text": "alice's note"}, headers=alice).json()[
+            "memory"
+        ]["owner"] == ("alice")
+        assert client.get("/v1/memories", headers=bob).json()["data"] == []
+        other = client.get("/v1/memories", params={"owner": "alice"}, headers=bob)
+        assert other.status_code == 403
+        assert "this key acts for owner 'bob', not 'alice'" in other.json()["error"]["message"]
+
+
+def test_the_admin_key_is_required_and_chooses_the_owner(tmp_path: Path) -> None:
+    env = {"CTXBUDGET_ADMIN_KEY": "adm-secret", "CTXBUDGET_PROXY_KEYS": "alice=ka-1"}
+    with proxy_app(tmp_path, env=env) as (client, _):
+        denied = client.post(
+            "/v1/memories", json={"text": "x"}, headers={"authorization": "Bearer ka-1"}
+        )
+        assert denied.status_code == 401
+        assert "memory endpoints need the admin key" in denied.json()["error"]["message"]
+        made = client.post(
+            "/v1/memories", json={"text": "for carol", "owner": "carol"}, headers=ADMIN
+        )
+        assert made.json()["memory"]["owner"] == "carol"
+        listed = client.get("/v1/memories", params={"owner": "carol"}, headers=ADMIN).json()
+        assert [m["text"] for m in listed["data"]] == ["for carol"]
+
+
+def test_an_unauthenticated_body_is_not_read(tmp_path: Path) -> None:
+    env = {"CTXBUDGET_ADMIN_KEY": "adm-secret"}
+    with proxy_app(tmp_path, env=env) as (client, _):
+        # Not JSON and far over the limit: refused for the missing key, not for the body.
+        r = client.post("/v1/memories", content=b"x" * 5_000_000)
+    assert r.status_code == 401
+
+
+def test_bad_memory_requests_say_what_to_fix(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, _):
+        cases = [
+            (b"{nope", 400, "request body is not valid JSON"),
+            (b"[1]", 400, 'send a JSON object: {"text": ..., "category": ...}'),
+            (b'{"text": "x", "colour": 1}', 400, "unknown field(s) colour"),
+            (b'{"text": 5}', 400, "text must be a string"),
+            (b'{"text": ""}', 400, "text is empty: give the memory some text"),
+            (b'{"text": "x", "category": "gossip"}', 400, "unknown category 'gossip'"),
+            (b'{"text": "' + b"y" * 70_000 + b'"}', 413, "over proxy.maxBodyBytes (65,536"),
+        ]
+        for raw, status, message in cases:
+            r = client.post("/v1/memories", content=raw)
+            assert r.status_code == status, raw[:30]
+            assert message in r.json()["error"]["message"], r.json()
+        assert client.delete("/v1/memories/abc").json()["error"]["message"] == (
+            "memory id must be a number, got 'abc'"
+        )
+        assert client.get("/v1/memories").json()["data"] == []

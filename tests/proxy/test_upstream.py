@@ -1,0 +1,169 @@
+"""`HttpUpstream` against a small aiohttp server on loopback, and the header filters."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from proxy.errors import UpstreamError
+from proxy.upstream import HttpUpstream, forward_request_headers, response_headers
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _with_server(handler: Handler, body: Callable[[str], Awaitable[Any]]) -> Any:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        return await body(f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+
+
+async def _send(
+    upstream: HttpUpstream, url: str, *, read_timeout: float = 5.0, stream: bool = False
+) -> tuple[int, dict[str, str], bytes | list[bytes]]:
+    reply = await upstream.request(
+        "POST",
+        url,
+        body=b'{"x": 1}',
+        headers={"content-type": "application/json"},
+        connect_timeout=2,
+        read_timeout=read_timeout,
+    )
+    if stream:
+        chunks = [c async for c in reply.iter_chunks()]
+        reply.release()
+        return reply.status, reply.headers, chunks
+    return reply.status, reply.headers, await reply.read()
+
+
+def _run(handler: Handler, **kwargs: Any) -> Any:
+    async def go(base: str) -> Any:
+        upstream = HttpUpstream()
+        await upstream.start()
+        try:
+            return await _send(upstream, base + "/v1/chat/completions", **kwargs)
+        finally:
+            await upstream.close()
+
+    return asyncio.run(_with_server(handler, go))
+
+
+def test_a_json_answer_comes_back_as_sent_with_hop_by_hop_headers_dropped() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        assert await request.read() == b'{"x": 1}'
+        return web.Response(body=b'{"ok":true}', headers={"x-request-id": "r1", "keep-alive": "5"})
+
+    status, headers, data = _run(handler)
+    assert (status, data) == (200, b'{"ok":true}')
+    lowered = {k.lower(): v for k, v in headers.items()}
+    assert lowered["x-request-id"] == "r1"
+    assert "keep-alive" not in lowered
+
+
+def test_sse_arrives_chunk_by_chunk() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            await response.write(f"data: {i}\n\n".encode())
+            await asyncio.sleep(0.02)
+        await response.write_eof()
+        return response
+
+    status, _, chunks = _run(handler, stream=True)
+    assert status == 200
+    assert b"".join(chunks) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    assert len(chunks) == 3  # not buffered into one
+
+
+def test_an_openai_error_keeps_its_status_body_and_rate_limit_headers() -> None:
+    body = {"error": {"message": "slow down", "type": "rate_limit", "param": None, "code": "rl"}}
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(
+            body, status=429, headers={"retry-after": "7", "x-ratelimit-remaining": "0"}
+        )
+
+    with pytest.raises(UpstreamError) as caught:
+        _run(handler)
+    error = caught.value
+    assert (error.status, error.message) == (429, "slow down")
+    assert {k.lower(): v for k, v in error.headers.items()} == {
+        "retry-after": "7",
+        "x-ratelimit-remaining": "0",
+    }
+    assert error.to_dict() == body
+
+
+def test_a_non_json_error_is_named_with_its_url_status_and_text() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="upstream overloaded")
+
+    with pytest.raises(UpstreamError) as caught:
+        _run(handler)
+    assert caught.value.status == 503
+    assert caught.value.message.endswith(
+        "/v1/chat/completions returned HTTP 503: upstream overloaded"
+    )
+    assert caught.value.to_dict()["error"]["code"] == "upstream_error"
+
+
+def test_a_slow_upstream_is_a_504_naming_the_setting() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await asyncio.sleep(1)
+        return web.Response(text="late")
+
+    with pytest.raises(UpstreamError) as caught:
+        _run(handler, read_timeout=0.1)
+    assert caught.value.status == 504
+    assert "(proxy.upstream.readTimeoutSeconds)" in caught.value.message
+
+
+def test_a_closed_port_is_a_502_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once the socket closes
+
+    async def go() -> Any:
+        upstream = HttpUpstream()
+        try:
+            return await _send(upstream, f"http://127.0.0.1:{port}/v1/chat/completions")
+        finally:
+            await upstream.close()
+
+    with pytest.raises(UpstreamError) as caught:
+        asyncio.run(go())
+    assert caught.value.status == 502
+    assert caught.value.code == "upstream_unreachable"
+    assert "is unreachable" in caught.value.message
+
+
+def test_forwarded_headers_leave_out_hop_by_hop_auth_and_ours() -> None:
+    given = {
+        "Host": "proxy",
+        "Connection": "keep-alive",
+        "Content-Length": "10",
+        "Authorization": "Bearer proxy-key",
+        "X-Context-Budget": "on",
+        "x-context-budget-agent": "main",
+        "anthropic-version": "2023-06-01",
+        "X-Custom": "1",
+    }
+    assert forward_request_headers(given, None) == {
+        "anthropic-version": "2023-06-01",
+        "X-Custom": "1",
+    }
+    assert forward_request_headers(given, "Bearer sk")["authorization"] == "Bearer sk"
+    assert response_headers({"Transfer-Encoding": "chunked", "x-a": "b"}) == {"x-a": "b"}

@@ -185,9 +185,10 @@ class Recaller:
         now = self._clock()
         agent = request.agent or cfg.default_agent
         budget_name = cfg.agents.get(agent, cfg.default_budget_profile)
-        budget_profile = (
-            cfg.budget_profiles.get(budget_name) or DEFAULT_PROFILES[DEFAULT_BUDGET_PROFILE]
-        )
+        budget_profile = cfg.budget_profiles.get(budget_name)
+        if budget_profile is None:  # the config loader refuses unknown names; say what applied
+            budget_name = DEFAULT_BUDGET_PROFILE
+            budget_profile = DEFAULT_PROFILES[DEFAULT_BUDGET_PROFILE]
         tier, tier_reason = self._complexity(query, request, agent)
         decision = decide(
             agent=agent,

@@ -44,6 +44,22 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def reader(path: Path) -> sqlite3.Connection:
+    """A read-only connection that never waits: `peek` through it from an event loop."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout=0")
+    return conn
+
+
+def peek(conn: sqlite3.Connection, sql: str, args: Iterable[Any] = ()) -> list[Any] | None:
+    """The rows of a query on a `reader`, or None if SQLite cannot answer at once (locked,
+    busy, missing). In WAL mode readers do not wait for writers, so None is rare."""
+    try:
+        return conn.execute(sql, tuple(args)).fetchall()
+    except sqlite3.Error:
+        return None
+
+
 class Database:
     """One connection, used by one thread at a time."""
 
@@ -80,10 +96,14 @@ class Database:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                self.conn.execute("COMMIT")
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                # SQLite may have rolled back already (interrupted, disk full, I/O error):
+                # a second ROLLBACK would raise and hide the real error. A failed COMMIT
+                # leaves the transaction open: end it, or every later one would join it.
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
 
     def close(self) -> None:
         with self.lock:

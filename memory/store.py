@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from memory.monitor import Monitor
-from memory.sqlite import Database
+from memory.sqlite import Database, peek, reader
 from memory.types import Memory, MemoryLimits, NewMemory
 
 log = logging.getLogger("ctxbudget.memory")
@@ -220,10 +220,13 @@ class SQLiteMemoryStore:
         self.limits = limits or MemoryLimits()
         self._clock = clock
         self._db = Database(path)
+        self._quick: sqlite3.Connection | None = None
         self._migrate()
 
     def close(self) -> None:
         self._db.close()
+        if self._quick is not None:
+            self._quick.close()
 
     def _migrate(self) -> None:
         with self._db.transaction() as conn:
@@ -290,6 +293,22 @@ class SQLiteMemoryStore:
     def has_any(self, owner: str) -> bool:
         """Whether `owner` has any memory (an index lookup: recall skips work when not)."""
         return bool(self._db.fetchall("SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,)))
+
+    def has_any_nowait(self, owner: str) -> bool | None:
+        """`has_any`, from one thread only (an event loop), never waiting: None when SQLite
+        is busy.
+
+        A connection of its own, read-only and with no busy timeout: it shares no lock with
+        the threads that write, and a WAL reader does not wait for writers. Recall is skipped
+        for an owner with no memories without a trip to a worker thread (~0.1 ms).
+        """
+        if self._quick is None:
+            try:
+                self._quick = reader(self.path)
+            except sqlite3.Error:
+                return None
+        rows = peek(self._quick, "SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,))
+        return None if rows is None else bool(rows)
 
     def get(self, owner: str, memory_id: int) -> Memory | None:
         rows = self._db.fetchall(

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import json5
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from caps import Caps, ToolNames
@@ -192,6 +200,22 @@ class BudgetsConfig(_Model):
     """Agent of requests without an x-context-budget-agent header."""
     context_windows: dict[str, int] = {}
     """Model → context window in tokens, where litellm's model map does not know it."""
+
+    @model_validator(mode="after")
+    def _profiles_exist(self) -> BudgetsConfig:
+        # A misspelt profile name would silently budget with another profile's numbers.
+        known = sorted(self.profiles)
+        named = [("defaultProfile", self.default_profile)]
+        named += [(f"agents.{agent}", name) for agent, name in self.agents.items()]
+        for where, name in named:
+            if name not in self.profiles:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f" — did you mean {close[0]}?" if close else ""
+                raise ValueError(
+                    f"{where} names budget profile {name!r}, which memory.budgets.profiles "
+                    f"does not define (it has {', '.join(known)}){hint}"
+                )
+        return self
 
 
 class RewriteConfig(RouteConfig):
@@ -392,6 +416,8 @@ def _describe(err: Any, origins: Mapping[str, str], env: Mapping[str, str]) -> s
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f" — did you mean {close[0]}?" if close else ""
         return f"{path}: unknown key{hint}{source}"
+    if kind == "value_error":  # a validator's own message says what is wrong and why
+        return f"{path}: {ctx.get('error', err['msg'])}{source}"
     shown = f"{given!r}" if not isinstance(given, dict) else "an object"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {

@@ -45,6 +45,11 @@ class MemoryInjection:
             store.limits = settings.memory_limits  # the config may have been edited
             return store
 
+    def opened(self, settings: Settings) -> SQLiteMemoryStore | None:
+        """The store if it is already open for `settings` (opening may write: migrations)."""
+        store = self._store
+        return store if store is not None and store.path == settings.memory_path else None
+
     def close(self) -> None:
         with self._lock:
             if self._store is not None:
@@ -62,6 +67,9 @@ class MemoryInjection:
         """Recall for `turn` and place the memories in `body`; what recall did, or None."""
         if not settings.recall.inject or turn is None or not turn.query:
             return None
+        store = self.opened(settings)
+        if store is not None and store.has_any_nowait(owner) is False:
+            return None  # the common case, answered on the loop without waiting
         words: list[str] = []
         note: str | None = None
         if settings.rewrite is not None:

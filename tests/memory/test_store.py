@@ -5,6 +5,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,22 @@ def test_upgrading_a_v4_store_counts_its_words(tmp_path: Path) -> None:
         1,
         {"deploys": 1, "tuesdays": 1},
     )
+
+
+def test_the_loops_quick_look_answers_while_another_process_writes(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "m.db")
+    assert store.has_any_nowait("default") is False
+    store.add(NewMemory(owner="default", text="Standup at 9:30"))
+    assert store.has_any_nowait("default") is True
+    assert store.has_any_nowait("someone-else") is False
+    holder = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    holder.execute("DELETE FROM memories")
+    try:
+        started = time.monotonic()
+        assert store.has_any_nowait("default") is True  # committed state, at once
+        assert time.monotonic() - started < 0.1
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.close()

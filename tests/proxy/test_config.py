@@ -91,6 +91,25 @@ def test_unknown_key_names_its_full_path_and_the_closest_key(tmp_path: Path) -> 
         load_config(path, env={}, overrides={})
 
 
+def test_a_misspelt_budget_profile_is_named_with_the_closest_one(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "c.jsonc",
+        {"memory": {"budgets": {"agents": {"coder": "role-architcet"}}}},
+    )
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "- memory.budgets: agents.coder names budget profile 'role-architcet', which "
+            "memory.budgets.profiles does not define (it has role-architect, role-coordinator, "
+            "specialist-broad, specialist-narrow) — did you mean role-architect?"
+        ),
+    ):
+        load_config(path, env={}, overrides={})
+    path = _write(tmp_path / "d.jsonc", {"memory": {"budgets": {"defaultProfile": "tiny"}}})
+    with pytest.raises(ConfigError, match=re.escape("defaultProfile names budget profile 'tiny'")):
+        load_config(path, env={}, overrides={})
+
+
 def test_secrets_are_refused_in_the_file(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.jsonc", {"proxy": {"upstream": {"apiKey": "sk-123"}}})
     with pytest.raises(ConfigError, match="put the key in an environment variable") as info:

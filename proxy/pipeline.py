@@ -22,8 +22,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from caps import Segment
-from memory.query import UserTurn
-from memory.recaller import RecallReport
 from proxy import command
 from proxy.auth import owner_for
 from proxy.body import read_body
@@ -83,7 +81,7 @@ class Pipeline:
         marks["clamped"] = marks["recall_start"] = time.time_ns()
 
         # recall and inject
-        recalled = await self._recall(body, turn, owner, settings, options)
+        recalled = await self.state.memory.inject(body, turn, owner, settings, options)
         marks["recall_end"] = time.time_ns()
 
         # forward
@@ -168,16 +166,6 @@ class Pipeline:
         if not enabled:
             found = [_would(s) for s in found]
         return tuple(found), None
-
-    async def _recall(
-        self,
-        body: WireRequest,
-        turn: UserTurn | None,
-        owner: str,
-        settings: Settings,
-        options: RequestOptions,
-    ) -> RecallReport | None:
-        return await self.state.memory.inject(body, turn, owner, settings, options)
 
     async def _forward(
         self,

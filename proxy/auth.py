@@ -27,7 +27,7 @@ def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool =
     given = bearer(header) or (basic_password(header) if browser else None)
     if given is not None:
         for key, owner in settings.proxy_keys.items():
-            if secrets.compare_digest(given, key):
+            if same_secret(given, key):
                 return owner
     error = Unauthorized(
         "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
@@ -44,7 +44,15 @@ def is_admin(headers: Mapping[str, str], settings: Settings) -> bool:
     if not settings.admin_key:
         return False
     given = bearer(headers.get("authorization")) or ""
-    return secrets.compare_digest(given, settings.admin_key)
+    return same_secret(given, settings.admin_key)
+
+
+def same_secret(given: str, key: str) -> bool:
+    """Constant-time comparison of a credential with a key, whatever characters either holds
+    (header values arrive as latin-1 text; `compare_digest` refuses non-ASCII `str`)."""
+    return secrets.compare_digest(
+        given.encode("utf-8", "surrogateescape"), key.encode("utf-8", "surrogateescape")
+    )
 
 
 def bearer(value: str | None) -> str | None:

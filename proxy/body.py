@@ -27,6 +27,10 @@ from starlette.requests import Request
 from proxy.errors import BadRequest, PayloadTooLarge
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_TOO_DEEP = (
+    "request body nests JSON too deeply (the parsers stop at about 1,000 levels): "
+    "send flatter JSON"
+)
 _MISSING = object()
 
 
@@ -81,6 +85,8 @@ def parse_chat_body(raw: bytes) -> ChatBody:
     try:
         fields: dict[str, Any] = _TOP.decode(raw)
         decoded = False
+    except RecursionError:
+        raise BadRequest(_TOO_DEEP) from None
     except msgspec.ValidationError:
         raise BadRequest(
             f"request body must be a JSON object, got {_kind(raw)}: "
@@ -91,6 +97,8 @@ def parse_chat_body(raw: bytes) -> ChatBody:
         # parser takes them. Anything neither accepts is malformed.
         try:
             whole = json.loads(raw)
+        except RecursionError:
+            raise BadRequest(_TOO_DEEP) from None
         except ValueError as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from exc
         if not isinstance(whole, dict):
@@ -136,6 +144,8 @@ def _loads(data: memoryview) -> Any:
     except orjson.JSONDecodeError as exc:
         try:  # valid JSON orjson refuses (huge integers)
             return json.loads(bytes(data))
+        except RecursionError:
+            raise BadRequest(_TOO_DEEP) from None
         except ValueError:
             raise BadRequest(f"request body is not valid JSON: {exc}") from exc
 

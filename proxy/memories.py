@@ -121,8 +121,9 @@ class MemoryRoutes:
         settings = self.state.settings()
         owner = self._owner(self._caller(request, settings), request.query_params.get("owner"))
         raw_id = request.path_params["id"]
-        if not raw_id.isdigit():
-            raise BadRequest(f"memory id must be a number, got {raw_id!r}", param="id")
+        # isdigit() alone takes "²"; 18 digits keep it inside SQLite's 64-bit integers
+        if not (raw_id.isascii() and raw_id.isdigit() and len(raw_id) <= 18):
+            raise BadRequest(f"memory id must be a number, got {raw_id[:40]!r}", param="id")
         memory = self.state.memory
         removed = await asyncio.to_thread(lambda: memory.store(settings).remove(owner, int(raw_id)))
         if not removed:

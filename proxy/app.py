@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,6 +27,7 @@ from caps import Clamp, clamp_request
 from proxy.auth import owner_for
 from proxy.config import ConfigSource
 from proxy.errors import CtxBudgetError
+from proxy.guard import BrowserGuard
 from proxy.memories import MemoryRoutes
 from proxy.pipeline import Pipeline
 from proxy.report import ReportStore
@@ -131,6 +133,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(BrowserGuard, settings=state.settings)],
         exception_handlers={
             CtxBudgetError: _error_response,
             HTTPException: _error_response,

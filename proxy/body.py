@@ -28,8 +28,7 @@ from proxy.errors import BadRequest, PayloadTooLarge
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _TOO_DEEP = (
-    "request body nests JSON too deeply (the parsers stop at about 1,000 levels): "
-    "send flatter JSON"
+    "request body nests JSON too deeply (the parsers stop at about 1,000 levels): send flatter JSON"
 )
 _MISSING = object()
 

@@ -142,6 +142,7 @@ def _serve(args: argparse.Namespace) -> None:
     os.environ[_ENV_CONFIG] = str(source.path) if source.path else ""
     os.environ[_ENV_OVERRIDES] = json.dumps(overrides)
     os.environ[_ENV_RUN] = run
+    _warn_if_open(cfg)
     budget = "ON" if cfg.agents.defaults.context_budget.enabled else "OFF (reporting would-clamp)"
     log.info(
         "ctxbudget %s on http://%s:%s/v1 → %s, contextBudget %s, config %s",
@@ -161,6 +162,22 @@ def _serve(args: argparse.Namespace) -> None:
         log_level=level,
         access_log=level == "debug",
         timeout_graceful_shutdown=5,
+    )
+
+
+def _warn_if_open(cfg: Any) -> None:
+    """Say it loudly when anyone on the network can use the proxy (and its upstream key)."""
+    from proxy.config import proxy_keys
+    from proxy.guard import is_loopback
+
+    if is_loopback(cfg.proxy.host) or proxy_keys(cfg, os.environ):
+        return
+    log.warning(
+        "ctxbudget listens on %s, beyond this machine, and no proxy keys are set: anyone who "
+        "can reach it can read the report, add memories and spend the upstream key. Set $%s "
+        "(comma-separated keys) or listen on 127.0.0.1.",
+        cfg.proxy.host,
+        cfg.proxy.keys_env,
     )
 
 

@@ -103,6 +103,11 @@ class ProxyConfig(_Model):
     """Environment variable with comma-separated proxy keys; when set, clients must send one."""
     admin_key_env: str = "CTXBUDGET_ADMIN_KEY"
     """Environment variable with the admin key that guards admin endpoints."""
+    allowed_hosts: list[str] = []
+    """Host names clients may use besides loopback ones (DNS rebinding guard); beyond
+    loopback, when set, the only ones."""
+    allowed_origins: list[str] = []
+    """Browser origins (`https://app.example`) allowed to call the proxy; others are refused."""
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 above)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -47,6 +47,11 @@ class Settings:
     admin_key: str | None = field(repr=False)
     proxy_keys_env: str
     admin_key_env: str
+    listen_host: str
+    allowed_hosts: frozenset[str]
+    """Lower-cased `proxy.allowedHosts`."""
+    allowed_origins: frozenset[str]
+    """Lower-cased `proxy.allowedOrigins`, without a trailing slash."""
     routes: Mapping[str, RouteConfig]
     connect_timeout: float
     read_timeout: float
@@ -120,6 +125,9 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         admin_key=admin_key(config, env),
         proxy_keys_env=config.proxy.keys_env,
         admin_key_env=config.proxy.admin_key_env,
+        listen_host=config.proxy.host,
+        allowed_hosts=frozenset(h.lower() for h in config.proxy.allowed_hosts),
+        allowed_origins=frozenset(o.rstrip("/").lower() for o in config.proxy.allowed_origins),
         routes=config.proxy.routes,
         connect_timeout=upstream.connect_timeout_seconds,
         read_timeout=upstream.read_timeout_seconds,

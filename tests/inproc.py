@@ -64,7 +64,7 @@ class InProcess:
         self._lifespan = app.router.lifespan_context(app)
         self._run(self._lifespan.__aenter__())
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        self._client = httpx.AsyncClient(transport=transport, base_url="http://proxy.test")
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:4141")
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)

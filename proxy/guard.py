@@ -1,0 +1,127 @@
+"""What a web page in the user's browser could make the proxy do, refused at the door.
+
+A keyless proxy on 127.0.0.1 trusts whoever can reach it, and a browser can reach it: any page
+can POST `text/plain` to `http://127.0.0.1:4141/v1/memories` without a CORS preflight (a
+planted memory is a persistent prompt injection), or spend the upstream key; and a DNS
+rebinding page reaches it under its own host name. Agents and SDKs send none of the headers
+browsers add, so the checks cost them nothing:
+
+- **Host**: when the proxy listens on loopback, the `Host` header must be a loopback name
+  (or one in `proxy.allowedHosts`); else 421. Beyond loopback, `proxy.allowedHosts` (when
+  set) is the list.
+- **Cross-site requests**: `Sec-Fetch-Site: cross-site|same-site`, or an `Origin` that is not
+  the proxy's own (or in `proxy.allowedOrigins`), is refused (403) — except a browser's own
+  top-level navigation to a page (GET, `Sec-Fetch-Mode: navigate`), which lets no page read
+  anything.
+- **Content type**: a POST whose body is declared as one of the types a browser may send
+  cross-origin without a preflight (`text/plain`, forms) is refused (415): send JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.settings import Settings
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address or host name is this machine only."""
+    host = host.strip("[]").lower()
+    return host in LOOPBACK_HOSTS or host.startswith("127.") or host.endswith(".localhost")
+
+
+class BrowserGuard:
+    """ASGI middleware applying the checks above to every HTTP request."""
+
+    def __init__(self, app: ASGIApp, *, settings: Callable[[], Settings]) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = refuse(self.settings(), scope["method"], headers)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, code, message = refusal
+        body = orjson.dumps(
+            {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": code,
+                }
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def refuse(settings: Settings, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:
+    """(status, code, message) when the request must be refused, else None."""
+    loopback_only = is_loopback(settings.listen_host)
+    host = headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.lower()
+    if settings.allowed_hosts:
+        ok = name in settings.allowed_hosts or (loopback_only and is_loopback(name))
+    else:
+        ok = not loopback_only or is_loopback(name)
+    if not ok:
+        return (
+            421,
+            "host_not_allowed",
+            f"Host {host!r} is not this proxy's: it listens on loopback, so only "
+            "localhost names are served (add the name to proxy.allowedHosts to allow it)",
+        )
+    navigation = method == "GET" and headers.get("sec-fetch-mode") == "navigate"
+    site = headers.get("sec-fetch-site")
+    origin = headers.get("origin")
+    if not navigation:
+        if site in ("cross-site", "same-site"):
+            return (
+                403,
+                "cross_site_request",
+                f"refused a {site} browser request: web pages may not use this proxy "
+                "(add the page's origin to proxy.allowedOrigins to allow one)",
+            )
+        if origin and origin.rstrip("/").lower() not in _own_origins(host, settings):
+            return (
+                403,
+                "cross_origin_request",
+                f"refused a request from origin {origin!r}: web pages may not use this "
+                "proxy (add the origin to proxy.allowedOrigins to allow it)",
+            )
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if method == "POST" and content_type in SIMPLE_TYPES:
+        return (
+            415,
+            "unsupported_media_type",
+            f"content-type {content_type} is not accepted: send the body as JSON with "
+            "'content-type: application/json'",
+        )
+    return None
+
+
+def _own_origins(host: str, settings: Settings) -> set[str]:
+    own = {f"http://{host}".lower(), f"https://{host}".lower()}
+    return own | settings.allowed_origins

@@ -10,12 +10,15 @@ are pure functions reached through `caps.Clamp`; memory's front door is `memory.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -29,7 +32,7 @@ from proxy.config import RouteConfig
 from proxy.errors import ClampError, UpstreamError
 from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
 from proxy.price_map import input_price
-from proxy.relay import Recorder, read_whole, relay
+from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord, segment_tokens_saved
 from proxy.report.render import render_text
 from proxy.reporting import Reporting
@@ -41,6 +44,7 @@ from proxy.wire.types import WireFormat, WireRequest
 log = logging.getLogger("ctxbudget.proxy")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+_T = TypeVar("_T")
 
 
 class Pipeline:
@@ -123,19 +127,29 @@ class Pipeline:
         )
         marks["upstream_start"] = time.time_ns()
         try:
-            reply = await self._forward(request, wire, body, settings, route)
+            reply = await _unless_client_leaves(
+                request, self._forward(request, wire, body, settings, route)
+            )
         except UpstreamError as exc:
             exc.headers = {**exc.headers, **headers}
             recorder.finish(exc.status, upstream_error=exc.message)
             raise
+        except ClientGone:
+            recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
+            return Response(status_code=CLIENT_GONE)
 
-        # relay and record
+        # relay and record (a stream's relay closes the upstream itself if the client goes)
         headers = {**reply.headers, **headers}
         if body.stream:
             return StreamingResponse(
                 relay(reply, recorder, wire), status_code=reply.status, headers=headers
             )
-        data = await read_whole(reply, recorder)
+        try:
+            data = await _unless_client_leaves(request, read_whole(reply, recorder))
+        except ClientGone:
+            reply.close()
+            recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
+            return Response(status_code=CLIENT_GONE)
         return Response(data, status_code=reply.status, headers=headers)
 
     # -- stages --------------------------------------------------------------------------
@@ -215,6 +229,34 @@ class Pipeline:
         if isinstance(reply.body, bytes):
             return Response(reply.body, media_type=reply.media_type, headers=headers)
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
+
+
+class ClientGone(Exception):
+    """The client disconnected while the proxy waited for the upstream."""
+
+
+async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
+    """`await work`, cancelled (and `ClientGone` raised) if the client disconnects first: an
+    abandoned request must not keep the upstream generating tokens for nobody."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        gone.cancel()
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is read: what the server says next is that the client went away.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _would(segment: Segment) -> Segment:

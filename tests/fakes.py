@@ -14,6 +14,7 @@ proxy's own code runs unchanged; only the network is gone. The real stand-in ser
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,10 @@ class FakeUpstream:
         False,
     )
     _error: UpstreamError | None = None
+    hang: bool = False
+    """Never answer: wait until cancelled (a slow upstream the client gives up on)."""
+    cancelled: int = 0
+    """Requests that were cancelled while waiting for the answer."""
 
     def answer_json(self, body: Any, *, status: int = 200) -> None:
         self._error = None
@@ -150,6 +155,12 @@ class FakeUpstream:
         read_timeout: float,
     ) -> FakeReply:
         self.sent.append(Sent(method, url, dict(headers), body, connect_timeout, read_timeout))
+        if self.hang:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         if self._error is not None:
             raise self._error
         status, reply_headers, chunks, broken = self._answer

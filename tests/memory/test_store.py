@@ -217,3 +217,24 @@ def test_the_loops_quick_look_answers_while_another_process_writes(tmp_path: Pat
         holder.execute("ROLLBACK")
         holder.close()
     store.close()
+
+
+def test_threads_sharing_one_store_lose_no_write(tmp_path: Path) -> None:
+    # The proxy's worker threads share one store. Before the shared connection was locked,
+    # this lost ~2/3 of the adds ("cannot start a transaction within a transaction").
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = SQLiteMemoryStore(tmp_path / "m.db", limits=MemoryLimits(max_memories=100_000))
+    first = store.add(NewMemory(owner="default", text="seed note"))[0]
+
+    def work(i: int) -> None:
+        store.add(NewMemory(owner="default", text=f"note {i} about deploys"))
+        if i % 3 == 0:
+            store.touch_once("default", f"turn-{i}", [first.id])
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(work, range(600)))
+    texts = {m.text for m in store.all("default")}
+    assert texts == {"seed note"} | {f"note {i} about deploys" for i in range(600)}
+    assert store.get("default", first.id).access_count == 200  # type: ignore[union-attr]
+    store.close()

@@ -39,12 +39,24 @@ def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool =
     raise error
 
 
-def is_admin(headers: Mapping[str, str], settings: Settings) -> bool:
-    """Whether the request carries the admin key (False when none is configured)."""
+def is_admin(headers: Mapping[str, str], settings: Settings, *, browser: bool = False) -> bool:
+    """Whether the request carries the admin key (False when none is configured); with
+    `browser`, also as the password of HTTP Basic."""
     if not settings.admin_key:
         return False
-    given = bearer(headers.get("authorization")) or ""
+    header = headers.get("authorization")
+    given = bearer(header) or (basic_password(header) if browser else None) or ""
     return same_secret(given, settings.admin_key)
+
+
+def report_viewer(
+    headers: Mapping[str, str], settings: Settings, *, browser: bool = False
+) -> str | None:
+    """Whose report the request may read: None for everyone's (no proxy keys, or the admin
+    key), else its own key's owner only; `Unauthorized` without a valid key."""
+    if not settings.proxy_keys or is_admin(headers, settings, browser=browser):
+        return None
+    return owner_for(headers, settings, browser=browser)
 
 
 def same_secret(given: str, key: str) -> bool:

@@ -84,7 +84,10 @@ class Pipeline:
 
         mode = command.find_command(turn)
         if mode is not None:
-            return await self._answer_command(mode, wire, body, request_id, settings, request)
+            viewer = owner if settings.proxy_keys else None  # a key sees its own report
+            return await self._answer_command(
+                mode, wire, body, request_id, settings, request, viewer
+            )
 
         # clamp
         segments, clamp_error = await _maybe_off_loop(
@@ -131,6 +134,7 @@ class Pipeline:
                 marks=marks,
                 memory=recalled.to_dict() if recalled is not None else None,
                 worker=os.getpid(),
+                owner=owner,
             ),
             started=started,
             keep_usage=self.state.reports.keeps_usage,
@@ -228,8 +232,9 @@ class Pipeline:
         request_id: str,
         settings: Settings,
         request: Request,
+        viewer: str | None,
     ) -> Response:
-        report = await self.reporting.report(settings, request)
+        report = await self.reporting.report(settings, request, owner=viewer)
         text = (
             orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
             if mode == "json"

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from memory.monitor import analysis
-from proxy.auth import owner_for
+from proxy.auth import report_viewer
 from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
 from proxy.report.page import render_html
@@ -34,18 +34,24 @@ class Reporting:
         self.state = state
 
     async def report(
-        self, settings: Settings, request: Request, *, recent: int | None = None
+        self,
+        settings: Settings,
+        request: Request,
+        *,
+        owner: str | None,
+        recent: int | None = None,
     ) -> dict[str, Any]:
-        """The report dict (JSON, text, page and the chat command all render this)."""
+        """The report dict (JSON, text, page and the chat command all render this): `owner`'s
+        requests only, or everyone's when None."""
         state = self.state
 
         # Waiting for the writer and reading SQLite block: keep them off the event loop.
         def read() -> tuple[dict[str, Any], dict[str, Any]]:
             state.reports.flush()
-            summary = state.reports.summary(recent=recent or settings.recent_requests)
+            summary = state.reports.summary(recent=recent or settings.recent_requests, owner=owner)
             store = state.memory.store(settings)
             profiles = settings.recall.budget_profiles
-            return summary, analysis(store.monitor, profiles, days=ANALYSIS_DAYS)
+            return summary, analysis(store.monitor, profiles, days=ANALYSIS_DAYS, owner=owner)
 
         summary, found = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.describe(state.config))
@@ -64,24 +70,24 @@ class Reporting:
         if fmt is None and "json" not in accept:
             # a browser asks for text/html first; curl and SDKs for */* or JSON
             fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
-        owner_for(request.headers, settings, browser=fmt == "html")
+        owner = report_viewer(request.headers, settings, browser=fmt == "html")
         if fmt == "html":
-            report = await self.report(settings, request, recent=PAGE_REQUESTS)
+            report = await self.report(settings, request, owner=owner, recent=PAGE_REQUESTS)
             return HTMLResponse(render_html(report))
-        report = await self.report(settings, request)
+        report = await self.report(settings, request, owner=owner)
         if fmt == "text":
             return PlainTextResponse(render_text(report))
         return JSONResponse(report)
 
     async def budget_request(self, request: Request) -> Response:
         settings = self.state.settings()
-        owner_for(request.headers, settings)
+        owner = report_viewer(request.headers, settings)
         request_id = request.path_params["id"]
         reports = self.state.reports
 
         def read() -> dict[str, Any] | None:
             reports.flush()
-            return reports.request(request_id)
+            return reports.request(request_id, owner=owner)  # another key's: not found
 
         found = await asyncio.to_thread(read)
         if found is None:

@@ -49,6 +49,8 @@ class RequestRecord:
     """What recall did (`RecallReport.to_dict()`), or None when it had nothing to do."""
     worker: int = 0
     """Process id of the worker that served it."""
+    owner: str = "default"
+    """Whose request it was (the proxy key's owner): each key sees only its own report."""
 
 
 def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
@@ -121,5 +123,6 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "wouldSaveUsd": usd(would_tokens, r.input_price),
         "segments": segments,
         "worker": r.worker,
+        "owner": r.owner,
         "memory": r.memory,
     }

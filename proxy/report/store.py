@@ -32,7 +32,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -77,6 +77,30 @@ _UPGRADES = (
     "ALTER TABLE totals ADD COLUMN saved_usd REAL NOT NULL DEFAULT 0;"
     "ALTER TABLE totals ADD COLUMN would_save_usd REAL NOT NULL DEFAULT 0;"
     "ALTER TABLE run_counts ADD COLUMN unpriced INTEGER NOT NULL DEFAULT 0",
+    # 3: an owner per request, total and count, so each proxy key sees only its own report.
+    # Rows from before belong to `default`, which no key holder sees (the admin sees all).
+    "ALTER TABLE totals RENAME TO totals_v2;"
+    "CREATE TABLE totals (run TEXT NOT NULL, owner TEXT NOT NULL, kind TEXT NOT NULL,"
+    " seen INTEGER NOT NULL DEFAULT 0, clamped INTEGER NOT NULL DEFAULT 0,"
+    " would_clamp INTEGER NOT NULL DEFAULT 0, chars_before INTEGER NOT NULL DEFAULT 0,"
+    " chars_after INTEGER NOT NULL DEFAULT 0, saved_chars INTEGER NOT NULL DEFAULT 0,"
+    " saved_tokens INTEGER NOT NULL DEFAULT 0, would_save_chars INTEGER NOT NULL DEFAULT 0,"
+    " would_save_tokens INTEGER NOT NULL DEFAULT 0, saved_usd REAL NOT NULL DEFAULT 0,"
+    " would_save_usd REAL NOT NULL DEFAULT 0, PRIMARY KEY (run, owner, kind));"
+    "INSERT INTO totals SELECT run, 'default', kind, seen, clamped, would_clamp, chars_before,"
+    " chars_after, saved_chars, saved_tokens, would_save_chars, would_save_tokens, saved_usd,"
+    " would_save_usd FROM totals_v2;"
+    "DROP TABLE totals_v2;"
+    "ALTER TABLE run_counts RENAME TO run_counts_v2;"
+    "CREATE TABLE run_counts (run TEXT NOT NULL, owner TEXT NOT NULL,"
+    " requests INTEGER NOT NULL DEFAULT 0, clamp_errors INTEGER NOT NULL DEFAULT 0,"
+    " upstream_errors INTEGER NOT NULL DEFAULT 0, unpriced INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (run, owner));"
+    "INSERT INTO run_counts SELECT run, 'default', requests, clamp_errors, upstream_errors,"
+    " unpriced FROM run_counts_v2;"
+    "DROP TABLE run_counts_v2;"
+    "ALTER TABLE requests ADD COLUMN owner TEXT NOT NULL DEFAULT 'default';"
+    "CREATE INDEX requests_owner ON requests (owner, run, ts)",
 )
 
 
@@ -225,12 +249,13 @@ class ReportStore:
                     sink.record(record, body)
                 except Exception:
                     log.exception("%s could not take request %s", type(sink).__name__, record.id)
-        rows = [(b["id"], self.run, b["at"], orjson.dumps(b).decode()) for b in bodies]
+        rows = [(b["id"], self.run, b["owner"], b["at"], orjson.dumps(b).decode()) for b in bodies]
         # The writer's own connection (not a shared `Database`): one thread uses it.
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany(
-                "INSERT OR REPLACE INTO requests (id, run, ts, body) VALUES (?, ?, ?, ?)", rows
+                "INSERT OR REPLACE INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?)",
+                rows,
             )
             self._add_totals(conn, bodies)
             self._writes += len(records)
@@ -247,15 +272,25 @@ class ReportStore:
             raise
 
     def _add_totals(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
+        by_owner: dict[str, list[dict[str, Any]]] = {}
+        for body in bodies:
+            by_owner.setdefault(body["owner"], []).append(body)
+        for owner, owned in by_owner.items():
+            self._add_owner_totals(conn, owner, owned)
+
+    def _add_owner_totals(
+        self, conn: sqlite3.Connection, owner: str, bodies: list[dict[str, Any]]
+    ) -> None:
         conn.execute(
-            "INSERT INTO run_counts (run, requests, clamp_errors, upstream_errors, unpriced) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (run) DO UPDATE SET "
+            "INSERT INTO run_counts (run, owner, requests, clamp_errors, upstream_errors, "
+            "unpriced) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run, owner) DO UPDATE SET "
             "requests = requests + excluded.requests, "
             "clamp_errors = clamp_errors + excluded.clamp_errors, "
             "upstream_errors = upstream_errors + excluded.upstream_errors, "
             "unpriced = unpriced + excluded.unpriced",
             (
                 self.run,
+                owner,
                 len(bodies),
                 sum(b["clampError"] is not None for b in bodies),
                 sum(b["upstreamError"] is not None for b in bodies),
@@ -269,11 +304,11 @@ class ReportStore:
             clamped = [s for s in segs if s["action"] == "clamped"]
             would = [s for s in segs if s["action"] == "would-clamp"]
             conn.execute(
-                "INSERT INTO totals (run, kind, seen, clamped, would_clamp, chars_before, "
+                "INSERT INTO totals (run, owner, kind, seen, clamped, would_clamp, chars_before, "
                 "chars_after, saved_chars, saved_tokens, would_save_chars, would_save_tokens, "
                 "saved_usd, would_save_usd) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run, kind) DO UPDATE SET "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run, owner, kind) DO UPDATE SET "
                 "seen = seen + excluded.seen, clamped = clamped + excluded.clamped, "
                 "would_clamp = would_clamp + excluded.would_clamp, "
                 "chars_before = chars_before + excluded.chars_before, "
@@ -286,6 +321,7 @@ class ReportStore:
                 "would_save_usd = would_save_usd + excluded.would_save_usd",
                 (
                     self.run,
+                    owner,
                     kind,
                     len(segs),
                     len(clamped),
@@ -303,11 +339,14 @@ class ReportStore:
 
     # -- reading -------------------------------------------------------------------------
 
-    def request(self, request_id: str) -> dict[str, Any] | None:
-        """One request's record, as written (any run)."""
-        rows = self._db.fetchall("SELECT body FROM requests WHERE id = ?", (request_id,))
+    def request(self, request_id: str, *, owner: str | None = None) -> dict[str, Any] | None:
+        """One request's record, as written (any run); only `owner`'s when given."""
+        sql, args = "SELECT body FROM requests WHERE id = ?", [request_id]
+        if owner is not None:
+            sql, args = sql + " AND owner = ?", [*args, owner]
+        rows = self._db.fetchall(sql, args)
         return orjson.loads(rows[0][0]) if rows else None
 
-    def summary(self, *, recent: int) -> dict[str, Any]:
-        """Totals for the latest run, and its `recent` latest requests."""
-        return read_summary(self._db.fetchall, recent=recent)
+    def summary(self, *, recent: int, owner: str | None = None) -> dict[str, Any]:
+        """Totals for the latest run, and its `recent` latest requests (one owner's, or all)."""
+        return read_summary(self._db.fetchall, recent=recent, owner=owner)

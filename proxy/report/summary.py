@@ -17,18 +17,21 @@ Read = Callable[[str, Iterable[Any]], list[Any]]
 """`read(sql, args)`: the rows of one query."""
 
 
-def read_summary(read: Read, *, recent: int) -> dict[str, Any]:
-    """Totals and recent requests of the latest run, through `read(sql, args) -> rows`."""
+def read_summary(read: Read, *, recent: int, owner: str | None = None) -> dict[str, Any]:
+    """Totals and recent requests of the latest run, through `read(sql, args) -> rows`:
+    `owner`'s only, or every owner's when None."""
+    mine, args = ("", ()) if owner is None else (" AND owner = ?", (owner,))
     runs = read("SELECT run, started FROM runs ORDER BY started DESC, run DESC LIMIT 1", ())
     if not runs:
         return {"run": None, "since": None, "totals": _empty_totals(), "recent": []}
     run, started = runs[0]
     totals = _empty_totals()
     counts = read(
-        "SELECT requests, clamp_errors, upstream_errors, unpriced FROM run_counts WHERE run = ?",
-        (run,),
+        "SELECT sum(requests), sum(clamp_errors), sum(upstream_errors), sum(unpriced) "
+        "FROM run_counts WHERE run = ?" + mine,
+        (run, *args),
     )
-    if counts:
+    if counts and counts[0][0] is not None:
         (
             totals["requests"],
             totals["clampErrors"],
@@ -36,10 +39,11 @@ def read_summary(read: Read, *, recent: int) -> dict[str, Any]:
             totals["unpricedRequests"],
         ) = counts[0]
     for row in read(
-        "SELECT kind, seen, clamped, would_clamp, chars_before, chars_after, saved_chars, "
-        "saved_tokens, would_save_chars, would_save_tokens, saved_usd, would_save_usd "
-        "FROM totals WHERE run = ?",
-        (run,),
+        "SELECT kind, sum(seen), sum(clamped), sum(would_clamp), sum(chars_before), "
+        "sum(chars_after), sum(saved_chars), sum(saved_tokens), sum(would_save_chars), "
+        "sum(would_save_tokens), sum(saved_usd), sum(would_save_usd) "
+        "FROM totals WHERE run = ?" + mine + " GROUP BY kind",
+        (run, *args),
     ):
         kind = dict(
             zip(
@@ -63,7 +67,10 @@ def read_summary(read: Read, *, recent: int) -> dict[str, Any]:
         totals["byKind"][row[0]] = kind
         for key, value in kind.items():
             totals[key] += value
-    rows = read("SELECT body FROM requests WHERE run = ? ORDER BY ts DESC LIMIT ?", (run, recent))
+    rows = read(
+        "SELECT body FROM requests WHERE run = ?" + mine + " ORDER BY ts DESC LIMIT ?",
+        (run, *args, recent),
+    )
     return {
         "run": run,
         "since": started,

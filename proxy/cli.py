@@ -125,6 +125,7 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.report import start_run
+    from proxy.upstream import redact
 
     overrides: dict[str, Any] = {}
     if args.host is not None:
@@ -149,7 +150,7 @@ def _serve(args: argparse.Namespace) -> None:
         "serving",
         cfg.proxy.host,
         cfg.proxy.port,
-        cfg.proxy.upstream.base_url,
+        redact(cfg.proxy.upstream.base_url),
         budget,
         source.path or "built-in defaults",
     )

@@ -13,6 +13,8 @@ browsers add, so the checks cost them nothing:
   the proxy's own (or in `proxy.allowedOrigins`), is refused (403) — except a browser's own
   top-level navigation to a page (GET, `Sec-Fetch-Mode: navigate`), which lets no page read
   anything.
+- **Header size**: more than `MAX_HEADERS` headers or `MAX_HEADER_BYTES` of them is refused
+  (431) before any route runs.
 - **Content type**: a POST whose body is declared as one of the types a browser may send
   cross-origin without a preflight (`text/plain`, forms) is refused (415): send JSON.
 """
@@ -27,6 +29,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.settings import Settings
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 64 * 1024
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 
 
@@ -47,8 +51,19 @@ class BrowserGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = refuse(self.settings(), scope["method"], headers)
+        raw_headers = scope["headers"]
+        size = sum(len(k) + len(v) for k, v in raw_headers)
+        refusal: tuple[int, str, str] | None
+        if len(raw_headers) > MAX_HEADERS or size > MAX_HEADER_BYTES:
+            refusal = (
+                431,
+                "request_header_fields_too_large",
+                f"{len(raw_headers)} headers of {size:,} bytes: the proxy takes at most "
+                f"{MAX_HEADERS} headers and {MAX_HEADER_BYTES:,} bytes of them",
+            )
+        else:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+            refusal = refuse(self.settings(), scope["method"], headers)
         if refusal is None:
             await self.app(scope, receive, send)
             return

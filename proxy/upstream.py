@@ -46,6 +46,18 @@ _DROP_RESPONSE = frozenset(
 )
 
 
+def redact(url: str) -> str:
+    """`url` without credentials in it (`https://user:key@host` → `https://***@host`), for
+    messages, the report and the log."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rsplit('@', 1)[1]}{slash}{path}"
+
+
 def forward_request_headers(
     headers: Mapping[str, str], authorization: str | None
 ) -> dict[str, str]:
@@ -184,20 +196,21 @@ class HttpUpstream:
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamError(
-                f"upstream {url} did not answer within {read_timeout:g} s "
+                f"upstream {redact(url)} did not answer within {read_timeout:g} s "
                 "(proxy.upstream.readTimeoutSeconds)",
                 status=504,
                 code="upstream_timeout",
             ) from exc
         except aiohttp.InvalidURL as exc:
             raise UpstreamError(
-                f"upstream URL {url!r} is not valid: check proxy.upstream.baseUrl",
+                f"upstream URL {redact(url)!r} is not valid: check proxy.upstream.baseUrl",
                 status=502,
                 code="upstream_unreachable",
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(
-                f"upstream {url} is unreachable: {exc.__class__.__name__}: {exc}",
+                f"upstream {redact(url)} is unreachable: {exc.__class__.__name__}: "
+                f"{str(exc).replace(url, redact(url))}",
                 status=502,
                 code="upstream_unreachable",
             ) from exc
@@ -231,7 +244,7 @@ async def _upstream_failure(
     text = raw[:500].decode("utf-8", "replace").strip()
     detail = f": {text}" if text else ""
     return UpstreamError(
-        f"upstream {url} returned HTTP {resp.status}{detail}",
+        f"upstream {redact(url)} returned HTTP {resp.status}{detail}",
         status=resp.status,
         code="upstream_error",
         headers=passed,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters (ESC, C1, ...) other than tab and newline."""
 KIND_TITLES = {
     "bootstrap": "bootstrap files",
     "memory": "memory snippets",
@@ -135,4 +138,5 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(
                 f"  - {s['kind']} {label}: {_n(s['before'])} → {_n(s['after'])} {s['action']}{note}"
             )
-    return "\n".join(lines) + "\n"
+    # Paths, URLs and tool names come from clients: a terminal must not run their escapes.
+    return _CONTROL.sub("", "\n".join(lines)) + "\n"

@@ -63,3 +63,33 @@ def test_the_admin_key_is_taken_only_as_a_bearer_token(tmp_path: Path) -> None:
         token = client.get("/v1/memories", headers={"authorization": "Token adm-1"})
         bearer = client.get("/v1/memories", headers={"authorization": "Bearer adm-1"})
     assert (token.status_code, bearer.status_code) == (401, 200)
+
+
+def test_too_many_or_too_large_headers_are_a_431(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        big = client.post("/v1/chat/completions", content=b"{}", headers={"x-big": "a" * 70_000})
+        many = client.get("/healthz", headers={f"x-h{i}": "1" for i in range(120)})
+        fine = client.get("/healthz", headers={f"x-h{i}": "1" for i in range(50)})
+    assert (big.status_code, many.status_code, fine.status_code) == (431, 431, 200)
+    assert "the proxy takes at most 100 headers and 65,536 bytes" in big.json()["error"]["message"]
+    assert fake.sent == []
+
+
+def test_credentials_in_the_upstream_url_are_never_shown() -> None:
+    from proxy.upstream import redact
+
+    assert redact("https://user:sk-9@api.example/v1/x?a=1") == "https://***@api.example/v1/x?a=1"
+    assert redact("http://127.0.0.1:9/v1") == "http://127.0.0.1:9/v1"
+
+
+def test_the_text_report_carries_no_terminal_escapes(tmp_path: Path) -> None:
+    from tests.openclaw import openclaw_request, web_fetch_result
+
+    body = openclaw_request(stream=False)
+    url = "https://x.example/\x1b]0;pwned\x07\x1b[2J"
+    body["messages"][3]["content"] = web_fetch_result(url=url, content="y " * 9000)
+    with proxy_app(tmp_path) as (client, _):
+        client.post("/v1/chat/completions", json=body)
+        text = client.get("/context/budget?format=text").text
+    assert "https://x.example/" in text
+    assert "\x1b" not in text and "\x07" not in text

@@ -167,3 +167,22 @@ def test_forwarded_headers_leave_out_hop_by_hop_auth_and_ours() -> None:
     }
     assert forward_request_headers(given, "Bearer sk")["authorization"] == "Bearer sk"
     assert response_headers({"Transfer-Encoding": "chunked", "x-a": "b"}) == {"x-a": "b"}
+
+
+def test_a_failure_never_shows_credentials_in_the_upstream_url() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go() -> Any:
+        upstream = HttpUpstream()
+        try:
+            return await _send(upstream, f"http://user:sk-secret9@127.0.0.1:{port}/v1/x")
+        finally:
+            await upstream.close()
+
+    with pytest.raises(UpstreamError) as caught:
+        asyncio.run(go())
+    assert caught.value.status == 502
+    assert "sk-secret9" not in caught.value.message
+    assert f"http://***@127.0.0.1:{port}/v1/x" in caught.value.message

@@ -164,6 +164,8 @@ class Pipeline:
             reply.close()
             recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
             return Response(status_code=CLIENT_GONE)
+        if not isinstance(data, bytes):  # too large to hold: passed through as it arrives
+            return StreamingResponse(data, status_code=reply.status, headers=headers)
         return Response(data, status_code=reply.status, headers=headers)
 
     # -- stages --------------------------------------------------------------------------

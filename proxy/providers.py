@@ -93,6 +93,7 @@ class LitellmReply:
     def __init__(self, response: Any, route: RouteConfig, *, stream: bool) -> None:
         self._response = response
         self._route = route
+        self._stream = stream
         media = "text/event-stream" if stream else "application/json"
         self.headers = {"content-type": media}
 
@@ -100,6 +101,9 @@ class LitellmReply:
         return orjson.dumps(self._response.model_dump(exclude_none=True))
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
+        if not self._stream:  # a JSON answer is one object
+            yield await self.read()
+            return
         try:
             async for chunk in self._response:
                 yield b"data: " + orjson.dumps(chunk.model_dump(exclude_none=True)) + b"\n\n"

@@ -55,17 +55,62 @@ class Recorder:
         )
 
 
-async def read_whole(reply: UpstreamReply, recorder: Recorder) -> bytes:
-    """A JSON answer, read whole; the record is finished either way."""
+BUFFER_BYTES = 8 * 1024 * 1024
+"""JSON answers up to this size are read whole; larger ones pass through chunk by chunk."""
+
+
+async def read_whole(
+    reply: UpstreamReply, recorder: Recorder, *, limit: int = BUFFER_BYTES
+) -> bytes | AsyncIterator[bytes]:
+    """A JSON answer: its bytes when they fit in `limit`, else the rest as it arrives (a
+    200 MB reply must not cost 200 MB). The record is finished either way."""
+    chunks: list[bytes] = []
+    size = 0
+    stream = reply.iter_chunks()
     try:
-        data = await reply.read()
+        async for chunk in stream:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return _pass_through(chunks, stream, reply, recorder)
     except Exception as exc:
+        reply.close()
         recorder.finish(502, upstream_error=str(exc))
         raise UpstreamError(f"upstream connection broke while answering: {exc}") from exc
+    reply.release()
+    data = b"".join(chunks)
     if recorder.keep_usage:
         recorder.tail = data
     recorder.finish(reply.status)
     return data
+
+
+async def _pass_through(
+    head: list[bytes], rest: AsyncIterator[bytes], reply: UpstreamReply, recorder: Recorder
+) -> AsyncIterator[bytes]:
+    completed = False
+    error: str | None = "client disconnected"
+    try:
+        for chunk in head:
+            yield chunk
+        head.clear()
+        async for chunk in rest:
+            if recorder.keep_usage:
+                recorder.tail = chunk
+            yield chunk
+        completed, error = True, None
+    except Exception as exc:  # the status line is sent: the client sees a cut-off body
+        error = f"upstream connection broke while answering: {exc}"
+        log.warning("%s", error)
+    finally:
+        if completed:
+            reply.release()
+            recorder.finish(reply.status)
+        else:
+            reply.close()
+            recorder.finish(
+                CLIENT_GONE if error == "client disconnected" else 502, upstream_error=error
+            )
 
 
 async def relay(reply: UpstreamReply, recorder: Recorder, wire: WireFormat) -> AsyncIterator[bytes]:

@@ -262,3 +262,33 @@ def test_the_report_store_gets_one_record_per_request(tmp_path: Path) -> None:
         state = state_of(client)
         state.reports.flush()
         assert state.reports.summary(recent=10)["totals"]["requests"] == 3
+
+
+def test_a_huge_json_answer_passes_through_without_being_held(tmp_path: Path) -> None:
+    from proxy.relay import BUFFER_BYTES
+
+    piece = b" " * (1 << 20)
+    chunks = [b'{"id": "big", "pad": "'] + [piece] * 10 + [b'"}']
+    assert sum(map(len, chunks)) > BUFFER_BYTES
+    with proxy_app(tmp_path) as (client, fake):
+        fake._answer = (200, {"content-type": "application/json"}, chunks, False)
+        r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        assert r.status_code == 200
+        assert r.content == b"".join(chunks)
+        assert "content-length" not in r.headers  # relayed as it came, not held whole
+        assert fake.replies[-1].released
+        fake.answer_json(chat_completion())
+        small = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        assert small.headers["content-length"] == str(len(small.content))
+        recent = _report(client)["recent"][1]
+    assert recent["status"] == 200 and recent["upstreamError"] is None
+
+
+def test_a_json_answer_that_breaks_is_a_502(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        fake._answer = (200, {"content-type": "application/json"}, [b'{"id": '], True)
+        r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        assert r.status_code == 502
+        assert r.json()["error"]["message"].startswith("upstream connection broke while answering")
+        assert fake.replies[-1].closed
+        assert _report(client)["recent"][0]["status"] == 502

@@ -113,3 +113,12 @@ def test_litellm_errors_become_one_line_upstream_errors(
     assert (mapped.status, mapped.code, mapped.message) == (status, code, message)
     if status == 429:
         assert mapped.headers == {"retry-after": "3"}
+
+
+def test_a_json_answer_read_as_chunks_is_the_one_object() -> None:
+    reply = LitellmReply(_Model({"id": "x"}), ROUTE, stream=False)
+
+    async def collect() -> list[bytes]:
+        return [c async for c in reply.iter_chunks()]
+
+    assert asyncio.run(collect()) == [b'{"id":"x"}']

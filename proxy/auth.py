@@ -23,8 +23,7 @@ def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool =
     """
     if not settings.proxy_keys:
         return DEFAULT_OWNER
-    header = headers.get("authorization")
-    given = bearer(header) or (basic_password(header) if browser else None)
+    given = credential(headers, browser=browser)
     if given is not None:
         for key, owner in settings.proxy_keys.items():
             if same_secret(given, key):
@@ -44,9 +43,8 @@ def is_admin(headers: Mapping[str, str], settings: Settings, *, browser: bool = 
     `browser`, also as the password of HTTP Basic."""
     if not settings.admin_key:
         return False
-    header = headers.get("authorization")
-    given = bearer(header) or (basic_password(header) if browser else None) or ""
-    return same_secret(given, settings.admin_key)
+    given = credential(headers, browser=browser)
+    return given is not None and same_secret(given, settings.admin_key)
 
 
 def report_viewer(
@@ -59,12 +57,20 @@ def report_viewer(
     return owner_for(headers, settings, browser=browser)
 
 
-def same_secret(given: str, key: str) -> bool:
-    """Constant-time comparison of a credential with a key, whatever characters either holds
-    (header values arrive as latin-1 text; `compare_digest` refuses non-ASCII `str`)."""
-    return secrets.compare_digest(
-        given.encode("utf-8", "surrogateescape"), key.encode("utf-8", "surrogateescape")
-    )
+def credential(headers: Mapping[str, str], *, browser: bool = False) -> bytes | None:
+    """The secret the request presents, as bytes: a Bearer token (the header's own bytes:
+    Starlette decodes headers as latin-1), or with `browser` an HTTP Basic password (UTF-8)."""
+    header = headers.get("authorization")
+    token = bearer(header)
+    if token is not None:
+        return token.encode("latin-1", "replace")
+    password = basic_password(header) if browser else None
+    return password.encode("utf-8", "surrogateescape") if password is not None else None
+
+
+def same_secret(given: bytes, key: str) -> bool:
+    """Constant-time comparison of a presented credential with a configured key (UTF-8)."""
+    return secrets.compare_digest(given, key.encode("utf-8", "surrogateescape"))
 
 
 def bearer(value: str | None) -> str | None:

@@ -20,6 +20,7 @@ import difflib
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -554,6 +555,9 @@ def upstream_api_key(config: Config, env: Mapping[str, str]) -> str | None:
     return _secret(env, config.proxy.upstream.api_key_env)
 
 
+_OWNER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+
+
 def proxy_keys(config: Config, env: Mapping[str, str]) -> dict[str, str]:
     """Key → owner for the keys clients must present; empty when access is open.
 
@@ -566,7 +570,9 @@ def proxy_keys(config: Config, env: Mapping[str, str]) -> dict[str, str]:
         if not entry:
             continue
         owner, sep, key = entry.partition("=")
-        if sep and owner.strip() and key.strip():
+        # `owner=key` only when the key is more than base64 padding: a bare base64 key
+        # (`c2VjcmV0LWtleQ==`) must stay whole, not become the key "=".
+        if sep and _OWNER.fullmatch(owner.strip()) and key.strip().strip("="):
             keys[key.strip()] = owner.strip()
         else:
             keys[entry] = "key-" + hashlib.sha256(entry.encode()).hexdigest()[:8]

@@ -21,6 +21,7 @@ browsers add, so the checks cost them nothing:
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 
 import orjson
@@ -28,16 +29,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.settings import Settings
 
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 64 * 1024
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 
 
 def is_loopback(host: str) -> bool:
-    """Whether a listen address or host name is this machine only."""
-    host = host.strip("[]").lower()
-    return host in LOOPBACK_HOSTS or host.startswith("127.") or host.endswith(".localhost")
+    """Whether a listen address or host name is this machine only: an IP literal in
+    127.0.0.0/8 or ::1, `localhost`, or a `*.localhost` name (browsers resolve those to
+    loopback themselves). `127.attacker.example` is a DNS name, not an address."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 class BrowserGuard:

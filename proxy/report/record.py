@@ -7,8 +7,11 @@ the telemetry sink all read, counting the tokens the request path did not count.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from caps import Segment
 from proxy.tokens import TokenCounter
@@ -126,3 +129,21 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "owner": r.owner,
         "memory": r.memory,
     }
+
+
+def dumps_entry(body: dict[str, Any]) -> str:
+    """A report entry as JSON text. Client strings may hold what orjson refuses (a lone
+    surrogate in `model`): the stdlib escapes those, so one such request cannot cost the
+    others in its batch their records."""
+    try:
+        return orjson.dumps(body).decode()
+    except TypeError:
+        return json.dumps(body)
+
+
+def loads_entry(text: str | bytes) -> Any:
+    """An entry written by `dumps_entry`."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)

@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import orjson
-
 from caps import SEGMENT_KINDS
 from memory.sqlite import Database, connect
-from proxy.report.record import RequestRecord, describe
+from proxy.report.record import RequestRecord, describe, dumps_entry, loads_entry
 from proxy.report.summary import read_summary
 from proxy.tokens import TokenCounter, trim_memory
 
@@ -36,7 +34,7 @@ SCHEMA_VERSION = 3
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
-"""Request rows kept for `/context/budget/requests/{id}`; older ones are pruned."""
+"""Request rows kept per owner for `/context/budget/requests/{id}`; older ones are pruned."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -160,6 +158,7 @@ class ReportStore:
         started: float | None = None,
         batch_seconds: float = 0.05,
         sinks: Sequence[Sink] = (),
+        keep_requests: int = KEEP_REQUESTS,
     ) -> None:
         self.path = path
         self.sinks = list(sinks)
@@ -174,6 +173,7 @@ class ReportStore:
             (run, started if started is not None else time.time()),
         )
         self._writes = 0
+        self._keep = keep_requests
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
         self._thread.start()
 
@@ -249,7 +249,7 @@ class ReportStore:
                     sink.record(record, body)
                 except Exception:
                     log.exception("%s could not take request %s", type(sink).__name__, record.id)
-        rows = [(b["id"], self.run, b["owner"], b["at"], orjson.dumps(b).decode()) for b in bodies]
+        rows = [(b["id"], self.run, b["owner"], b["at"], dumps_entry(b)) for b in bodies]
         # The writer's own connection (not a shared `Database`): one thread uses it.
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -259,13 +259,15 @@ class ReportStore:
             )
             self._add_totals(conn, bodies)
             self._writes += len(records)
-            if self._writes >= 200:
+            if self._writes >= min(200, self._keep):
                 self._writes = 0
-                conn.execute(
-                    "DELETE FROM requests WHERE ts < (SELECT ts FROM requests ORDER BY ts DESC "
-                    "LIMIT 1 OFFSET ?)",
-                    (KEEP_REQUESTS,),
-                )
+                # per owner: one key's traffic must not push another's records out
+                for (owner,) in conn.execute("SELECT DISTINCT owner FROM requests").fetchall():
+                    conn.execute(
+                        "DELETE FROM requests WHERE owner = ? AND ts < (SELECT ts FROM requests"
+                        " WHERE owner = ? ORDER BY ts DESC LIMIT 1 OFFSET ?)",
+                        (owner, owner, self._keep),
+                    )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -345,7 +347,7 @@ class ReportStore:
         if owner is not None:
             sql, args = sql + " AND owner = ?", [*args, owner]
         rows = self._db.fetchall(sql, args)
-        return orjson.loads(rows[0][0]) if rows else None
+        return loads_entry(rows[0][0]) if rows else None
 
     def summary(self, *, recent: int, owner: str | None = None) -> dict[str, Any]:
         """Totals for the latest run, and its `recent` latest requests (one owner's, or all)."""

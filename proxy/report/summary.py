@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import orjson
-
 from caps import SEGMENT_KINDS
+from proxy.report.record import loads_entry
 
 Read = Callable[[str, Iterable[Any]], list[Any]]
 """`read(sql, args)`: the rows of one query."""
@@ -75,7 +74,7 @@ def read_summary(read: Read, *, recent: int, owner: str | None = None) -> dict[s
         "run": run,
         "since": started,
         "totals": totals,
-        "recent": [orjson.loads(r[0]) for r in rows],
+        "recent": [loads_entry(r[0]) for r in rows],
     }
 
 

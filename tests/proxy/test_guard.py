@@ -128,3 +128,22 @@ def test_listening_beyond_loopback_without_keys_is_warned_about(
     monkeypatch.setenv("CTXBUDGET_PROXY_KEYS", "k1")
     _warn_if_open(Config.model_validate({"proxy": {"host": "0.0.0.0"}}))
     assert caplog.records == []
+
+
+def test_dns_names_that_look_like_loopback_are_not(tmp_path: Path) -> None:
+    from proxy.guard import is_loopback
+
+    for name in ("127.attacker.example", "127.0.0.1.nip.io", "localhost.evil.example"):
+        assert not is_loopback(name), name
+    for name in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "LOCALHOST", "app.localhost"):
+        assert is_loopback(name), name
+    own = {
+        "host": "127.attacker.example:4141",
+        "origin": "http://127.attacker.example:4141",
+        "sec-fetch-site": "same-origin",
+        "content-type": "application/json",
+    }
+    with proxy_app(tmp_path) as (client, _):
+        r = client.post("/v1/memories", content=MEMORY, headers=own)
+        assert r.status_code == 421
+        assert client.get("/v1/memories").json()["data"] == []

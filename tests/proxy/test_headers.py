@@ -110,3 +110,20 @@ def test_credential_parsing() -> None:
     assert basic_password("Basic " + base64.b64encode(b"u:p:q").decode()) == "p:q"
     assert basic_password("Basic !!!") is None
     assert basic_password("Basic " + base64.b64encode(b"u:").decode()) is None
+
+
+def test_a_bare_base64_key_stays_whole() -> None:
+    settings = settings_for(Config(), {"CTXBUDGET_PROXY_KEYS": "c2VjcmV0LWtleQ==,bob=kb-2"})
+    assert set(settings.proxy_keys) == {"c2VjcmV0LWtleQ==", "kb-2"}
+    assert owner_for({"authorization": "Bearer c2VjcmV0LWtleQ=="}, settings).startswith("key-")
+    with pytest.raises(Unauthorized):
+        owner_for({"authorization": "Bearer ="}, settings)
+
+
+def test_a_non_ascii_key_works_as_a_bearer_token_sent_as_utf8() -> None:
+    from proxy.auth import is_admin
+
+    settings = settings_for(Config(), {"CTXBUDGET_ADMIN_KEY": "adm-ß-key"})
+    as_sent = "Bearer adm-ß-key".encode().decode("latin-1")  # how Starlette reads the bytes
+    assert is_admin({"authorization": as_sent}, settings)
+    assert not is_admin({"authorization": "Bearer adm-ss-key"}, settings)

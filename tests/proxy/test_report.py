@@ -122,3 +122,34 @@ def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path
     assert reopened.summary(recent=5, owner="default")["totals"]["requests"] == 8
     assert reopened.summary(recent=5, owner="alice")["totals"]["requests"] == 0
     reopened.close()
+
+
+def test_one_record_with_a_lone_surrogate_does_not_cost_the_batch(tmp_path: Path) -> None:
+    store = ReportStore(tmp_path / "r.db", run="r")
+    for i in range(5):
+        store.add(dataclasses.replace(_record(i), owner="alice"))
+    store.add(dataclasses.replace(_record(5), owner="bob", model="\ud800"))
+    store.flush()
+    assert store.summary(recent=10, owner="alice")["totals"]["requests"] == 5
+    assert store.request("cb-5", owner="bob")["model"] == "\ud800"  # type: ignore[index]
+    assert len(store.summary(recent=10)["recent"]) == 6
+    store.close()
+
+
+def test_one_owners_traffic_does_not_prune_anothers_records(tmp_path: Path) -> None:
+    store = ReportStore(tmp_path / "r.db", run="r", keep_requests=3)
+    for i in range(3):
+        store.add(dataclasses.replace(_record(i), owner="alice"))
+    store.flush()
+    for i in range(3, 20):
+        store.add(dataclasses.replace(_record(i), owner="bob"))
+        store.flush()
+    assert [r["id"] for r in store.summary(recent=10, owner="alice")["recent"]] == [
+        "cb-2",
+        "cb-1",
+        "cb-0",
+    ]
+    bobs = [r["id"] for r in store.summary(recent=50, owner="bob")["recent"]]
+    # pruned every 3 writes to the latest 4 (ts >= the 4th newest): never more than 6
+    assert len(bobs) <= 6 and bobs[0] == "cb-19"
+    store.close()

@@ -10,6 +10,7 @@ log. A server database can follow by implementing `MemoryStore`.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sqlite3
 import time
@@ -193,6 +194,22 @@ def _row(row: tuple[object, ...]) -> Memory:
     )
 
 
+OWN_SCAN = 10_000
+"""Most matches of one owner ranked in a shared store (an owner keeps `memory.maxMemories`,
+100 by default)."""
+
+
+def _same_word(token: str, word: str, *, prefix: bool) -> bool:
+    """Whether a memory's token counts as the query word: FTS5 matched it through the porter
+    stemmer (`deploys` for `deploy`), or through a prefix."""
+    if token == word:
+        return True
+    if prefix and len(word) >= 3 and token.startswith(word):
+        return True
+    short, long_ = sorted((token, word), key=len)
+    return len(short) >= 4 and long_.startswith(short) and len(long_) - len(short) <= 3
+
+
 def fts_query(text: str, *, prefix: bool = False) -> str | None:
     """An FTS5 query matching any word of `text` (quoted: user text is never FTS syntax).
 
@@ -331,10 +348,7 @@ class SQLiteMemoryStore:
         if match is None:
             return []
         if self._shared():
-            # Only this owner's matches are ranked. Reading the owner's posting list costs
-            # ~7 ms at 100k memories, so a store with one owner skips it.
-            phrase = '"' + owner.replace('"', '""') + '"'
-            match = f"owner : {phrase} AND {match}"
+            return self._search_own(owner, query, match, limit=limit, prefix=prefix)
         rows = self._db.fetchall(
             f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))}, f.rank"
             " FROM (SELECT rowid, bm25(memories_fts, 1.0, 0.0) AS rank FROM memories_fts"
@@ -345,6 +359,43 @@ class SQLiteMemoryStore:
         )
         # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
         return [(_row(r[:9]), -float(r[9])) for r in rows]
+
+    def _search_own(
+        self, owner: str, query: str, match: str, *, limit: int, prefix: bool
+    ) -> list[tuple[Memory, float]]:
+        """`search` in a store several owners share. FTS5's bm25() weighs words by their
+        rarity in *every* owner's memories, so its scores and order would tell one owner
+        about another's text. Here the owner's matches (FTS5 still finds them) are ranked by
+        BM25 over the owner's own statistics only: word counts from the `words` table,
+        lengths from the owner's matching memories."""
+        phrase = '"' + owner.replace('"', '""') + '"'
+        rows = self._db.fetchall(
+            f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))}"
+            " FROM memories_fts f JOIN memories m ON m.id = f.rowid"
+            " WHERE memories_fts MATCH ? AND m.owner = ? ORDER BY m.id LIMIT ?",
+            (f"owner : {phrase} AND {match}", owner, OWN_SCAN),
+        )
+        if not rows:
+            return []
+        found = list(dict.fromkeys(_WORD.findall(query.lower())))
+        words = [w for w in found if w not in STOPWORDS] or found
+        total, counts = self.frequencies(owner, words, prefix=prefix)
+        memories = [_row(r) for r in rows]
+        tokens = [_WORD.findall(m.text.lower()) for m in memories]
+        average = sum(map(len, tokens)) / len(tokens) or 1.0
+        scored = []
+        for memory, toks in zip(memories, tokens, strict=True):
+            score = 0.0
+            for word in words:
+                tf = sum(1 for t in toks if _same_word(t, word, prefix=prefix))
+                if not tf:
+                    continue
+                df = max(counts.get(word, 0), 1)
+                idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
+                score += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(toks) / average))
+            scored.append((memory, score))
+        scored.sort(key=lambda pair: (-pair[1], pair[0].id))
+        return scored[:limit]
 
     def _shared(self) -> bool:
         """Whether memories of more than one owner are stored."""

@@ -238,3 +238,32 @@ def test_threads_sharing_one_store_lose_no_write(tmp_path: Path) -> None:
     assert texts == {"seed note"} | {f"note {i} about deploys" for i in range(600)}
     assert store.get("default", first.id).access_count == 200  # type: ignore[union-attr]
     store.close()
+
+
+def test_one_owners_search_scores_tell_nothing_of_anothers_memories(tmp_path: Path) -> None:
+    # bob guesses alice's PIN: with FTS5's store-wide bm25, the guess that matched alice's
+    # memory scored differently from the others.
+    def bobs_scores(alices_text: str) -> dict[str, float]:
+        store = SQLiteMemoryStore(tmp_path / f"{abs(hash(alices_text))}.db")
+        store.add(NewMemory(owner="alice", text=alices_text))
+        for guess in ("1234", "4711", "9999"):
+            store.add(NewMemory(owner="bob", text=f"guess {guess}"))
+        found = store.search("bob", "1234 4711 9999")
+        store.close()
+        return {m.text.split()[1]: score for m, score in found}
+
+    first = bobs_scores("my bank pin is 4711")
+    assert first == bobs_scores("my bank pin is 1234") == bobs_scores("nothing like it")
+    assert set(first) == {"1234", "4711", "9999"} and len(set(first.values())) == 1
+
+
+def test_a_shared_store_ranks_an_owners_own_matches_by_relevance(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "m.db")
+    store.add(NewMemory(owner="alice", text="deploys happen on tuesdays"))
+    for text in ("standup at 9:30", "deploys go out after the deploy review", "lunch at noon"):
+        store.add(NewMemory(owner="bob", text=text))
+    found = store.search("bob", "when do deploys happen")
+    assert [m.text for m, _ in found] == ["deploys go out after the deploy review"]
+    assert found[0][1] > 0
+    assert [m.owner for m, _ in store.search("alice", "deploys")] == ["alice"]
+    store.close()

@@ -131,7 +131,8 @@ def test_a_slow_upstream_is_a_504_naming_the_setting() -> None:
     assert "(proxy.upstream.readTimeoutSeconds)" in caught.value.message
 
 
-def test_a_closed_port_is_a_502_unreachable() -> None:
+def _unreachable(url: str) -> tuple[UpstreamError, int]:
+    """The error of sending to `url` (`{port}` filled in) where nothing listens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens once the socket closes
@@ -139,15 +140,20 @@ def test_a_closed_port_is_a_502_unreachable() -> None:
     async def go() -> Any:
         upstream = HttpUpstream()
         try:
-            return await _send(upstream, f"http://127.0.0.1:{port}/v1/chat/completions")
+            return await _send(upstream, url.format(port=port))
         finally:
             await upstream.close()
 
     with pytest.raises(UpstreamError) as caught:
         asyncio.run(go())
-    assert caught.value.status == 502
-    assert caught.value.code == "upstream_unreachable"
-    assert "is unreachable" in caught.value.message
+    return caught.value, port
+
+
+def test_a_closed_port_is_a_502_unreachable() -> None:
+    error, _ = _unreachable("http://127.0.0.1:{port}/v1/chat/completions")
+    assert error.status == 502
+    assert error.code == "upstream_unreachable"
+    assert "is unreachable" in error.message
 
 
 def test_forwarded_headers_leave_out_hop_by_hop_auth_and_ours() -> None:
@@ -170,19 +176,7 @@ def test_forwarded_headers_leave_out_hop_by_hop_auth_and_ours() -> None:
 
 
 def test_a_failure_never_shows_credentials_in_the_upstream_url() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-
-    async def go() -> Any:
-        upstream = HttpUpstream()
-        try:
-            return await _send(upstream, f"http://user:sk-secret9@127.0.0.1:{port}/v1/x")
-        finally:
-            await upstream.close()
-
-    with pytest.raises(UpstreamError) as caught:
-        asyncio.run(go())
-    assert caught.value.status == 502
-    assert "sk-secret9" not in caught.value.message
-    assert f"http://***@127.0.0.1:{port}/v1/x" in caught.value.message
+    error, port = _unreachable("http://user:sk-secret9@127.0.0.1:{port}/v1/x")
+    assert error.status == 502
+    assert "sk-secret9" not in error.message
+    assert f"http://***@127.0.0.1:{port}/v1/x" in error.message

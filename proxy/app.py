@@ -34,7 +34,7 @@ from proxy.report import ReportStore
 from proxy.reporting import Reporting
 from proxy.state import ProxyState
 from proxy.telemetry import Telemetry
-from proxy.upstream import HttpUpstream, UpstreamClient, forward_request_headers
+from proxy.upstream import HttpUpstream, UpstreamClient
 from proxy.wire import ChatCompletions, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
@@ -100,16 +100,15 @@ def create_app(
     async def models(request: Request) -> Response:
         settings = state.settings()
         owner_for(request.headers, settings)
-        authorization = None
-        if settings.upstream_api_key:
-            authorization = f"Bearer {settings.upstream_api_key}"
-        elif not settings.proxy_keys:
-            authorization = request.headers.get("authorization")
         reply = await upstream.request(
             "GET",
             settings.upstream_url("/models"),
             body=None,
-            headers=forward_request_headers(request.headers, authorization),
+            headers=CHAT.upstream_headers(
+                request.headers,
+                api_key=settings.upstream_api_key,
+                strip_auth=bool(settings.proxy_keys),
+            ),
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
         )

@@ -17,7 +17,9 @@ string `"8000"` is not an integer). All problems are reported at once.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
+import ipaddress
 import logging
 import os
 import re
@@ -543,6 +545,20 @@ def tool_names(config: Config) -> ToolNames:
         memory_search=frozenset(names.memory_search),
         memory_get=frozenset(names.memory_get),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def is_loopback(host: str) -> bool:
+    """Whether a listen address or host name is this machine only: an IP literal in
+    127.0.0.0/8 or ::1, `localhost`, or a `*.localhost` name (browsers resolve those to
+    loopback themselves). `127.attacker.example` is a DNS name, not an address."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _secret(env: Mapping[str, str], name: str | None) -> str | None:

@@ -21,30 +21,20 @@ browsers add, so the checks cost them nothing:
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.config import is_loopback
 from proxy.settings import Settings
 
+__all__ = ["BrowserGuard", "is_loopback", "refuse"]
+
+_READ = frozenset({"host", "origin", "sec-fetch-site", "sec-fetch-mode", "content-type"})
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 64 * 1024
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listen address or host name is this machine only: an IP literal in
-    127.0.0.0/8 or ::1, `localhost`, or a `*.localhost` name (browsers resolve those to
-    loopback themselves). `127.attacker.example` is a DNS name, not an address."""
-    name = host.strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 class BrowserGuard:
@@ -69,7 +59,11 @@ class BrowserGuard:
                 f"{MAX_HEADERS} headers and {MAX_HEADER_BYTES:,} bytes of them",
             )
         else:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+            headers = {
+                key: v.decode("latin-1")
+                for k, v in raw_headers
+                if (key := k.decode("latin-1").lower()) in _READ
+            }
             refusal = refuse(self.settings(), scope["method"], headers)
         if refusal is None:
             await self.app(scope, receive, send)
@@ -100,7 +94,7 @@ class BrowserGuard:
 
 def refuse(settings: Settings, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:
     """(status, code, message) when the request must be refused, else None."""
-    loopback_only = is_loopback(settings.listen_host)
+    loopback_only = settings.listen_loopback
     host = headers.get("host", "")
     name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
     name = name.lower()

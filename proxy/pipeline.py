@@ -11,12 +11,11 @@ are pure functions reached through `caps.Clamp`; memory's front door is `memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -140,30 +139,33 @@ class Pipeline:
             keep_usage=self.state.reports.keeps_usage,
         )
         marks["upstream_start"] = time.time_ns()
+        reply: UpstreamReply | None = None
+        # An abandoned request must not keep the upstream generating tokens for nobody.
+        watch = _DisconnectWatch(request)
         try:
-            reply = await _unless_client_leaves(
-                request, self._forward(request, wire, body, settings, route, large=large)
-            )
-        except UpstreamError as exc:
-            exc.headers = {**exc.headers, **headers}
-            recorder.finish(exc.status, upstream_error=exc.message)
-            raise
-        except ClientGone:
-            recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
-            return Response(status_code=CLIENT_GONE)
+            try:
+                reply = await self._forward(request, wire, body, settings, route, large=large)
+            except UpstreamError as exc:
+                exc.headers = {**exc.headers, **headers}
+                recorder.finish(exc.status, upstream_error=exc.message)
+                raise
 
-        # relay and record (a stream's relay closes the upstream itself if the client goes)
-        headers = {**reply.headers, **headers}
-        if body.stream:
-            return StreamingResponse(
-                relay(reply, recorder, wire), status_code=reply.status, headers=headers
-            )
-        try:
-            data = await _unless_client_leaves(request, read_whole(reply, recorder))
-        except ClientGone:
-            reply.close()
+            # relay and record (a stream's relay closes the upstream itself if the client goes)
+            headers = {**reply.headers, **headers}
+            if body.stream:
+                return StreamingResponse(
+                    relay(reply, recorder, wire), status_code=reply.status, headers=headers
+                )
+            data = await read_whole(reply, recorder)
+        except asyncio.CancelledError:
+            if not watch.fired():
+                raise
+            if reply is not None:
+                reply.close()
             recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
             return Response(status_code=CLIENT_GONE)
+        finally:
+            watch.stop()
         if not isinstance(data, bytes):  # too large to hold: passed through as it arrives
             return StreamingResponse(data, status_code=reply.status, headers=headers)
         return Response(data, status_code=reply.status, headers=headers)
@@ -260,32 +262,33 @@ async def _maybe_off_loop(large: bool, work: Callable[..., _T], *args: Any) -> _
     return await asyncio.to_thread(work, *args) if large else work(*args)
 
 
-class ClientGone(Exception):
-    """The client disconnected while the proxy waited for the upstream."""
+class _DisconnectWatch:
+    """Cancels the request's own task if the client disconnects while it waits upstream.
 
+    One watcher task per request (cheaper than racing each await against one): the body is
+    read, so the next thing the server can say is that the client went away.
+    """
 
-async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    """`await work`, cancelled (and `ClientGone` raised) if the client disconnects first: an
-    abandoned request must not keep the upstream generating tokens for nobody."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        gone.cancel()
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+    def __init__(self, request: Request) -> None:
+        self._task = asyncio.current_task()
+        self._fired = False
+        self._watcher = asyncio.ensure_future(self._watch(request))
 
+    async def _watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if self._task is not None:
+            self._fired = True
+            self._task.cancel()
 
-async def _disconnected(request: Request) -> None:
-    # The body is read: what the server says next is that the client went away.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    def fired(self) -> bool:
+        """Whether the watcher cancelled the task (then the cancellation is consumed)."""
+        if self._fired and self._task is not None:
+            self._task.uncancel()
+        return self._fired
+
+    def stop(self) -> None:
+        self._watcher.cancel()
 
 
 def _would(segment: Segment) -> Segment:

@@ -23,6 +23,7 @@ from proxy.config import (
     RouteConfig,
     admin_key,
     effective_caps,
+    is_loopback,
     memory_limits,
     proxy_keys,
     tool_names,
@@ -48,6 +49,8 @@ class Settings:
     proxy_keys_env: str
     admin_key_env: str
     listen_host: str
+    listen_loopback: bool
+    """Whether `listen_host` is this machine only (the guard then serves localhost names)."""
     allowed_hosts: frozenset[str]
     """Lower-cased `proxy.allowedHosts`."""
     allowed_origins: frozenset[str]
@@ -126,6 +129,7 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         proxy_keys_env=config.proxy.keys_env,
         admin_key_env=config.proxy.admin_key_env,
         listen_host=config.proxy.host,
+        listen_loopback=is_loopback(config.proxy.host),
         allowed_hosts=frozenset(h.lower() for h in config.proxy.allowed_hosts),
         allowed_origins=frozenset(o.rstrip("/").lower() for o in config.proxy.allowed_origins),
         routes=config.proxy.routes,

@@ -1,6 +1,7 @@
 """The `x-context-budget*` headers: what a request asks for, and what its answer says.
 
-Request: `x-context-budget: on|off` (the caps), `-profile`, `-complexity`, `-agent`.
+Request: `x-context-budget: on|off` (the caps), `-memories: on|off` (injection), `-profile`,
+`-complexity`, `-agent`.
 Response: request id, enabled, segments clamped, chars/tokens/USD saved (or that would be,
 with the budget off), memories injected and the profile applied.
 """
@@ -32,20 +33,24 @@ class RequestOptions:
     profile: RequestedProfile | None
     complexity: Complexity | None
     agent: str | None
+    memories: bool = True
+    """Memory injection for this request (`x-context-budget-memories: off` skips it); its own
+    switch, apart from the caps: `x-context-budget: off` does not stop injection."""
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], *, default_enabled: bool) -> RequestOptions:
         """Read the request headers; `BadRequest` naming the allowed values of a bad one."""
         return cls(
-            enabled=_switch(headers, default_enabled),
+            enabled=_switch(headers, PREFIX, default_enabled),
             profile=choice(headers, "profile", REQUESTED_PROFILES),
             complexity=choice(headers, "complexity", TIERS),
             agent=headers.get(f"{PREFIX}-agent"),
+            memories=_switch(headers, f"{PREFIX}-memories", True),
         )
 
 
-def _switch(headers: Mapping[str, str], default: bool) -> bool:
-    value = headers.get(PREFIX)
+def _switch(headers: Mapping[str, str], name: str, default: bool) -> bool:
+    value = headers.get(name)
     if value is None:
         return default
     value = value.strip().lower()
@@ -53,7 +58,7 @@ def _switch(headers: Mapping[str, str], default: bool) -> bool:
         return True
     if value in _OFF:
         return False
-    raise BadRequest(f"header {PREFIX} must be 'on' or 'off', got {value!r}", param=PREFIX)
+    raise BadRequest(f"header {name} must be 'on' or 'off', got {value!r}", param=name)
 
 
 def choice(headers: Mapping[str, str], name: str, allowed: Sequence[_T]) -> _T | None:

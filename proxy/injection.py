@@ -65,7 +65,7 @@ class MemoryInjection:
         options: RequestOptions,
     ) -> RecallReport | None:
         """Recall for `turn` and place the memories in `body`; what recall did, or None."""
-        if not settings.recall.inject or turn is None or not turn.query:
+        if not (settings.recall.inject and options.memories) or turn is None or not turn.query:
             return None
         store = self.opened(settings)
         if store is not None and store.has_any_nowait(owner) is False:

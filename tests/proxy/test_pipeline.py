@@ -292,3 +292,28 @@ def test_a_json_answer_that_breaks_is_a_502(tmp_path: Path) -> None:
         assert r.json()["error"]["message"].startswith("upstream connection broke while answering")
         assert fake.replies[-1].closed
         assert _report(client)["recent"][0]["status"] == 502
+
+
+def test_memories_have_their_own_switch_apart_from_the_caps(tmp_path: Path) -> None:
+    body = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "when do deploys happen?"}],
+    }
+    with proxy_app(tmp_path) as (client, fake):
+        client.post("/v1/memories", json={"text": "Deploys happen on Tuesdays"})
+        caps_off = client.post(
+            "/v1/chat/completions", json=body, headers={"x-context-budget": "off"}
+        )
+        assert caps_off.headers["x-context-budget-memories"] == "1"  # caps off, memories on
+        skipped = client.post(
+            "/v1/chat/completions", json=body, headers={"x-context-budget-memories": "off"}
+        )
+        assert skipped.headers["x-context-budget-memories"] == "0"
+        assert fake.last.json == body  # byte for byte: nothing clamped, nothing injected
+        bad = client.post(
+            "/v1/chat/completions", json=body, headers={"x-context-budget-memories": "never"}
+        )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == (
+        "header x-context-budget-memories must be 'on' or 'off', got 'never'"
+    )

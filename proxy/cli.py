@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -143,7 +145,9 @@ def _serve(args: argparse.Namespace) -> None:
     os.environ[_ENV_CONFIG] = str(source.path) if source.path else ""
     os.environ[_ENV_OVERRIDES] = json.dumps(overrides)
     os.environ[_ENV_RUN] = run
+    _check_port(cfg.proxy.host, cfg.proxy.port)
     _warn_if_open(cfg)
+    _warn_if_keys_without_upstream_key(cfg)
     budget = "ON" if cfg.agents.defaults.context_budget.enabled else "OFF (reporting would-clamp)"
     log.info(
         "ctxbudget %s on http://%s:%s/v1 → %s, contextBudget %s, config %s",
@@ -180,6 +184,37 @@ def _warn_if_open(cfg: Any) -> None:
         cfg.proxy.host,
         cfg.proxy.keys_env,
     )
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse to start, before the banner, when the port is taken (uvicorn says it after)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise SystemExit(
+                    f"ctxbudget: port {port} on {host} is in use: pass --port or set proxy.port"
+                ) from None
+            raise SystemExit(f"ctxbudget: cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _warn_if_keys_without_upstream_key(cfg: Any) -> None:
+    """With proxy keys, the client's credential is a proxy key and is not forwarded: without
+    an upstream key every request reaches the provider with no credentials."""
+    from proxy.config import proxy_keys, upstream_api_key
+    from proxy.upstream import redact
+
+    if proxy_keys(cfg, os.environ) and not upstream_api_key(cfg, os.environ):
+        log.warning(
+            "proxy keys are set but no upstream key is: requests will reach %s without "
+            "credentials. Put the provider key in $%s (proxy.upstream.apiKeyEnv).",
+            redact(cfg.proxy.upstream.base_url),
+            cfg.proxy.upstream.api_key_env or "OPENAI_API_KEY",
+        )
 
 
 SWITCH_INTERVAL = 0.001

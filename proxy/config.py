@@ -37,6 +37,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -82,6 +83,17 @@ class UpstreamConfig(_Model):
     """Seconds to wait for a connection to the upstream (502 after)."""
     read_timeout_seconds: float = Field(600.0, gt=0)
     """Seconds to wait for each read from the upstream (504 after)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _has_scheme(cls, value: str) -> str:
+        # "127.0.0.1:18555" loads fine and then fails every request: say so at load.
+        if not value.lower().startswith(("http://", "https://")):
+            raise ValueError(
+                f"must start with http:// or https://, got {value!r}: write "
+                f"'http://{value}' (or https:// for a remote provider)"
+            )
+        return value
 
 
 class RouteConfig(_Model):

@@ -58,3 +58,27 @@ def test_broken_config_refuses_to_start(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "agents.defaults.contextBudget.webFetchMaxChar" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_serve_says_the_port_is_in_use_before_starting(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    from tests.e2e.server import CTXBUDGET
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [CTXBUDGET, "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 1
+    assert f"ctxbudget: port {port} on 127.0.0.1 is in use: pass --port or set proxy.port" in (
+        done.stderr
+    )
+    assert "Application startup complete" not in done.stderr

@@ -245,3 +245,15 @@ def test_a_broken_config_at_start_raises(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.jsonc", "[]")
     with pytest.raises(ConfigError, match="must hold an object, got list"):
         ConfigSource(path, {}, {})
+
+
+def test_a_base_url_without_a_scheme_is_refused_with_the_fix(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.jsonc", {"proxy": {"upstream": {"baseUrl": "127.0.0.1:18555"}}})
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "- proxy.upstream.baseUrl: must start with http:// or https://, got "
+            "'127.0.0.1:18555': write 'http://127.0.0.1:18555'"
+        ),
+    ):
+        load_config(path, env={}, overrides={})

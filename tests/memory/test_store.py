@@ -212,7 +212,7 @@ def test_the_loops_quick_look_answers_while_another_process_writes(tmp_path: Pat
     try:
         started = time.monotonic()
         assert store.has_any_nowait("default") is True  # committed state, at once
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 0.5  # waiting would take the 30 s busy timeout
     finally:
         holder.execute("ROLLBACK")
         holder.close()

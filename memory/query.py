@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
@@ -28,7 +29,7 @@ class UserTurn:
     last: bool
     """Nothing but agent-internal context follows it: the user's own turn, not a tool loop."""
 
-    @property
+    @cached_property  # read by the command check, the memory stage and recall
     def query(self) -> str:
         """What recall searches for and the chat command is read from: `clean(text)`."""
         return clean(self.text)

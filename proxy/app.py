@@ -1,6 +1,9 @@
 """The Starlette app: dependencies, lifespan, the route table and the one error handler.
 
-POST /v1/chat/completions        the pipeline (proxy/pipeline.py), chat completions adapter
+POST /v1/chat/completions        the pipeline (proxy/pipeline.py), one wire adapter each:
+POST /v1/messages                  chat completions, Anthropic Messages (and its
+POST /v1/messages/count_tokens     count_tokens), OpenAI Responses (proxy/wire/)
+POST /v1/responses
 GET  /v1/models                  passed through
 GET  /context/budget             the report: JSON, text or the page (proxy/reporting.py)
 GET  /context/budget/requests/{id}
@@ -35,7 +38,7 @@ from proxy.reporting import Reporting
 from proxy.state import ProxyState
 from proxy.telemetry import Telemetry
 from proxy.upstream import HttpUpstream, UpstreamClient
-from proxy.wire import ChatCompletions, WireFormat
+from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
 
@@ -104,11 +107,7 @@ def create_app(
             "GET",
             settings.upstream_url("/models"),
             body=None,
-            headers=CHAT.upstream_headers(
-                request.headers,
-                api_key=settings.upstream_api_key,
-                strip_auth=bool(settings.proxy_keys),
-            ),
+            headers=CHAT.upstream_headers(request.headers, settings),
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
         )
@@ -118,9 +117,18 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     chat = pipeline.endpoint(CHAT)
+    messages = pipeline.endpoint(AnthropicMessages())
+    count_tokens = pipeline.endpoint(AnthropicMessages(counting=True))
+    responses = pipeline.endpoint(OpenAIResponses())
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/context/budget", reporting.budget, methods=["GET"]),
         Route("/context/budget/requests/{id}", reporting.budget_request, methods=["GET"]),
@@ -153,7 +161,8 @@ async def _error_response(request: Request, exc: Exception) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = {
             404: f"no route {request.url.path}: ctxbudget serves /v1/chat/completions, "
-            "/v1/models, /v1/memories, /context/budget and /healthz",
+            "/v1/messages, /v1/responses, /v1/models, /v1/memories, /context/budget and "
+            "/healthz",
             405: f"{request.method} is not allowed on {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
         body = {

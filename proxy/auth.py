@@ -1,7 +1,8 @@
 """Who a request acts for: proxy keys, the admin key, and HTTP Basic for the report page.
 
 - No `proxy.keys`: access is open and every request acts for the one owner, `default`.
-- With proxy keys: `Authorization: Bearer <key>` names the owner (constant-time compare);
+- With proxy keys: `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic clients
+  send it) names the owner (constant-time compare);
   the report page also takes HTTP Basic with the key as the password, so a browser can ask.
 """
 
@@ -29,8 +30,8 @@ def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool =
             if same_secret(given, key):
                 return owner
     error = Unauthorized(
-        "missing or unknown proxy key: send 'Authorization: Bearer <key>' with one of "
-        f"the keys in ${settings.proxy_keys_env}"
+        "missing or unknown proxy key: send 'Authorization: Bearer <key>' (or "
+        f"'x-api-key: <key>') with one of the keys in ${settings.proxy_keys_env}"
         + (" (in a browser: any user name, the key as the password)" if browser else "")
     )
     if browser:
@@ -58,10 +59,13 @@ def report_viewer(
 
 
 def credential(headers: Mapping[str, str], *, browser: bool = False) -> bytes | None:
-    """The secret the request presents, as bytes: a Bearer token (the header's own bytes:
-    Starlette decodes headers as latin-1), or with `browser` an HTTP Basic password (UTF-8)."""
+    """The secret the request presents, as bytes: a Bearer token or else `x-api-key` (the
+    header's own bytes: Starlette decodes headers as latin-1), or with `browser` an HTTP
+    Basic password (UTF-8)."""
     header = headers.get("authorization")
     token = bearer(header)
+    if token is None:
+        token = headers.get("x-api-key") or None  # Anthropic clients send their key here
     if token is not None:
         return token.encode("latin-1", "replace")
     password = basic_password(header) if browser else None

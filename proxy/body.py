@@ -18,6 +18,7 @@ b'{"model":"m","tools":[1.50],"messages":[{"role":"user","content":"x"}]}'
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -33,22 +34,20 @@ _TOO_DEEP = (
 _MISSING = object()
 
 
-class ChatBody:
-    """One parsed request: `messages` as Python objects, other fields decoded on demand."""
+class JsonBody:
+    """One parsed request: top-level fields decoded on demand, the rest kept as raw bytes."""
 
-    def __init__(
-        self, raw: bytes, fields: dict[str, Any], messages: list[Any], *, decoded: bool
-    ) -> None:
+    def __init__(self, raw: bytes, fields: dict[str, Any], *, decoded: bool) -> None:
         self.raw = raw
         self._fields = fields
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
-        self.messages = messages
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._fields
 
     def get(self, key: str, default: Any = None) -> Any:
         """A top-level field as a Python value (decoded once)."""
-        if key == "messages":
-            return self.messages
         value = self._cache.get(key, _MISSING)
         if value is _MISSING:
             if key not in self._fields:
@@ -57,30 +56,48 @@ class ChatBody:
             self._cache[key] = value
         return value
 
-    def to_dict(self, messages: list[Any] | None = None) -> dict[str, Any]:
-        """The whole request as Python values (for routes that need every field)."""
+    def to_dict(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The whole request as Python values, with `changes` applied."""
         out = {k: self.get(k) for k in self._fields}
-        out["messages"] = self.messages if messages is None else messages
+        out.update(changes or {})
         return out
 
-    def encode(self, messages: list[Any]) -> bytes:
-        """The request with `messages` replaced; every other field as the client sent it."""
+    def encode(self, changes: Mapping[str, Any]) -> bytes:
+        """The request with the fields in `changes` replaced (new ones appended); every
+        other field exactly as the client sent it."""
         parts = []
         for key, value in self._fields.items():
-            if key == "messages":
-                encoded = _dumps(messages)
+            if key in changes:
+                encoded = _dumps(changes[key])
             elif self._decoded:
                 encoded = _dumps(value)
             else:
                 encoded = bytes(value)
             parts.append(_dumps(key) + b":" + encoded)
+        parts.extend(_dumps(k) + b":" + _dumps(v) for k, v in changes.items() if k not in self)
         return b"{" + b",".join(parts) + b"}"
 
 
-def parse_chat_body(raw: bytes) -> ChatBody:
-    """Check and parse a chat request; `BadRequest` naming what is wrong."""
+class ChatBody(JsonBody):
+    """A chat completions request: `messages` parsed up front."""
+
+    def __init__(self, raw: bytes, fields: dict[str, Any], *, decoded: bool) -> None:
+        super().__init__(raw, fields, decoded=decoded)
+        self.messages: list[Any] = self.get("messages")
+
+    def encode(self, changes: Mapping[str, Any] | list[Any]) -> bytes:
+        """The request with `messages` (a list) or the fields in `changes` replaced."""
+        return super().encode({"messages": changes} if isinstance(changes, list) else changes)
+
+
+def parse_object(raw: bytes, *, example: str, parsed: str = "messages") -> JsonBody:
+    """Check that `raw` is one JSON object and scan its top level; `BadRequest` otherwise.
+
+    `example` is what a request of this format looks like, for the error message; `parsed`
+    names the field the caller parses at once (its UTF-8 is checked then, not twice).
+    """
     if not raw.strip():
-        raise BadRequest("request body is empty: send a JSON chat completion request")
+        raise BadRequest(f"request body is empty: send {example}")
     try:
         fields: dict[str, Any] = _TOP.decode(raw)
         decoded = False
@@ -88,8 +105,7 @@ def parse_chat_body(raw: bytes) -> ChatBody:
         raise BadRequest(_TOO_DEEP) from None
     except msgspec.ValidationError:
         raise BadRequest(
-            f"request body must be a JSON object, got {_kind(raw)}: "
-            'send {"model": ..., "messages": [...]}'
+            f"request body must be a JSON object, got {_kind(raw)}: send {example}"
         ) from None
     except msgspec.DecodeError:
         # Lone surrogate escapes ("\\ud800") are valid JSON that msgspec refuses; the stdlib
@@ -106,27 +122,32 @@ def parse_chat_body(raw: bytes) -> ChatBody:
             ) from None
         fields, decoded = whole, True
     if not decoded:
-        _check_utf8(fields)
-    if "messages" not in fields:
+        _check_utf8(fields, parsed)
+    return JsonBody(raw, fields, decoded=decoded)
+
+
+def parse_chat_body(raw: bytes) -> ChatBody:
+    """Check and parse a chat request; `BadRequest` naming what is wrong."""
+    top = parse_object(raw, example='{"model": ..., "messages": [...]}')
+    if "messages" not in top:
         raise BadRequest("'messages' is required: a list of chat messages", param="messages")
-    messages = fields["messages"] if decoded else _loads(memoryview(fields["messages"]))
-    if not isinstance(messages, list):
+    body = ChatBody(raw, top._fields, decoded=top._decoded)
+    if not isinstance(body.messages, list):
         raise BadRequest(
-            f"'messages' must be a list of chat messages, got {_type(messages)}",
+            f"'messages' must be a list of chat messages, got {type_name(body.messages)}",
             param="messages",
         )
-    body = ChatBody(raw, fields, messages, decoded=decoded)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise BadRequest(f"'model' must be a string, got {_type(model)}", param="model")
+        raise BadRequest(f"'model' must be a string, got {type_name(model)}", param="model")
     return body
 
 
-def _check_utf8(fields: dict[str, Any]) -> None:
+def _check_utf8(fields: dict[str, Any], parsed: str) -> None:
     # msgspec checks the strings it decodes, not the raw values it only skips; `messages` is
     # checked by orjson when it parses it. Usually ASCII: a fast check, no decode.
     for key, value in fields.items():
-        if key == "messages":
+        if key == parsed:
             continue  # orjson checks it as it parses; copying it here cost 30 ms at 30 MB
         data = bytes(value)
         if not data.isascii():
@@ -158,7 +179,8 @@ def _dumps(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _type(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """The JSON name of a value's type, for error messages."""
     return {
         str: "string",
         int: "integer",

@@ -31,13 +31,13 @@ from typing import Annotated, Any, Literal
 
 import json5
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -62,6 +62,19 @@ def _expand(value: Any) -> Any:
 FilePath = Annotated[Path, BeforeValidator(_expand), Field(strict=False)]
 
 
+def _has_scheme(value: str) -> str:
+    # "127.0.0.1:18555" loads fine and then fails every request: say so at load.
+    if not value.lower().startswith(("http://", "https://")):
+        raise ValueError(
+            f"must start with http:// or https://, got {value!r}: write "
+            f"'http://{value}' (or https:// for a remote provider)"
+        )
+    return value
+
+
+BaseUrl = Annotated[str, Field(min_length=1), AfterValidator(_has_scheme)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -75,7 +88,7 @@ class _Model(BaseModel):
 
 
 class UpstreamConfig(_Model):
-    base_url: str = Field("https://api.openai.com/v1", min_length=1)
+    base_url: BaseUrl = "https://api.openai.com/v1"
     """OpenAI-compatible base URL; requests go to `<baseUrl>/chat/completions`."""
     api_key_env: str | None = "OPENAI_API_KEY"
     """Environment variable holding the upstream key; when set, it replaces the client's."""
@@ -84,16 +97,14 @@ class UpstreamConfig(_Model):
     read_timeout_seconds: float = Field(600.0, gt=0)
     """Seconds to wait for each read from the upstream (504 after)."""
 
-    @field_validator("base_url")
-    @classmethod
-    def _has_scheme(cls, value: str) -> str:
-        # "127.0.0.1:18555" loads fine and then fails every request: say so at load.
-        if not value.lower().startswith(("http://", "https://")):
-            raise ValueError(
-                f"must start with http:// or https://, got {value!r}: write "
-                f"'http://{value}' (or https:// for a remote provider)"
-            )
-        return value
+
+class AnthropicConfig(_Model):
+    base_url: BaseUrl = "https://api.anthropic.com"
+    """Anthropic Messages upstream; requests go to `<baseUrl>/v1/messages` (timeouts are
+    `proxy.upstream`'s)."""
+    api_key_env: str | None = "ANTHROPIC_API_KEY"
+    """Environment variable holding the Anthropic key; when set, it replaces the client's
+    `x-api-key`."""
 
 
 class RouteConfig(_Model):
@@ -112,6 +123,8 @@ class ProxyConfig(_Model):
     """Port to listen on (0 picks a free one)."""
     upstream: UpstreamConfig = UpstreamConfig()
     """The OpenAI-compatible provider requests are forwarded to."""
+    anthropic: AnthropicConfig = AnthropicConfig()
+    """Where Anthropic Messages requests (`/v1/messages`) go."""
     routes: dict[str, RouteConfig] = {}
     """Model name → litellm route, for providers that are not OpenAI-compatible."""
     keys_env: str = "CTXBUDGET_PROXY_KEYS"
@@ -581,6 +594,11 @@ def _secret(env: Mapping[str, str], name: str | None) -> str | None:
 def upstream_api_key(config: Config, env: Mapping[str, str]) -> str | None:
     """The upstream key from the environment variable the config names, if set."""
     return _secret(env, config.proxy.upstream.api_key_env)
+
+
+def anthropic_api_key(config: Config, env: Mapping[str, str]) -> str | None:
+    """The Anthropic key from the environment variable the config names, if set."""
+    return _secret(env, config.proxy.anthropic.api_key_env)
 
 
 _OWNER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")

@@ -29,7 +29,7 @@ from proxy import command
 from proxy.auth import owner_for
 from proxy.body import read_body
 from proxy.config import RouteConfig
-from proxy.errors import ClampError, UpstreamError
+from proxy.errors import BadRequest, ClampError, UpstreamError
 from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
 from proxy.price_map import input_price
 from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
@@ -77,11 +77,18 @@ class Pipeline:
         # Work that grows with the body runs in a worker thread for a large one, so one 30 MB
         # request does not stall every other client; small ones skip the ~0.1 ms hop.
         large = len(raw) > LARGE_BODY
-        body, turn = await _maybe_off_loop(large, _parse, wire, raw)
+        body, turn = await _maybe_off_loop(large, _parse, wire, raw, owner)
         marks["parsed"] = time.time_ns()
         request_id = "cb-" + secrets.token_hex(8)
+        route = settings.route_for(body.model)
+        if route is not None and wire.name != "chat":
+            raise BadRequest(
+                f"model {body.model!r} is routed through litellm (proxy.routes), which "
+                f"ctxbudget serves for chat completions only, not {wire.name}: send this "
+                "model's requests to /v1/chat/completions, or remove its route"
+            )
 
-        mode = command.find_command(turn)
+        mode = command.find_command(turn) if wire.generates else None
         if mode is not None:
             viewer = owner if settings.proxy_keys else None  # a key sees its own report
             return await self._answer_command(
@@ -100,7 +107,6 @@ class Pipeline:
 
         # forward
         encoding = settings.encoding_for(body.model)
-        route = settings.route_for(body.model)
         price = input_price(route.model if route else body.model)
         # Counted here for the x-context-budget-saved-tokens header: ~0.1 ms per 1,000 chars
         # the first time a text is seen, a cache hit on every later turn that resends it.
@@ -134,10 +140,13 @@ class Pipeline:
                 memory=recalled.to_dict() if recalled is not None else None,
                 worker=os.getpid(),
                 owner=owner,
+                note=body.note,
             ),
             started=started,
             keep_usage=self.state.reports.keeps_usage,
+            record=wire.generates,
         )
+        watcher = wire.watch_reply(body, owner)
         marks["upstream_start"] = time.time_ns()
         reply: UpstreamReply | None = None
         # An abandoned request must not keep the upstream generating tokens for nobody.
@@ -154,9 +163,11 @@ class Pipeline:
             headers = {**reply.headers, **headers}
             if body.stream:
                 return StreamingResponse(
-                    relay(reply, recorder, wire), status_code=reply.status, headers=headers
+                    relay(reply, recorder, wire, watcher),
+                    status_code=reply.status,
+                    headers=headers,
                 )
-            data = await read_whole(reply, recorder)
+            data = await read_whole(reply, recorder, watcher)
         except asyncio.CancelledError:
             if not watch.fired():
                 raise
@@ -214,16 +225,11 @@ class Pipeline:
             from proxy.providers import litellm_reply
 
             return await litellm_reply(litellm_body, route, stream=body.stream, env=self.state.env)
-        path = wire.upstream_path(request.url.path, request.url.query)
         return await self.state.upstream.request(
             "POST",
-            settings.upstream_url(path),
+            wire.upstream_url(settings, request.url.path, request.url.query),
             body=await _maybe_off_loop(large, body.encode),
-            headers=wire.upstream_headers(
-                request.headers,
-                api_key=settings.upstream_api_key,
-                strip_auth=bool(settings.proxy_keys),
-            ),
+            headers=wire.upstream_headers(request.headers, settings),
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
         )
@@ -252,8 +258,8 @@ class Pipeline:
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
 
 
-def _parse(wire: WireFormat, raw: bytes) -> tuple[WireRequest, UserTurn | None]:
-    body = wire.parse(raw)
+def _parse(wire: WireFormat, raw: bytes, owner: str) -> tuple[WireRequest, UserTurn | None]:
+    body = wire.parse(raw, owner=owner)
     return body, body.user_turn()
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
 from proxy.upstream import UpstreamReply
-from proxy.wire.types import WireFormat
+from proxy.wire.types import ReplyWatcher, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
 
@@ -28,9 +28,17 @@ class Recorder:
     """Completes one request's record and queues it for the report, exactly once."""
 
     def __init__(
-        self, reports: ReportStore, draft: RequestRecord, *, started: float, keep_usage: bool
+        self,
+        reports: ReportStore,
+        draft: RequestRecord,
+        *,
+        started: float,
+        keep_usage: bool,
+        record: bool = True,
     ) -> None:
         self._reports = reports
+        self._record = record
+        """False for requests the report does not count (token counting)."""
         self.draft = draft
         self._started = started
         self.keep_usage = keep_usage
@@ -42,6 +50,8 @@ class Recorder:
         if self.done:
             return
         self.done = True
+        if not self._record:
+            return
         self.draft.marks["end"] = time.time_ns()
         self._reports.add(
             replace(
@@ -60,10 +70,15 @@ BUFFER_BYTES = 8 * 1024 * 1024
 
 
 async def read_whole(
-    reply: UpstreamReply, recorder: Recorder, *, limit: int = BUFFER_BYTES
+    reply: UpstreamReply,
+    recorder: Recorder,
+    watcher: ReplyWatcher | None = None,
+    *,
+    limit: int = BUFFER_BYTES,
 ) -> bytes | AsyncIterator[bytes]:
     """A JSON answer: its bytes when they fit in `limit`, else the rest as it arrives (a
-    200 MB reply must not cost 200 MB). The record is finished either way."""
+    200 MB reply must not cost 200 MB; `watcher` does not see it). The record is finished
+    either way."""
     chunks: list[bytes] = []
     size = 0
     stream = reply.iter_chunks()
@@ -79,6 +94,9 @@ async def read_whole(
         raise UpstreamError(f"upstream connection broke while answering: {exc}") from exc
     reply.release()
     data = b"".join(chunks)
+    if watcher is not None:
+        watcher.feed(data)
+        watcher.close()
     if recorder.keep_usage:
         recorder.tail = data
     recorder.finish(reply.status)
@@ -113,8 +131,14 @@ async def _pass_through(
             )
 
 
-async def relay(reply: UpstreamReply, recorder: Recorder, wire: WireFormat) -> AsyncIterator[bytes]:
-    """Relay the upstream's SSE bytes as they arrive; close the upstream if the client goes."""
+async def relay(
+    reply: UpstreamReply,
+    recorder: Recorder,
+    wire: WireFormat,
+    watcher: ReplyWatcher | None = None,
+) -> AsyncIterator[bytes]:
+    """Relay the upstream's SSE bytes as they arrive (`watcher` reads them too); close the
+    upstream if the client goes."""
     completed = False
     failure: UpstreamError | None = None
     try:
@@ -122,6 +146,8 @@ async def relay(reply: UpstreamReply, recorder: Recorder, wire: WireFormat) -> A
         async for chunk in reply.iter_chunks():
             if keep and marker in chunk:
                 recorder.tail = chunk
+            if watcher is not None:
+                watcher.feed(chunk)
             yield chunk
         completed = True
     except Exception as exc:  # upstream broke mid-stream: the status line is already sent
@@ -133,6 +159,8 @@ async def relay(reply: UpstreamReply, recorder: Recorder, wire: WireFormat) -> A
         log.warning("%s", failure.message)
         yield wire.stream_error(failure)
     finally:
+        if watcher is not None:
+            watcher.close()
         if completed:
             reply.release()
         else:

@@ -22,6 +22,7 @@ from proxy.config import (
     RewriteConfig,
     RouteConfig,
     admin_key,
+    anthropic_api_key,
     effective_caps,
     is_loopback,
     memory_limits,
@@ -43,6 +44,8 @@ class Settings:
     tool_names: ToolNames
     upstream_base: str
     upstream_api_key: str | None = field(repr=False)
+    anthropic_base: str
+    anthropic_api_key: str | None = field(repr=False)
     proxy_keys: dict[str, str] = field(repr=False)
     """Proxy key → the owner it stands for."""
     admin_key: str | None = field(repr=False)
@@ -124,6 +127,8 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         tool_names=tool_names(config),
         upstream_base=str(upstream.base_url).rstrip("/"),
         upstream_api_key=upstream_api_key(config, env),
+        anthropic_base=config.proxy.anthropic.base_url.rstrip("/"),
+        anthropic_api_key=anthropic_api_key(config, env),
         proxy_keys=proxy_keys(config, env),
         admin_key=admin_key(config, env),
         proxy_keys_env=config.proxy.keys_env,

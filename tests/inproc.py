@@ -23,7 +23,8 @@ from starlette.applications import Starlette
 
 from caps import Clamp, clamp_request
 from proxy.app import create_app
-from proxy.config import ConfigSource
+from proxy.config import Config, ConfigSource
+from proxy.settings import Settings, settings_for
 from proxy.state import ProxyState
 from tests.fakes import FakeUpstream
 
@@ -40,6 +41,12 @@ def config_for(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     }
     _merge(config, sections)
     return config
+
+
+def settings(env: Mapping[str, str] | None = None, **proxy: Any) -> Settings:
+    """`Settings` for a config whose `proxy` section is `proxy` (proxy keys from $KEYS)."""
+    config = Config.model_validate({"proxy": {"keysEnv": "KEYS", **proxy}})
+    return settings_for(config, env or {})
 
 
 def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:

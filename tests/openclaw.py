@@ -55,6 +55,16 @@ def load_fixtures() -> list[tuple[str, dict[str, Any]]]:
     return [(p.stem, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
 
 
+def format_fixtures(folder: str, pattern: str = "*-v1_*.json") -> list[tuple[str, bytes]]:
+    """(name, raw body) of the captures in `../shared/fixtures/<folder>` (`openclaw-messages`,
+    `openclaw-responses`), beside the chat ones; empty when absent."""
+    chat = fixture_dir()
+    folder_path = chat.parent / folder if chat is not None else None
+    if folder_path is None or not folder_path.is_dir():
+        return []
+    return [(p.stem, p.read_bytes()) for p in sorted(folder_path.glob(pattern))]
+
+
 def lines_joined(lines: list[str]) -> str:
     """OpenClaw's `lines.filter(Boolean).join("\\n")`: empty lines are dropped."""
     return "\n".join(line for line in lines if line)

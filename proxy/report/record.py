@@ -37,7 +37,7 @@ class RequestRecord:
     route: str = "openai"
     """`openai` (the upstream) or the litellm model it was routed to."""
     wire: str = "chat"
-    """The wire format the client spoke (`chat`, …)."""
+    """The wire format the client spoke (`chat`, `messages`, `responses`)."""
     clamp_error: str | None = None
     upstream_error: str | None = None
     segment_tokens: tuple[int, ...] = ()
@@ -54,6 +54,8 @@ class RequestRecord:
     """Process id of the worker that served it."""
     owner: str = "default"
     """Whose request it was (the proxy key's owner): each key sees only its own report."""
+    note: str | None = None
+    """What the wire adapter said about the request as a whole (e.g. a continuation)."""
 
 
 def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
@@ -106,6 +108,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "model": r.model,
         "route": r.route,
         "wire": r.wire,
+        "note": r.note,
         "enabled": r.enabled,
         "stream": r.stream,
         "status": r.status,

@@ -19,6 +19,7 @@ from memory.inject import Placement, inject
 from memory.query import UserTurn, user_turn
 from proxy.body import ChatBody, parse_chat_body
 from proxy.errors import CtxBudgetError
+from proxy.settings import Settings
 from proxy.upstream import forward_request_headers
 from proxy.wire.types import Reply, WireRequest
 
@@ -30,6 +31,7 @@ class ChatCompletionsRequest:
 
     def __init__(self, body: ChatBody) -> None:
         self.raw = body.raw
+        self.note: str | None = None
         self._body = body
         self.messages: list[Any] = body.messages
         model = body.get("model")
@@ -72,7 +74,7 @@ class ChatCompletionsRequest:
         return self._body.encode(self.messages) if self.changed else self.raw
 
     def litellm_body(self) -> dict[str, Any]:
-        return self._body.to_dict(self.messages)
+        return self._body.to_dict({"messages": self.messages})
 
 
 class ChatCompletions:
@@ -81,22 +83,19 @@ class ChatCompletions:
     name = "chat"
     usage_marker = b'"usage"'
 
-    def parse(self, raw: bytes) -> ChatCompletionsRequest:
+    def parse(self, raw: bytes, *, owner: str = "default") -> ChatCompletionsRequest:
         return ChatCompletionsRequest(parse_chat_body(raw))
 
-    def upstream_path(self, path: str, query: str) -> str:
-        return "/chat/completions" + (f"?{query}" if query else "")
+    generates = True
 
-    def upstream_headers(
-        self, headers: Mapping[str, str], *, api_key: str | None, strip_auth: bool
-    ) -> dict[str, str]:
-        if api_key:
-            authorization: str | None = f"Bearer {api_key}"
-        elif strip_auth:
-            authorization = None  # the client's header holds a proxy key, not a provider key
-        else:
-            authorization = headers.get("authorization")
-        return forward_request_headers(headers, authorization)
+    def upstream_url(self, settings: Settings, path: str, query: str) -> str:
+        return settings.upstream_url("/chat/completions" + (f"?{query}" if query else ""))
+
+    def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
+        return openai_headers(headers, settings)
+
+    def watch_reply(self, request: WireRequest, owner: str) -> None:
+        return None
 
     def error_body(self, error: CtxBudgetError) -> dict[str, Any]:
         return error.to_dict()
@@ -116,6 +115,20 @@ class ChatCompletions:
             completion_stream(text, model=model, request_id=request_id, include_usage=usage),
             "text/event-stream",
         )
+
+
+def openai_headers(headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
+    """Headers for an OpenAI-compatible upstream: `authorization: Bearer` is the credential."""
+    if settings.upstream_api_key:
+        authorization: str | None = f"Bearer {settings.upstream_api_key}"
+    elif settings.proxy_keys:
+        authorization = None  # the client's header holds a proxy key, not a provider key
+    else:
+        authorization = headers.get("authorization")
+    out = forward_request_headers(headers, authorization)
+    if settings.proxy_keys:  # a proxy key may also come as x-api-key: it never goes upstream
+        out = {k: v for k, v in out.items() if k.lower() != "x-api-key"}
+    return out
 
 
 def completion(text: str, *, model: str, request_id: str) -> bytes:

@@ -23,6 +23,7 @@ from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement
 from memory.query import UserTurn
 from proxy.errors import CtxBudgetError
+from proxy.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class WireRequest(Protocol):
 
     raw: bytes
     """The body as the client sent it."""
+    note: str | None
+    """What the report should say about the request as a whole (e.g. a continuation)."""
 
     @property
     def model(self) -> str | None: ...
@@ -78,30 +81,46 @@ class WireRequest(Protocol):
         ...
 
 
+class ReplyWatcher(Protocol):
+    """Reads a relayed reply as it passes (a format that must remember something from it)."""
+
+    def feed(self, chunk: bytes) -> None:
+        """The next bytes of the reply (SSE or JSON), exactly as relayed."""
+        ...
+
+    def close(self) -> None:
+        """The reply ended (completed or not)."""
+        ...
+
+
 class WireFormat(Protocol):
     """One API format: parsing, upstream target, and the shapes of the proxy's own answers."""
 
     name: str
-    """Short name, recorded with each request (`chat`, …)."""
+    """Short name, recorded with each request (`chat`, `messages`, `responses`)."""
     usage_marker: bytes
     """Bytes that appear in a reply chunk only where usage is (kept for telemetry)."""
+    generates: bool
+    """The request asks for a model's answer. False for token counting: such requests are
+    clamped and injected like the real one, but not recorded and never a chat command."""
 
-    def parse(self, raw: bytes) -> WireRequest:
-        """Check and parse a body; `BadRequest` that says what to fix."""
+    def parse(self, raw: bytes, *, owner: str = "default") -> WireRequest:
+        """Check and parse a body; `BadRequest` that says what to fix. `owner`: whom the
+        request acts for (state a format keeps across requests is kept per owner)."""
         ...
 
-    def upstream_path(self, path: str, query: str) -> str:
-        """Where the request goes, relative to the upstream base URL (query string kept)."""
+    def upstream_url(self, settings: Settings, path: str, query: str) -> str:
+        """Where the request goes (query string kept)."""
         ...
 
-    def upstream_headers(
-        self, headers: Mapping[str, str], *, api_key: str | None, strip_auth: bool
-    ) -> dict[str, str]:
-        """Client headers to forward, with the upstream credential set.
+    def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
+        """Client headers to forward, with the upstream credential set: the configured
+        upstream key when there is one, else the client's own — unless the client's
+        credential is a proxy key, which never goes upstream."""
+        ...
 
-        `api_key`: the configured upstream key (replaces the client's); `strip_auth`: the
-        client's own credential is a proxy key and must not go upstream.
-        """
+    def watch_reply(self, request: WireRequest, owner: str) -> ReplyWatcher | None:
+        """Something to read the reply as it is relayed, or None (most formats)."""
         ...
 
     def error_body(self, error: CtxBudgetError) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import orjson
 from caps import Caps, ToolNames, clamp_request
 from proxy.errors import BadRequest, UpstreamError
 from proxy.wire import ChatCompletions
+from tests.inproc import settings
 from tests.openclaw import INTERNAL_CONTEXT, openclaw_request
 
 CHAT = ChatCompletions()
@@ -129,13 +130,15 @@ def test_errors_are_openai_shaped_in_json_and_in_a_stream() -> None:
 
 
 def test_upstream_target_and_credentials() -> None:
-    assert CHAT.upstream_path("/v1/chat/completions", "") == "/chat/completions"
-    assert CHAT.upstream_path("/chat/completions", "a=1") == "/chat/completions?a=1"
+    plain = settings(upstream={"baseUrl": "http://up/v1", "apiKeyEnv": None})
+    assert CHAT.upstream_url(plain, "/v1/chat/completions", "") == "http://up/v1/chat/completions"
+    assert CHAT.upstream_url(plain, "/chat/completions", "a=1") == (
+        "http://up/v1/chat/completions?a=1"
+    )
     client = {"authorization": "Bearer client", "x-a": "1"}
-    assert CHAT.upstream_headers(client, api_key="sk-up", strip_auth=True)["authorization"] == (
-        "Bearer sk-up"
-    )
-    assert "authorization" not in CHAT.upstream_headers(client, api_key=None, strip_auth=True)
-    assert CHAT.upstream_headers(client, api_key=None, strip_auth=False)["authorization"] == (
-        "Bearer client"
-    )
+    keyed = settings(env={"UP": "sk-up", "KEYS": "pk"}, upstream={"apiKeyEnv": "UP"})
+    assert CHAT.upstream_headers(client, keyed)["authorization"] == "Bearer sk-up"
+    proxy_key = {"authorization": "Bearer pk", "x-api-key": "pk", "x-a": "1"}
+    sent = CHAT.upstream_headers(proxy_key, settings(env={"KEYS": "pk"}))
+    assert "authorization" not in sent and "x-api-key" not in sent  # a proxy key stays here
+    assert CHAT.upstream_headers(client, plain)["authorization"] == "Bearer client"

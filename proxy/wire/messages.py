@@ -1,0 +1,312 @@
+"""Anthropic Messages (`POST /v1/messages`, `/v1/messages/count_tokens`): a wire adapter.
+
+What OpenClaw, Claude Code and the `anthropic` SDK send (`shared/OPENCLAW_WIRE_FORMATS.md`):
+
+- System prompt: top-level `system`, a string or text blocks (OpenClaw: `system[0]` the
+  stable prefix with the bootstrap files and a `cache_control` marker); Claude Code also puts a
+  `role: "system"` message inside `messages`. Both are read for bootstrap files.
+- Tool results: `tool_result` blocks in user messages, `content` a string or blocks; the tool
+  name is on the `tool_use` block with the same id (OpenClaw's tool-search bridge included).
+- Never touched: `thinking`/`redacted_thinking` (signed upstream), `server_tool_use`, images,
+  documents, `tools`, and every key of a block except the text a cap shortens. A clamp never
+  adds, removes or moves a block, so `cache_control` markers keep their number and places.
+
+Only `system` and `messages` are ever re-serialised, and only when they changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from caps import Caps, Clamp, Segment, ToolNames
+from memory.inject import Placement, block, inject
+from memory.query import UserTurn, user_turn
+from proxy.body import JsonBody, parse_object, type_name
+from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
+from proxy.settings import Settings
+from proxy.upstream import forward_request_headers
+from proxy.wire.types import Reply, WireRequest
+from proxy.wire.view import ChatView, set_item, set_part
+
+_EXAMPLE = '{"model": ..., "max_tokens": ..., "messages": [...]}'
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+}
+
+
+class MessagesRequest:
+    """A parsed Messages request (`WireRequest`)."""
+
+    def __init__(self, body: JsonBody, messages: list[Any], system: Any, *, counting: bool):
+        self.raw = body.raw
+        self.note: str | None = None
+        self._body = body
+        self.messages = self._messages = messages
+        self.system = self._system = system
+        model = body.get("model")
+        self.model: str | None = model
+        self.stream: bool = not counting and body.get("stream") is True
+        self._turn: tuple[UserTurn | None] | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.messages is not self._messages or self.system is not self._system
+
+    def user_turn(self) -> UserTurn | None:
+        if self._turn is None:  # found once, before anything changes the messages
+            self._turn = (user_turn(self.messages),)
+        return self._turn[0]
+
+    def system_text(self) -> str:
+        texts = [_text_of(self.system)]
+        texts.extend(
+            _text_of(m.get("content"))
+            for m in self.messages
+            if isinstance(m, dict) and m.get("role") == "system"
+        )
+        return "".join(texts)
+
+    def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        view = ChatView()
+        if isinstance(self.system, str):
+            view.system(self.system, ("system", -1))
+        elif isinstance(self.system, list):
+            for i, part in _text_blocks(self.system):
+                view.system(part, ("system", -1, i))
+        for index, message in enumerate(self.messages):
+            content = message["content"]
+            role = message["role"]
+            if role == "system":  # Claude Code's environment block
+                if isinstance(content, str):
+                    view.system(content, ("message", index))
+                else:
+                    for i, part in _text_blocks(content):
+                        view.system(part, ("message", index, i))
+            elif role == "assistant" and isinstance(content, list):
+                view.calls(
+                    [
+                        (b["id"], b["name"], orjson.dumps(b.get("input")).decode())
+                        for b in content
+                        if isinstance(b, dict)
+                        and b.get("type") == "tool_use"
+                        and isinstance(b.get("id"), str)
+                        and isinstance(b.get("name"), str)
+                    ]
+                )
+            elif role == "user" and isinstance(content, list):
+                for i, part in enumerate(content):
+                    if isinstance(part, dict) and part.get("type") == "tool_result":
+                        view.result(part["tool_use_id"], part.get("content"), ("result", index, i))
+        segments, changes = view.clamp(clamp, caps, tools)
+        if apply:
+            for place, new in changes:
+                self._write(place, new)
+        return segments
+
+    def _write(self, place: tuple[Any, ...], new: Any) -> None:
+        match place:
+            case ("system", _):
+                self.system = new
+            case ("system", _, int(i)):
+                self.system = set_item(self.system, i, "text", new)
+            case ("message", int(index)):
+                self.messages = set_item(self.messages, index, "content", new)
+            case ("message", int(index), int(i)):
+                self.messages = set_part(self.messages, index, i, "text", new)
+            case ("result", int(index), int(i)):
+                self.messages = set_part(self.messages, index, i, "content", new)
+
+    def inject(self, lines: Sequence[str], placement: Placement) -> None:
+        if placement == "user":
+            self.messages = inject(self.messages, list(lines), "user")
+        elif lines:  # after the system prompt: the cached prefix up to it stays
+            text = block(list(lines))
+            if isinstance(self.system, list):
+                self.system = [*self.system, {"type": "text", "text": text}]
+            else:
+                self.system = f"{self.system}\n\n{text}" if self.system else text
+
+    def encode(self) -> bytes:
+        if not self.changed:
+            return self.raw
+        changes: dict[str, Any] = {}
+        if self.messages is not self._messages:
+            changes["messages"] = self.messages
+        if self.system is not self._system:
+            changes["system"] = self.system
+        return self._body.encode(changes)
+
+    def litellm_body(self) -> None:
+        return None
+
+
+class AnthropicMessages:
+    """The Anthropic Messages format (`WireFormat`); `counting` for `/count_tokens`."""
+
+    name = "messages"
+    usage_marker = b'"usage"'
+
+    def __init__(self, *, counting: bool = False) -> None:
+        self.generates = not counting
+        self._endpoint = "/messages/count_tokens" if counting else "/messages"
+
+    def parse(self, raw: bytes, *, owner: str = "default") -> MessagesRequest:
+        body = parse_object(raw, example=_EXAMPLE)
+        messages = body.get("messages")
+        if messages is None:
+            raise BadRequest("'messages' is required: a list of messages", param="messages")
+        if not isinstance(messages, list):
+            raise BadRequest(
+                f"'messages' must be a list of messages, got {type_name(messages)}",
+                param="messages",
+            )
+        _check_messages(messages)
+        system = body.get("system")
+        if system is not None and not (
+            isinstance(system, str)
+            or (isinstance(system, list) and all(isinstance(b, dict) for b in system))
+        ):
+            raise BadRequest(
+                f"'system' must be a string or a list of text blocks, got {type_name(system)}",
+                param="system",
+            )
+        for key, kind, name in (("model", str, "a string"), ("stream", bool, "true or false")):
+            value = body.get(key)
+            if value is not None and not isinstance(value, kind):
+                raise BadRequest(f"'{key}' must be {name}, got {type_name(value)}", param=key)
+        return MessagesRequest(body, messages, system, counting=not self.generates)
+
+    def upstream_url(self, settings: Settings, path: str, query: str) -> str:
+        base = settings.anthropic_base
+        prefix = base if base.endswith("/v1") else base + "/v1"  # as OpenClaw resolves it
+        return prefix + self._endpoint + (f"?{query}" if query else "")
+
+    def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
+        out = forward_request_headers(headers, None)
+        if settings.anthropic_api_key:
+            out = {k: v for k, v in out.items() if k.lower() != "x-api-key"}
+            out["x-api-key"] = settings.anthropic_api_key
+        elif settings.proxy_keys:  # the client's credential is a proxy key: never upstream
+            out = {k: v for k, v in out.items() if k.lower() != "x-api-key"}
+        elif headers.get("authorization"):  # OAuth tokens (`sk-ant-oat…`) come as Bearer
+            out["authorization"] = headers["authorization"]
+        return out
+
+    def watch_reply(self, request: WireRequest, owner: str) -> None:
+        return None
+
+    def error_body(self, error: CtxBudgetError) -> dict[str, Any]:
+        if isinstance(error, UpstreamError) and error.body is not None:
+            return error.body  # the upstream's own error, as it said it
+        kind = _ERROR_TYPES.get(error.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+    def stream_error(self, error: CtxBudgetError) -> bytes:
+        kind = "overloaded_error" if error.status == 529 else "api_error"
+        body = {"type": "error", "error": {"type": kind, "message": error.message}}
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+
+    def command_reply(self, text: str, request: WireRequest, *, request_id: str) -> Reply:
+        message = {
+            "id": f"msg_{request_id}",
+            "type": "message",
+            "role": "assistant",
+            "model": request.model or "ctxbudget",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        if not request.stream:
+            return Reply(orjson.dumps(message), "application/json")
+        return Reply(_message_stream(message, text), "text/event-stream")
+
+
+async def _message_stream(message: dict[str, Any], text: str) -> AsyncIterator[bytes]:
+    """The same answer as the full Messages event sequence."""
+
+    def event(name: str, body: dict[str, Any]) -> bytes:
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
+
+    start = {**message, "content": [], "stop_reason": None}
+    yield event("message_start", {"type": "message_start", "message": start})
+    yield event(
+        "content_block_start",
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    )
+    for i in range(0, len(text), 400):
+        delta = {"type": "text_delta", "text": text[i : i + 400]}
+        yield event(
+            "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+        )
+    yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    yield event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 0},
+        },
+    )
+    yield event("message_stop", {"type": "message_stop"})
+
+
+def _check_messages(messages: list[Any]) -> None:
+    """400 for what would make the clamp misread the request: shapes, and results that
+    answer no earlier `tool_use`."""
+    calls: set[str] = set()
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise BadRequest(f"'{where}' must be an object, got {type_name(message)}", param=where)
+        if not isinstance(message.get("role"), str):
+            raise BadRequest(f"'{where}.role' must be a string", param=f"{where}.role")
+        content = message.get("content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(
+                f"'{where}.content' must be a string or a list of blocks, got {type_name(content)}",
+                param=f"{where}.content",
+            )
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise BadRequest(
+                    f"'{where}.content[{i}]' must be an object, got {type_name(part)}",
+                    param=f"{where}.content[{i}]",
+                )
+            kind = part.get("type")
+            if kind == "tool_use" and isinstance(part.get("id"), str):
+                calls.add(part["id"])
+            elif kind == "tool_result" and part.get("tool_use_id") not in calls:
+                raise BadRequest(
+                    f"'{where}.content[{i}]' is a tool_result for tool_use_id "
+                    f"{part.get('tool_use_id')!r}, which no earlier tool_use block has: "
+                    "send the assistant turn that called the tool",
+                    param=f"{where}.content[{i}].tool_use_id",
+                )
+
+
+def _text_blocks(blocks: list[Any]) -> list[tuple[int, str]]:
+    return [
+        (i, b["text"])
+        for i, b in enumerate(blocks)
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(text for _, text in _text_blocks(content))
+    return ""

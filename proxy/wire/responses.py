@@ -1,0 +1,486 @@
+"""OpenAI Responses (`POST /v1/responses`): a wire adapter.
+
+What OpenClaw, Codex and the `openai` SDK send (`shared/OPENCLAW_WIRE_FORMATS.md` §4):
+
+- System prompt: `instructions`, and `message` items of role `system`/`developer` in `input`
+  (OpenClaw: `input[0]`, one `input_text` part holding the whole prompt and its bootstrap
+  files).
+- Tool results: `function_call_output` items; the tool name is on the `function_call` item
+  with the same `call_id`.
+- Continuation (`previous_response_id`): a later request carries only the new input — often
+  just a `function_call_output` whose `function_call` is stored upstream, not sent. The names
+  of the calls a reply made are remembered from the replies this proxy relayed (`CallNames`:
+  bounded, per owner, in memory), so such a result is still recognised; the earlier turns are
+  not ours to clamp, and the report says so.
+- Never touched: `reasoning` items (`encrypted_content`), `previous_response_id`, `store`,
+  `include`, and every item type this adapter does not know.
+
+Only `input` and `instructions` are ever re-serialised, and only when they changed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from caps import Caps, Clamp, Segment, ToolNames
+from memory.inject import Placement, block
+from memory.query import UserTurn, user_turn
+from proxy.body import JsonBody, parse_object, type_name
+from proxy.errors import BadRequest, CtxBudgetError
+from proxy.settings import Settings
+from proxy.wire.chat import openai_headers
+from proxy.wire.types import Reply, WireRequest
+from proxy.wire.view import ChatView, set_item, set_part
+
+_EXAMPLE = '{"model": ..., "input": ...}'
+_SYSTEM_ROLES = ("system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class CallNames:
+    """`call_id` → (tool name, arguments) of the function calls relayed replies made, per
+    owner, the newest `limit` kept: what a continuation's `function_call_output` answers."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._calls: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, owner: str, call_id: str, name: str, arguments: str) -> None:
+        with self._lock:
+            self._calls[(owner, call_id)] = (name, arguments)
+            self._calls.move_to_end((owner, call_id))
+            while len(self._calls) > self._limit:
+                self._calls.popitem(last=False)
+
+    def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
+        with self._lock:
+            return self._calls.get((owner, call_id))
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+
+class ResponsesRequest:
+    """A parsed Responses request (`WireRequest`)."""
+
+    def __init__(self, body: JsonBody, owner: str, names: CallNames) -> None:
+        self.raw = body.raw
+        self._body = body
+        self.owner = owner
+        self._names = names
+        self.input = self._input = body.get("input")
+        self.instructions = self._instructions = body.get("instructions")
+        self.model: str | None = body.get("model")
+        self.stream: bool = body.get("stream") is True
+        self.continues: str | None = body.get("previous_response_id")
+        self._turn: tuple[UserTurn | None] | None = None
+        self.note: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.input is not self._input or self.instructions is not self._instructions
+
+    def _items(self) -> list[Any]:
+        return self.input if isinstance(self.input, list) else []
+
+    def user_turn(self) -> UserTurn | None:
+        if self._turn is None:
+            if isinstance(self.input, str):
+                turn = UserTurn(index=0, text=self.input, last=True) if self.input else None
+            else:  # items as chat messages: the text of each message, nothing for the rest
+                turn = user_turn(
+                    [
+                        {"role": item.get("role"), "content": text}
+                        if (text := _message_text(item)) is not None
+                        else {"role": item.get("type")}
+                        for item in self._items()
+                    ]
+                )
+            self._turn = (turn,)
+        return self._turn[0]
+
+    def system_text(self) -> str:
+        texts = [self.instructions] if isinstance(self.instructions, str) else []
+        texts.extend(
+            _message_text(item) or "" for item in self._items() if item.get("role") in _SYSTEM_ROLES
+        )
+        return "".join(texts)
+
+    def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        view = ChatView()
+        if isinstance(self.instructions, str):
+            view.system(self.instructions, ("instructions", -1))
+        items = self._items()
+        called = {
+            item["call_id"]
+            for item in items
+            if item.get("type") == "function_call" and isinstance(item.get("call_id"), str)
+        }
+        remembered: list[tuple[str, str, str]] = []
+        for item in items:  # results whose call is stored upstream (continuation)
+            if item.get("type") == "function_call_output" and item["call_id"] not in called:
+                found = self._names.get(self.owner, item["call_id"])
+                if found is not None:
+                    remembered.append((item["call_id"], *found))
+        view.calls(remembered)
+        for index, item in enumerate(items):
+            kind = item.get("type")
+            if item.get("role") in _SYSTEM_ROLES and kind in (None, "message"):
+                content = item.get("content")
+                if isinstance(content, str):
+                    view.system(content, ("item", index))
+                elif isinstance(content, list):
+                    for i, part in enumerate(content):
+                        if _is_text(part):
+                            view.system(part["text"], ("item", index, i))
+            elif kind == "function_call" and isinstance(item.get("call_id"), str):
+                arguments = item.get("arguments")
+                name = item.get("name")
+                if isinstance(name, str):
+                    args = arguments if isinstance(arguments, str) else ""
+                    view.calls([(item["call_id"], name, args)])
+            elif kind == "function_call_output":
+                view.result(item["call_id"], item.get("output"), ("output", index))
+        segments, changes = view.clamp(clamp, caps, tools)
+        if remembered:
+            ids = {call_id for call_id, _, _ in remembered}
+            named = "tool named by the earlier reply that called it"
+            segments = [
+                replace(s, note=f"{s.note}; {named}" if s.note else named)
+                if s.call_id in ids
+                else s
+                for s in segments
+            ]
+        if self.continues:
+            self.note = (
+                f"continues {self.continues}: the earlier turns are stored upstream, so only "
+                "this request's new input could be clamped"
+            )
+        if apply:
+            for place, new in changes:
+                self._write(place, new)
+        return segments
+
+    def _write(self, place: tuple[Any, ...], new: Any) -> None:
+        match place:
+            case ("instructions", _):
+                self.instructions = new
+            case ("item", int(index)):
+                self.input = set_item(self.input, index, "content", new)
+            case ("item", int(index), int(i)):
+                self.input = set_part(self.input, index, i, "text", new)
+            case ("output", int(index)):
+                self.input = set_item(self.input, index, "output", new)
+
+    def inject(self, lines: Sequence[str], placement: Placement) -> None:
+        if not lines:
+            return
+        text = block(list(lines))
+        if placement == "system":
+            if isinstance(self.instructions, str) or not self._items():
+                self.instructions = f"{self.instructions}\n\n{text}" if self.instructions else text
+                return
+            roles: tuple[str, ...] = _SYSTEM_ROLES
+        else:
+            roles = ("user",)
+        if isinstance(self.input, str):
+            self.input = f"{self.input}\n\n{text}"
+            return
+        indices = [
+            i
+            for i, item in enumerate(self._items())
+            if item.get("role") in roles and item.get("type") in (None, "message")
+        ]
+        if not indices:
+            return
+        index = indices[0] if placement == "system" else indices[-1]
+        content = self.input[index].get("content")
+        if isinstance(content, str):
+            self.input = set_item(self.input, index, "content", f"{content}\n\n{text}")
+        elif isinstance(content, list):
+            part = {"type": "input_text", "text": text}
+            self.input = set_item(self.input, index, "content", [*content, part])
+
+    def encode(self) -> bytes:
+        if not self.changed:
+            return self.raw
+        changes: dict[str, Any] = {}
+        if self.input is not self._input:
+            changes["input"] = self.input
+        if self.instructions is not self._instructions:
+            changes["instructions"] = self.instructions
+        return self._body.encode(changes)
+
+    def litellm_body(self) -> None:
+        return None
+
+
+class OpenAIResponses:
+    """The OpenAI Responses format (`WireFormat`), with the call names its replies made."""
+
+    name = "responses"
+    usage_marker = b'"usage"'
+    generates = True
+
+    def __init__(self, names: CallNames | None = None) -> None:
+        self.names = names if names is not None else CallNames()
+
+    def parse(self, raw: bytes, *, owner: str = "default") -> ResponsesRequest:
+        body = parse_object(raw, example=_EXAMPLE, parsed="input")
+        value = body.get("input")
+        if value is None and "input" in body:
+            raise BadRequest("'input' must be a string or a list of items, got null", param="input")
+        if value is not None and not isinstance(value, str | list):
+            raise BadRequest(
+                f"'input' must be a string or a list of items, got {type_name(value)}",
+                param="input",
+            )
+        for key, kind, name in (
+            ("model", str, "a string"),
+            ("stream", bool, "true or false"),
+            ("instructions", str, "a string"),
+            ("previous_response_id", str, "a string"),
+        ):
+            field = body.get(key)
+            if field is not None and not isinstance(field, kind):
+                raise BadRequest(f"'{key}' must be {name}, got {type_name(field)}", param=key)
+        if isinstance(value, list):
+            _check_items(value, continues=body.get("previous_response_id") is not None)
+        return ResponsesRequest(body, owner, self.names)
+
+    def upstream_url(self, settings: Settings, path: str, query: str) -> str:
+        return settings.upstream_url("/responses" + (f"?{query}" if query else ""))
+
+    def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
+        out = openai_headers(headers, settings)
+        # The reply is read as it passes (call names): it must come uncompressed.
+        out = {k: v for k, v in out.items() if k.lower() != "accept-encoding"}
+        out["accept-encoding"] = "identity"
+        return out
+
+    def watch_reply(self, request: WireRequest, owner: str) -> CallWatcher:
+        return CallWatcher(self.names, owner, stream=request.stream)
+
+    def error_body(self, error: CtxBudgetError) -> dict[str, Any]:
+        return error.to_dict()
+
+    def stream_error(self, error: CtxBudgetError) -> bytes:
+        body = {
+            "type": "error",
+            "code": error.code,
+            "message": error.message,
+            "param": error.param,
+            "sequence_number": 0,
+        }
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+
+    def command_reply(self, text: str, request: WireRequest, *, request_id: str) -> Reply:
+        response = _response(text, model=request.model or "ctxbudget", request_id=request_id)
+        if not request.stream:
+            return Reply(orjson.dumps(response), "application/json")
+        return Reply(_response_stream(response, text), "text/event-stream")
+
+
+class CallWatcher:
+    """Remembers the function calls a relayed reply makes (`ReplyWatcher`)."""
+
+    def __init__(self, names: CallNames, owner: str, *, stream: bool) -> None:
+        self._names = names
+        self._owner = owner
+        self._stream = stream
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if not self._stream:
+            self._buffer += chunk
+            return
+        data = self._buffer + chunk
+        lines = data.split(b"\n")
+        self._buffer = lines.pop()  # an unfinished line waits for the next chunk
+        for line in lines:
+            if line.startswith(b"data:") and b'"function_call"' in line:
+                try:
+                    event = orjson.loads(line[5:])
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(event, dict):
+                    self._event(event)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "response.output_item.done":
+            self._item(event.get("item"))
+        elif isinstance(event.get("response"), dict):
+            for item in event["response"].get("output") or ():
+                self._item(item)
+
+    def _item(self, item: Any) -> None:
+        if (
+            isinstance(item, dict)
+            and item.get("type") == "function_call"
+            and isinstance(item.get("call_id"), str)
+            and isinstance(item.get("name"), str)
+        ):
+            arguments = item.get("arguments")
+            self._names.remember(
+                self._owner,
+                item["call_id"],
+                item["name"],
+                arguments if isinstance(arguments, str) else "",
+            )
+
+    def close(self) -> None:
+        if not self._stream and self._buffer:
+            try:
+                reply = orjson.loads(self._buffer)
+            except orjson.JSONDecodeError:
+                reply = None
+            if isinstance(reply, dict):
+                for item in reply.get("output") or ():
+                    self._item(item)
+        self._buffer = b""
+
+
+def _response(text: str, *, model: str, request_id: str) -> dict[str, Any]:
+    return {
+        "id": f"resp_{request_id}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": model,
+        "output": [
+            {
+                "type": "message",
+                "id": f"msg_{request_id}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 0,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 0,
+        },
+    }
+
+
+async def _response_stream(response: dict[str, Any], text: str) -> AsyncIterator[bytes]:
+    """The same answer as Responses SSE events, numbered."""
+    sequence = 0
+
+    def event(body: dict[str, Any]) -> bytes:
+        nonlocal sequence
+        kind: str = body["type"]
+        body = {**body, "sequence_number": sequence}
+        sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
+
+    message = response["output"][0]
+    pending = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event({"type": "response.created", "response": pending})
+    yield event({"type": "response.in_progress", "response": pending})
+    item = {"output_index": 0, "item_id": message["id"]}
+    yield event(
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**message, "status": "in_progress", "content": []},
+        }
+    )
+    empty = {"type": "output_text", "text": "", "annotations": []}
+    yield event({"type": "response.content_part.added", **item, "content_index": 0, "part": empty})
+    for i in range(0, len(text), 400):
+        yield event(
+            {
+                "type": "response.output_text.delta",
+                **item,
+                "content_index": 0,
+                "delta": text[i : i + 400],
+                "logprobs": [],
+            }
+        )
+    yield event(
+        {
+            "type": "response.output_text.done",
+            **item,
+            "content_index": 0,
+            "text": text,
+            "logprobs": [],
+        }
+    )
+    part = message["content"][0]
+    yield event({"type": "response.content_part.done", **item, "content_index": 0, "part": part})
+    yield event({"type": "response.output_item.done", "output_index": 0, "item": message})
+    yield event({"type": "response.completed", "response": response})
+
+
+def _check_items(items: list[Any], *, continues: bool) -> None:
+    calls: set[str] = set()
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"'{where}' must be an object, got {type_name(item)}", param=where)
+        kind = item.get("type")
+        if kind is not None and not isinstance(kind, str):
+            raise BadRequest(f"'{where}.type' must be a string", param=f"{where}.type")
+        if kind in (None, "message"):
+            content = item.get("content")
+            if not isinstance(content, str | list):
+                raise BadRequest(
+                    f"'{where}.content' must be a string or a list of parts, "
+                    f"got {type_name(content)}",
+                    param=f"{where}.content",
+                )
+        elif kind in ("function_call", "function_call_output"):
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise BadRequest(
+                    f"'{where}.call_id' must be a string, got {type_name(call_id)}",
+                    param=f"{where}.call_id",
+                )
+            if kind == "function_call":
+                calls.add(call_id)
+            elif call_id not in calls and not continues:
+                raise BadRequest(
+                    f"'{where}' is a function_call_output for call_id {call_id!r}, which no "
+                    "earlier function_call item has (and there is no previous_response_id): "
+                    "send the function_call it answers",
+                    param=f"{where}.call_id",
+                )
+
+
+def _is_text(part: Any) -> bool:
+    return (
+        isinstance(part, dict)
+        and part.get("type") in _TEXT_PARTS
+        and isinstance(part.get("text"), str)
+    )
+
+
+def _message_text(item: dict[str, Any]) -> str | None:
+    """The text of a message item (string content or its text parts); None otherwise."""
+    if item.get("type") not in (None, "message"):
+        return None
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p["text"] for p in content if _is_text(p)]
+        return "\n".join(texts) if texts else None
+    return None

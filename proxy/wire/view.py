@@ -1,0 +1,95 @@
+"""Clamp a request of another format through `caps`, by showing it a chat-shaped view.
+
+`caps` reads chat completions: system messages, assistant `tool_calls`, `tool` messages. The
+Messages and Responses adapters build a view of their own request in that shape — one view
+message per system text and per tool result, one assistant message per batch of tool calls —
+remembering where each text came from. The one `Clamp` runs on the view, and the adapter
+writes back only the texts that changed, into copies of the blocks that held them: every
+other key of a block (`cache_control`, `is_error`, ids) stays where it was.
+
+>>> view = ChatView()
+>>> view.calls([("c1", "web_fetch", '{"url": "https://example.com"}')])
+>>> view.result("c1", "short page", place=("result", 3, 0))
+>>> view.messages[1]
+{'role': 'tool', 'tool_call_id': 'c1', 'content': 'short page'}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from caps import Caps, Clamp, Segment, ToolNames
+
+Place = tuple[Any, ...]
+"""Where a view message's text lives in the real request: `(kind, real index, ...)`; the
+real index (`-1` for a top-level field) becomes the segment's `message_index`."""
+
+
+@dataclass
+class ChatView:
+    """Chat-shaped messages standing for a request of another format."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    places: list[Place | None] = field(default_factory=list)
+
+    def system(self, text: str, place: Place) -> None:
+        """A system text (bootstrap files are looked for in it)."""
+        self.messages.append({"role": "system", "content": text})
+        self.places.append(place)
+
+    def calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
+        """Tool calls as `(call id, tool name, arguments as JSON text)`: names the results."""
+        if calls:
+            self.messages.append(
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                        for i, n, a in calls
+                    ],
+                }
+            )
+            self.places.append(None)
+
+    def result(self, call_id: str, content: Any, place: Place) -> None:
+        """A tool result: a string, or a list of parts whose `text` is what may be clamped."""
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        self.places.append(place)
+
+    def clamp(
+        self, clamp: Clamp, caps: Caps, tools: ToolNames
+    ) -> tuple[list[Segment], list[tuple[Place, Any]]]:
+        """The segments found (indexed by real message), and `(place, new content)` for every
+        text the clamp changed."""
+        result = clamp({"messages": self.messages}, caps, tools=tools)
+        segments = [
+            replace(s, message_index=self._real_index(s.message_index)) for s in result.segments
+        ]
+        changes: list[tuple[Place, Any]] = []
+        if result.changed:
+            for old, new, place in zip(
+                self.messages, result.request["messages"], self.places, strict=True
+            ):
+                if new is not old and place is not None:
+                    changes.append((place, new.get("content")))
+        return segments, changes
+
+    def _real_index(self, index: int) -> int:
+        place = self.places[index] if 0 <= index < len(self.places) else None
+        return int(place[1]) if place is not None else -1
+
+
+def set_item(items: list[Any], index: int, key: str, value: Any) -> list[Any]:
+    """A copy of `items` whose `items[index]` is a copy with `key` set to `value`."""
+    out = list(items)
+    out[index] = {**items[index], key: value}
+    return out
+
+
+def set_part(items: list[Any], index: int, part: int, key: str, value: Any) -> list[Any]:
+    """A copy of `items` where `items[index]["content"][part][key]` is `value` (copies on the
+    way down; everything else shared)."""
+    parts = set_item(items[index]["content"], part, key, value)
+    return set_item(items, index, "content", parts)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from proxy.report.render import KIND_TITLES, money
+from proxy.report.render import KIND_TITLES, money, wire_label
 
 _CSS = """
 :root { --fg:#1d232b; --muted:#5b6675; --line:#d8dee6; --bg:#f6f8fa; --before:#c3ccd7;
@@ -230,10 +230,13 @@ def _requests(recent: list[dict[str, Any]]) -> str:
             error = f"<div class='warn'>clamp error: {escape(r['clampError'])}</div>"
         if r.get("upstreamError"):
             error += f"<div class='bad'>upstream: {escape(r['upstreamError'])}</div>"
+        if r.get("note"):
+            error += f"<div class='sub'>{escape(r['note'])}</div>"
         rid = r["id"]
         rows.append(
             f"<tr data-request='{escape(rid)}'><td>{escape(r['at'])}<br><code>{escape(rid)}"
-            f"</code></td><td>{escape(r.get('model') or '?')}</td>"
+            f"</code></td><td>{escape(r.get('model') or '?')}<br>"
+            f"<span class='sub'>{escape(wire_label(r.get('wire')))}</span></td>"
             f"<td class='n'>{r['status']}</td>"
             f"<td class='n'>{_figure(f'recent.{rid}.clamped', r['clamped'], _n(r['clamped']))}"
             "</td><td class='n'>"

@@ -52,6 +52,18 @@ def money(usd: float | None) -> str:
     return "price unknown" if usd is None else f"${usd:,.6f}"
 
 
+WIRE_LABELS = {
+    "chat": "chat completions",
+    "messages": "Anthropic Messages",
+    "responses": "OpenAI Responses",
+}
+
+
+def wire_label(wire: str | None) -> str:
+    """What to call a request's wire format where people read it."""
+    return WIRE_LABELS.get(wire or "chat", wire or "chat")
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command."""
     lines: list[str] = []
@@ -117,11 +129,14 @@ def render_text(report: dict[str, Any]) -> str:
     for r in report["recent"]:
         flags = "on" if r["enabled"] else "off"
         lines.append(
-            f"- {r['id']} {r['at']} {r.get('model') or '?'} [{flags}] HTTP {r['status']}: "
+            f"- {r['id']} {r['at']} {r.get('model') or '?'} ({wire_label(r.get('wire'))}) "
+            f"[{flags}] HTTP {r['status']}: "
             f"{r['clamped']} clamped, saved {_n(r['savedChars'])} chars "
             f"(~{_n(r['savedTokens'])} tokens, {money(r['savedUsd'])})"
             + (f", would save {_n(r['wouldSaveChars'])} chars" if r["wouldSaveChars"] else "")
         )
+        if r.get("note"):
+            lines.append(f"  note: {r['note']}")
         memory = r.get("memory")
         if memory:
             lines.append(

@@ -41,7 +41,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.openclaw import load_fixtures, openclaw_request  # noqa: E402
+from tests.openclaw import format_fixtures, load_fixtures, openclaw_request  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -101,8 +101,13 @@ def start_proxy(
     workdir: Path, upstream: str, *, enabled: bool = True, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str, float]:
     """Start `ctxbudget serve`; return it, its URL and seconds until it served a request."""
+    anthropic = {"baseUrl": upstream.removesuffix("/v1"), "apiKeyEnv": None}
     config = {
-        "proxy": {"upstream": {"baseUrl": upstream}, "logLevel": "warning"},
+        "proxy": {
+            "upstream": {"baseUrl": upstream},
+            "anthropic": anthropic,
+            "logLevel": "warning",
+        },
         "agents": {"defaults": {"contextBudget": {"enabled": enabled}}},
         "report": {"path": str(workdir / "report.db")},
     }
@@ -193,11 +198,21 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+HEADERS = {"content-type": "application/json", "x-api-key": "sk-bench"}
+
+
+def _endpoint(url: str) -> str:
+    """A base URL (`…/v1`) means chat completions; a full endpoint is used as it is."""
+    return (
+        url
+        if url.endswith(("/messages", "/responses", "/completions"))
+        else f"{url}/chat/completions"
+    )
+
+
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
     t = time.perf_counter()
-    async with session.post(
-        f"{url}/chat/completions", data=body, headers={"content-type": "application/json"}
-    ) as r:
+    async with session.post(_endpoint(url), data=body, headers=HEADERS) as r:
         await r.read()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
@@ -206,9 +221,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
 
 async def _ttfb(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
     t = time.perf_counter()
-    async with session.post(
-        f"{url}/chat/completions", data=body, headers={"content-type": "application/json"}
-    ) as r:
+    async with session.post(_endpoint(url), data=body, headers=HEADERS) as r:
         await r.content.readany()
         first = time.perf_counter() - t
         await r.read()
@@ -259,11 +272,19 @@ def main() -> None:
     parser.add_argument(
         "--telemetry", action="store_true", help="compare OpenTelemetry on vs off, nothing else"
     )
+    parser.add_argument(
+        "--formats",
+        action="store_true",
+        help="added latency and TTFB per wire format (chat, Messages, Responses), nothing else",
+    )
     args = parser.parse_args()
     n_seq, n_conc, n_rss = (200, 1000, 2000) if args.quick else (1000, 4000, 10_000)
     _pin(0)()
     if args.telemetry:
         telemetry_compare(args.repeats, n_seq, n_conc)
+        return
+    if args.formats:
+        formats_compare(args.repeats, n_seq)
         return
     bodies = requests()
     largest = bodies[0][1]
@@ -390,6 +411,61 @@ def run(
         f"over {len(starts)} starts (min {min(starts) * 1000:.0f}, max {max(starts) * 1000:.0f})"
         "   (target <= 1 s)"
     )
+
+
+def format_requests() -> list[tuple[str, str, bytes]]:
+    """(format, endpoint, largest captured non-streaming body) for each wire format."""
+    out = []
+    chat = requests()[0][1]
+    out.append(("chat completions", "chat/completions", chat))
+    for name, folder, endpoint in (
+        ("Anthropic Messages", "openclaw-messages", "messages"),
+        ("OpenAI Responses", "openclaw-responses", "responses"),
+    ):
+        found = format_fixtures(folder)
+        if not found:
+            print(f"({name}: captures absent, skipped)")
+            continue
+        bodies = []
+        for _, raw in found:
+            body = json.loads(raw)
+            body["stream"] = False
+            bodies.append(json.dumps(body, ensure_ascii=False).encode())
+        out.append((name, endpoint, max(bodies, key=len)))
+    return out
+
+
+def formats_compare(repeats: int, n_seq: int) -> None:
+    """Added latency (c1) and streaming TTFB per wire format, on the captured requests."""
+    cases = format_requests()
+    standin, direct = start_standin()
+    with tempfile.TemporaryDirectory() as tmp:
+        proxy, url, _ = start_proxy(Path(tmp), direct)
+        try:
+            results: dict[str, list[float]] = {}
+            for _ in range(repeats):
+                for name, endpoint, body in cases:
+                    d_url, p_url = f"{direct}/{endpoint}", f"{url}/{endpoint}"
+                    d = asyncio.run(sequential(d_url, body, n_seq))
+                    p = asyncio.run(sequential(p_url, body, n_seq))
+                    results.setdefault(f"{name} p50", []).append(pct(p, 0.5) - pct(d, 0.5))
+                    results.setdefault(f"{name} p99", []).append(pct(p, 0.99) - pct(d, 0.99))
+                    stream = body.replace(b'"stream": false', b'"stream": true', 1)
+                    td = asyncio.run(sequential(d_url, stream, n_seq // 2, ttfb=True))
+                    tp = asyncio.run(sequential(p_url, stream, n_seq // 2, ttfb=True))
+                    results.setdefault(f"{name} ttfb", []).append(pct(tp, 0.5) - pct(td, 0.5))
+        finally:
+            stop(proxy)
+            stop(standin)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nmedian of {repeats} repeats, concurrency 1, {n_seq} requests each, caps on")
+    print(f"{'format':<20} {'size':>7} {'added p50':>11} {'added p99':>11} {'TTFB added':>11}")
+    for name, _, body in cases:
+        print(
+            f"{name:<20} {len(body) / 1000:>5.0f}KB {ms(med[f'{name} p50']):>11}"
+            f" {ms(med[f'{name} p99']):>11} {ms(med[f'{name} ttfb']):>11}"
+        )
+    print("(targets: added p50 <= 1 ms, TTFB added p50 <= 1 ms, as for chat completions)")
 
 
 class _Sink(BaseHTTPRequestHandler):

@@ -1,6 +1,7 @@
-"""A stand-in upstream LLM on 127.0.0.1 that speaks the exact OpenAI (and Anthropic) wire format.
+"""A stand-in upstream LLM on 127.0.0.1 that speaks the exact wire of OpenAI Chat Completions,
+Anthropic Messages and OpenAI Responses.
 
-The only stand-in in the test suite: the proxy in front of it is the real one. Behaviour is
+The only stand-in in the test suite: the proxy in front of it is the real one. Behaviour can be
 driven by an `x_standin` object in the request body, which the proxy forwards untouched as an
 unknown field:
 
@@ -8,7 +9,20 @@ unknown field:
     {"delay": 2.0}                        wait before answering (timeouts)
     {"chunks": 5, "chunk_delay": 0.3}     SSE pacing
     {"endless": true}                     stream until the client goes away
-    {"tool_calls": true}                  answer with a web_fetch tool call
+    {"tool_calls": true}                  answer with a tool call (chat completions: web_fetch)
+    {"tool_calls": false}                 answer with text even when tools are offered
+
+Real agents (OpenClaw, Claude Code, Codex) cannot send such a field, so `/v1/messages` and
+`/v1/responses` also play a scripted tool turn with no control at all: a request that offers
+tools and whose newest turn holds no tool result yet is answered with one tool call; a request
+whose newest turn holds a tool result is answered with text that names the tool
+("standin: done after tool read; result had 42 chars"). `StandIn.script_tool`,
+`tool_preference` and `tool_inputs` choose the call; `call_tools = False` turns scripting off.
+
+Usage is made up but consistent, so that reading it can be tested: input tokens are about a
+quarter of the request's characters, and prompt caching is imitated (Anthropic: prefixes up to a
+`cache_control` marker are written on first sight and read afterwards; Responses: the longest
+prefix of instructions, tools and input seen before counts as cached).
 
 In a test: `with run_standin() as s: ... s.base_url ... s.received`. As a process (for the
 benchmarks): `python -m tests.standin --port 0` prints `STANDIN_PORT=<port>`.
@@ -18,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
+import itertools
 import json
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +51,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+DEFAULT_TOOL_PREFERENCE = ("read", "Read", "read_file", "shell", "exec_command", "web_fetch")
+"""Tool names a scripted turn calls, first offered wins (OpenClaw, Claude Code, Codex, …)."""
+
 
 @dataclass
 class Received:
@@ -41,14 +61,26 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
+    """The query string without its `?` (Claude Code posts to `/v1/messages?beta=true`)."""
 
     @property
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
 
 
+@dataclass
+class StoredResponse:
+    """A Responses answer kept for `previous_response_id`: the whole conversation it answered
+    (earlier turns included) and the items it produced."""
+
+    input: list[Any]
+    output: list[Any]
+
+
 class StandIn:
-    """State of a running stand-in: what it received, and what became of its streams."""
+    """State of a running stand-in: what it received, what became of its streams, and how it
+    scripts tool turns on `/v1/messages` and `/v1/responses`."""
 
     def __init__(self, *, record: bool = True) -> None:
         self.record = record
@@ -57,7 +89,23 @@ class StandIn:
         self.streams_cancelled = 0
         self.port = 0
         self.replies: dict[str, str] = {}
-        """Model name → the assistant text to answer it with (default: a received-count line)."""
+        """Model name → the assistant text to answer it with (default: a received-count line,
+        or on Messages/Responses after a tool result, a "done after tool" line)."""
+        self.responses: dict[str, StoredResponse] = {}
+        """Responses answers by id, for `previous_response_id` (not kept with `store: false`)."""
+        self.cache_prefixes: set[str] = set()
+        """Digests of the prompt prefixes seen so far (imitated prompt caching)."""
+        self.call_tools = True
+        """Answer a Messages/Responses request that offers tools, and holds no tool result in
+        its newest turn, with a tool call. False: always text (unless `x_standin` says so)."""
+        self.script_tool: tuple[str, dict[str, Any]] | None = None
+        """The exact call a scripted turn makes, `(name, input)`, offered or not; None: choose
+        by `tool_preference` among the tools the request offers."""
+        self.tool_preference: list[str] = list(DEFAULT_TOOL_PREFERENCE)
+        """Tool names tried in order; none offered: the request's first tool."""
+        self.tool_inputs: dict[str, dict[str, Any]] = {}
+        """Tool name → its call's input; absent: made from the tool's JSON schema (required
+        properties only: paths "README.md", commands "echo standin", urls, numbers 1, …)."""
 
     @property
     def root(self) -> str:
@@ -77,8 +125,15 @@ class StandIn:
         return self.received[-1].json
 
     def reset(self) -> None:
+        """Forget everything received and stored, and put scripting back to its defaults."""
         self.received.clear()
         self.replies.clear()
+        self.responses.clear()
+        self.cache_prefixes.clear()
+        self.call_tools = True
+        self.script_tool = None
+        self.tool_preference = list(DEFAULT_TOOL_PREFERENCE)
+        self.tool_inputs = {}
 
 
 def _error(status: int, message: str, retry_after: str | None = None) -> Response:
@@ -87,17 +142,70 @@ def _error(status: int, message: str, retry_after: str | None = None) -> Respons
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _openai_error(
+    status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+) -> Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def _anthropic_error(
+    status: int, kind: str, message: str, retry_after: str | None = None
+) -> Response:
+    headers = {"retry-after": retry_after} if retry_after else {}
+    return JSONResponse(
+        {"type": "error", "error": {"type": kind, "message": message}},
+        status_code=status,
+        headers=headers,
+    )
+
+
 def create_standin(state: StandIn) -> Starlette:
     async def record(request: Request) -> tuple[bytes, Any]:
         body = await request.body()
         if state.record:
             state.received.append(
-                Received(request.method, request.url.path, dict(request.headers), body)
+                Received(
+                    request.method,
+                    request.url.path,
+                    dict(request.headers),
+                    body,
+                    request.url.query,
+                )
             )
         try:
             return body, json.loads(body) if body else None
         except ValueError:
             return body, None
+
+    def counted(events: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+        """`events`, counted in `streams_completed` or `streams_cancelled` when it ends."""
+
+        async def wrapper() -> AsyncIterator[bytes]:
+            done = False
+            try:
+                async for event in events:
+                    yield event
+                done = True
+            finally:
+                await events.aclose()
+                if done:
+                    state.streams_completed += 1
+                else:
+                    state.streams_cancelled += 1
+
+        return wrapper()
 
     async def chat(request: Request) -> Response:
         _, data = await record(request)
@@ -148,66 +256,56 @@ def create_standin(state: StandIn) -> Starlette:
             }
             return b"data: " + json.dumps(body).encode() + b"\n\n"
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncGenerator[bytes, None]:
             delay = float(control.get("chunk_delay", 0))
-            done = False
-            try:
-                yield chunk({"role": "assistant", "content": ""})
-                if control.get("endless"):
-                    while True:
-                        await asyncio.sleep(delay or 0.05)
-                        yield chunk({"content": "."})
-                if tool:
-                    call = _tool_call()
-                    yield chunk(
-                        {
-                            "tool_calls": [
-                                {
-                                    "index": 0,
-                                    **call,
-                                    "function": {"name": "web_fetch", "arguments": ""},
-                                }
-                            ]
-                        }
-                    )
-                    yield chunk(
-                        {
-                            "tool_calls": [
-                                {
-                                    "index": 0,
-                                    "function": {"arguments": call["function"]["arguments"]},
-                                }
-                            ]
-                        }
-                    )
-                    yield chunk({}, "tool_calls")
-                else:
-                    n = max(1, int(control.get("chunks", 3)))
-                    step = -(-len(text) // n)
-                    for i in range(0, len(text), step):
-                        if delay:
-                            await asyncio.sleep(delay)
-                        yield chunk({"content": text[i : i + step]})
-                    yield chunk({}, "stop")
-                if include_usage:
-                    body = {
-                        "id": cid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": usage,
+            yield chunk({"role": "assistant", "content": ""})
+            if control.get("endless"):
+                while True:
+                    await asyncio.sleep(delay or 0.05)
+                    yield chunk({"content": "."})
+            if tool:
+                call = _tool_call()
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                **call,
+                                "function": {"name": "web_fetch", "arguments": ""},
+                            }
+                        ]
                     }
-                    yield b"data: " + json.dumps(body).encode() + b"\n\n"
-                yield b"data: [DONE]\n\n"
-                done = True
-            finally:
-                if done:
-                    state.streams_completed += 1
-                else:
-                    state.streams_cancelled += 1
+                )
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "function": {"arguments": call["function"]["arguments"]},
+                            }
+                        ]
+                    }
+                )
+                yield chunk({}, "tool_calls")
+            else:
+                for piece in _pieces(text, int(control.get("chunks", 3))):
+                    if delay:
+                        await asyncio.sleep(delay)
+                    yield chunk({"content": piece})
+                yield chunk({}, "stop")
+            if include_usage:
+                body = {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                yield b"data: " + json.dumps(body).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(counted(events()), media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
         await record(request)
@@ -223,83 +321,88 @@ def create_standin(state: StandIn) -> Starlette:
 
     async def messages(request: Request) -> Response:
         """Anthropic Messages API."""
-        _, data = await record(request)
-        if not (request.headers.get("x-api-key") or request.headers.get("authorization")):
-            return _anthropic_error(401, "authentication_error", "missing x-api-key")
-        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-            return _anthropic_error(400, "invalid_request_error", "messages: field required")
-        for m in data["messages"]:
-            if m.get("role") not in ("user", "assistant"):
-                return _anthropic_error(400, "invalid_request_error", f"bad role {m.get('role')}")
-        if not isinstance(data.get("max_tokens"), int):
-            return _anthropic_error(400, "invalid_request_error", "max_tokens: field required")
-        text = f"standin: received {len(data['messages'])} messages"
-        mid = "msg_" + uuid.uuid4().hex[:12]
-        model = data.get("model", "claude")
+        body, data = await record(request)
+        problem = _anthropic_auth(request) or _anthropic_invalid(data, count_only=False)
+        if problem:
+            return problem
+        control = _control(data)
+        await asyncio.sleep(float(control.get("delay", 0)))
+        if control.get("status"):
+            status = int(control["status"])
+            kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+            return _anthropic_error(status, kind, "standin error", control.get("retry_after"))
+        answer = _messages_answer(state, data, control)
+        read, written = _anthropic_cache(state, data)
+        usage = {
+            "input_tokens": max(1, len(body) // 4 - read - written),
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
+            "output_tokens": _tokens(answer),
+        }
+        mid = "msg_" + uuid.uuid4().hex[:24]
+        headers = {"request-id": "req_" + uuid.uuid4().hex[:24]}
+        message = {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": data.get("model"),
+            "content": answer,
+            "stop_reason": "tool_use" if answer[-1]["type"] == "tool_use" else "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
         if not data.get("stream"):
-            return JSONResponse(
-                {
-                    "id": mid,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [{"type": "text", "text": text}],
-                    "stop_reason": "end_turn",
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": 12, "output_tokens": 6},
-                }
-            )
+            return JSONResponse(message, headers=headers)
+        events = _messages_events(message, control)
+        return StreamingResponse(counted(events), media_type="text/event-stream", headers=headers)
 
-        def event(name: str, body: dict[str, Any]) -> bytes:
-            return f"event: {name}\ndata: {json.dumps(body)}\n\n".encode()
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's token counter: about a quarter of the body's characters."""
+        body, data = await record(request)
+        problem = _anthropic_auth(request) or _anthropic_invalid(data, count_only=True)
+        if problem:
+            return problem
+        return JSONResponse({"input_tokens": _count(body)})
 
-        async def events() -> AsyncIterator[bytes]:
-            yield event(
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {
-                        "id": mid,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": model,
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": {"input_tokens": 12, "output_tokens": 1},
-                    },
-                },
+    async def responses(request: Request) -> Response:
+        """OpenAI Responses API."""
+        _, data = await record(request)
+        if not (request.headers.get("authorization") or request.headers.get("api-key")):
+            return _openai_error(
+                401,
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                "invalid_request_error",
             )
-            yield event(
-                "content_block_start",
-                {
-                    "type": "content_block_start",
-                    "index": 0,
-                    "content_block": {"type": "text", "text": ""},
-                },
-            )
-            yield event("ping", {"type": "ping"})
-            for i in range(0, len(text), 8):
-                yield event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "text_delta", "text": text[i : i + 8]},
-                    },
-                )
-            yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            yield event(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": 6},
-                },
-            )
-            yield event("message_stop", {"type": "message_stop"})
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        conversation = _responses_conversation(state, data)
+        if isinstance(conversation, Response):
+            return conversation
+        control = _control(data)
+        await asyncio.sleep(float(control.get("delay", 0)))
+        if control.get("status"):
+            return _error(int(control["status"]), "standin error", control.get("retry_after"))
+        output = _responses_answer(state, data, conversation, control)
+        rid = "resp_" + uuid.uuid4().hex[:24]
+        if data.get("store", True) is not False:
+            state.responses[rid] = StoredResponse(conversation, output)
+            if len(state.responses) > _KEEP_RESPONSES:  # a long benchmark run stays bounded
+                del state.responses[next(iter(state.responses))]
+        total, cached = _responses_cache(state, data, conversation)
+        reasoning = sum(_tokens(item["summary"]) for item in output if item["type"] == "reasoning")
+        out_tokens = _tokens(output)
+        usage = {
+            "input_tokens": total,
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": out_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": total + out_tokens,
+        }
+        response = _response_object(rid, data, output, usage)
+        headers = {"x-request-id": "req_" + uuid.uuid4().hex[:24]}
+        if not data.get("stream"):
+            return JSONResponse(response, headers=headers)
+        events = _responses_events(response, control)
+        return StreamingResponse(counted(events), media_type="text/event-stream", headers=headers)
 
     async def received(request: Request) -> Response:
         return JSONResponse(
@@ -307,6 +410,7 @@ def create_standin(state: StandIn) -> Starlette:
                 {
                     "method": r.method,
                     "path": r.path,
+                    "query": r.query,
                     "headers": r.headers,
                     "body": r.body.decode(errors="replace"),
                 }
@@ -323,6 +427,8 @@ def create_standin(state: StandIn) -> Starlette:
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/_standin/received", received, methods=["GET"]),
             Route("/_standin/reset", reset, methods=["POST"]),
         ]
@@ -337,10 +443,629 @@ def _tool_call() -> dict[str, Any]:
     }
 
 
-def _anthropic_error(status: int, kind: str, message: str) -> Response:
-    return JSONResponse(
-        {"type": "error", "error": {"type": kind, "message": message}}, status_code=status
+# --- shared by Messages and Responses ---------------------------------------------------------
+
+
+def _control(data: dict[str, Any]) -> dict[str, Any]:
+    control = data.get("x_standin")
+    return control if isinstance(control, dict) else {}
+
+
+def _pieces(text: str, n: int) -> list[str]:
+    """`text` cut into at most `n` (at least 1) nearly equal pieces; none for ""."""
+    if not text:
+        return []
+    step = -(-len(text) // max(1, n))
+    return [text[i : i + step] for i in range(0, len(text), step)]
+
+
+def _count(body: bytes) -> int:
+    """A rough token count: a quarter of the characters, at least 1."""
+    return max(1, len(body.decode(errors="replace")) // 4)
+
+
+def _tokens(value: Any) -> int:
+    """A rough token count of what the stand-in answers: a quarter of its JSON, at least 1."""
+    return max(1, len(json.dumps(value, ensure_ascii=False)) // 4)
+
+
+_KEEP_RESPONSES = 1000
+_KEEP_PREFIXES = 200_000
+
+
+def _remember(state: StandIn, digests: Iterable[str]) -> None:
+    """Add prompt-prefix digests; a long benchmark run empties the cache now and then, as
+    expiry does upstream."""
+    if len(state.cache_prefixes) > _KEEP_PREFIXES:
+        state.cache_prefixes.clear()
+    state.cache_prefixes.update(digests)
+
+
+def _canonical(kind: str, value: Any) -> str:
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k != "cache_control"}
+    return json.dumps([kind, value], sort_keys=True, ensure_ascii=False)
+
+
+def _wants_tool(state: StandIn, control: dict[str, Any], offered: bool, answered: bool) -> bool:
+    forced = control.get("tool_calls")
+    if isinstance(forced, bool):
+        return forced
+    return state.call_tools and offered and not answered
+
+
+def _choose_call(state: StandIn, tools: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The scripted call: `script_tool`, else the first preferred tool offered, else the
+    request's first tool; its input from `tool_inputs` or made from the tool's schema."""
+    if state.script_tool is not None:
+        name, arguments = state.script_tool
+        return name, dict(arguments)
+    if not tools:
+        return "web_fetch", {"url": "https://example.com/"}
+    name = next((n for n in state.tool_preference if n in tools), next(iter(tools)))
+    if name in state.tool_inputs:
+        return name, dict(state.tool_inputs[name])
+    return name, _sample_input(tools[name])
+
+
+_SAMPLE_STRINGS = {
+    "url": "https://example.com/",
+    "uri": "https://example.com/",
+    "file_path": "README.md",
+    "filepath": "README.md",
+    "path": "README.md",
+    "command": "echo standin",
+    "cmd": "echo standin",
+}
+
+
+def _sample_input(schema: Any) -> dict[str, Any]:
+    """Input satisfying `schema`'s required properties, harmless for an agent to run.
+
+    >>> _sample_input({"properties": {"command": {"type": "array"}}, "required": ["command"]})
+    {'command': ['echo', 'standin']}
+    """
+    if not isinstance(schema, dict):
+        return {}
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = [r for r in schema.get("required") or [] if isinstance(r, str)]
+    return {name: _sample_value(name, properties.get(name)) for name in required}
+
+
+def _sample_value(name: str, schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        schema = {}
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "array":
+        return ["echo", "standin"] if name.lower() in ("command", "cmd", "argv") else []
+    if kind == "object":
+        return _sample_input(schema)
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return False
+    return _SAMPLE_STRINGS.get(name.lower(), "standin")
+
+
+def _result_chars(content: Any) -> int:
+    """Characters of a tool result: a string, or the text of a list of blocks/parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(b.get("text") or "") for b in content if isinstance(b, dict))
+    return 0
+
+
+def _done_text(name: str, content: Any) -> str:
+    return f"standin: done after tool {name}; result had {_result_chars(content)} chars"
+
+
+def _event(name: str, body: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(body)}\n\n".encode()
+
+
+# --- Anthropic Messages --------------------------------------------------------------------
+
+
+def _anthropic_auth(request: Request) -> Response | None:
+    if request.headers.get("x-api-key") or request.headers.get("authorization"):
+        return None
+    return _anthropic_error(401, "authentication_error", "x-api-key header is required")
+
+
+def _anthropic_invalid(data: Any, *, count_only: bool) -> Response | None:
+    """The real API's request checks, as far as a test can trip them."""
+
+    def bad(message: str) -> Response:
+        return _anthropic_error(400, "invalid_request_error", message)
+
+    if not isinstance(data, dict):
+        return bad("body: Input should be a valid dictionary")
+    if not isinstance(data.get("messages"), list):
+        return bad("messages: Field required")
+    if not isinstance(data.get("model"), str):
+        return bad("model: Field required")
+    max_tokens = data.get("max_tokens")
+    if not count_only and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        return bad("max_tokens: Field required")
+    if "tools" in data and not isinstance(data["tools"], list):
+        return bad("tools: Input should be a valid list")
+    messages: list[Any] = data["messages"]
+    for i, m in enumerate(messages):
+        # A "system" message inside `messages` is part of the API the anthropic SDK (2.x)
+        # describes (SystemMessageParam: text only), and Claude Code sends one; the API of
+        # 2024 refused it with 'Unexpected role "system"'. Accepted, so Claude Code works.
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            role = m.get("role") if isinstance(m, dict) else None
+            return bad(f'messages.{i}: Unexpected role "{role}"')
+        content = m.get("content")
+        if not isinstance(content, (str, list)):
+            return bad(f"messages.{i}.content: Field required")
+        if m["role"] == "system" and isinstance(content, list):
+            if any(not isinstance(b, dict) or b.get("type") != "text" for b in content):
+                return bad(f"messages.{i}.content: a system message holds text blocks only")
+    return _anthropic_unpaired(messages)
+
+
+def _blocks(message: Any, kind: str) -> list[dict[str, Any]]:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == kind]
+
+
+def _anthropic_unpaired(messages: list[Any]) -> Response | None:
+    """The API refuses a tool_use whose tool_result is not in the next message, and a
+    tool_result that answers no tool_use of the previous message: a proxy that reorders or
+    drops blocks must hear about it here too. (A "system" message in between is skipped.)"""
+    turns = [(i, m) for i, m in enumerate(messages) if m.get("role") != "system"]
+    for n, (i, m) in enumerate(turns):
+        uses = {b.get("id") for b in _blocks(m, "tool_use")} if m["role"] == "assistant" else set()
+        after = turns[n + 1][1] if n + 1 < len(turns) else None
+        answered = {b.get("tool_use_id") for b in _blocks(after, "tool_result")}
+        if uses and after is not None and uses - answered:
+            missing = ", ".join(sorted(str(u) for u in uses - answered))
+            return _anthropic_error(
+                400,
+                "invalid_request_error",
+                f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {missing}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message.",
+            )
+        before = turns[n - 1][1] if n > 0 else None
+        issued = {b.get("id") for b in _blocks(before, "tool_use")}
+        content = m["content"] if isinstance(m["content"], list) else []
+        for k, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                if block.get("tool_use_id") not in issued:
+                    return _anthropic_error(
+                        400,
+                        "invalid_request_error",
+                        f"messages.{i}.content.{k}: unexpected `tool_use_id` found in "
+                        f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` "
+                        "block must have a corresponding `tool_use` block in the previous "
+                        "message.",
+                    )
+    return None
+
+
+def _messages_answer(
+    state: StandIn, data: dict[str, Any], control: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The content blocks of the answer: [thinking], then text, or text and a tool_use."""
+    messages: list[dict[str, Any]] = data["messages"]
+    tools = {
+        t["name"]: t.get("input_schema")
+        for t in data.get("tools") or []
+        # server tools ("web_search_20250305", …) run at Anthropic: only client tools are called
+        if isinstance(t, dict)
+        and isinstance(t.get("name"), str)
+        and t.get("type", "custom") == "custom"
+    }
+    results: list[dict[str, Any]] = []
+    for m in reversed(messages):
+        if m["role"] == "assistant":
+            break
+        results[:0] = _blocks(m, "tool_result")
+    blocks: list[dict[str, Any]] = []
+    thinking = data.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        said = "" if thinking.get("display") == "omitted" else "The stand-in considers the turn."
+        signature = base64.b64encode(hashlib.sha256(json.dumps(messages).encode()).digest())
+        blocks.append({"type": "thinking", "thinking": said, "signature": signature.decode()})
+    if _wants_tool(state, control, bool(tools), bool(results)):
+        name, arguments = _choose_call(state, tools)
+        blocks.append({"type": "text", "text": f"standin: calling {name}"})
+        tool_id = "toolu_" + uuid.uuid4().hex[:24]
+        blocks.append({"type": "tool_use", "id": tool_id, "name": name, "input": arguments})
+        return blocks
+    if results:
+        names = {b.get("id"): b.get("name") for m in messages for b in _blocks(m, "tool_use")}
+        last = results[-1]
+        text = _done_text(str(names.get(last.get("tool_use_id"), "?")), last.get("content"))
+    else:
+        text = f"standin: received {len(messages)} messages"
+    blocks.append({"type": "text", "text": state.replies.get(str(data.get("model")), text)})
+    return blocks
+
+
+def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int]:
+    """(tokens read from cache, tokens written to it), as Anthropic's prompt caching counts.
+
+    The prompt is a run of blocks in the API's order, tools → system → messages. A request
+    writes the prefix ending at each `cache_control` marker; it reads the longest prefix
+    written before that ends at a marker or up to 20 blocks before one (the API's lookback).
+    Markers are not part of a prefix: OpenClaw moves its tool_result marker to the newest
+    result on every request, and the older prefix still hits. The rest up to the last marker
+    is written. The real API's minimum cacheable length (1,024+ tokens) is not imitated.
+    """
+    blocks: list[tuple[str, Any]] = [("tool", t) for t in data.get("tools") or []]
+    system = data.get("system")
+    if isinstance(system, list):
+        blocks += [("system", b) for b in system]
+    elif system:
+        blocks.append(("system", system))
+    for m in data["messages"]:
+        content = m.get("content")
+        if isinstance(content, list):
+            blocks += [(m["role"], b) for b in content]
+        else:
+            blocks.append((m["role"], content))
+    digest = hashlib.sha256()
+    size = 0
+    prefixes: list[tuple[str, int]] = []
+    marked: list[int] = []
+    for kind, block in blocks:
+        text = _canonical(kind, block)
+        digest.update(text.encode())
+        size += len(text)
+        if isinstance(block, dict) and block.get("cache_control"):
+            marked.append(len(prefixes))
+        prefixes.append((digest.hexdigest(), size // 4))
+    if not marked:
+        return 0, 0
+    looked = {i for m in marked for i in range(max(0, m - 19), m + 1)}
+    read = max(
+        (prefixes[i][1] for i in looked if prefixes[i][0] in state.cache_prefixes), default=0
     )
+    _remember(state, (prefixes[m][0] for m in marked))
+    return read, prefixes[marked[-1]][1] - read
+
+
+async def _messages_events(
+    message: dict[str, Any], control: dict[str, Any]
+) -> AsyncGenerator[bytes, None]:
+    """`message` as Anthropic streams it: message_start, ping, each block's start, deltas and
+    stop, message_delta (stop_reason, output_tokens), message_stop."""
+    delay = float(control.get("chunk_delay", 0))
+    chunks = int(control.get("chunks", 3))
+    usage = message["usage"]
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {**usage, "output_tokens": 1},
+    }
+    yield _event("message_start", {"type": "message_start", "message": start})
+    yield _event("ping", {"type": "ping"})
+
+    def delta(index: int, body: dict[str, Any]) -> bytes:
+        return _event(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": body}
+        )
+
+    for index, block in enumerate(message["content"]):
+        kind = block["type"]
+        opened = {"tool_use": {**block, "input": {}}, "text": {"type": "text", "text": ""}}.get(
+            kind, {"type": "thinking", "thinking": "", "signature": ""}
+        )
+        yield _event(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": opened},
+        )
+        if kind == "text" and control.get("endless"):
+            while True:
+                await asyncio.sleep(delay or 0.05)
+                yield delta(index, {"type": "text_delta", "text": "."})
+        if kind == "thinking":
+            for piece in _pieces(block["thinking"], chunks):
+                yield delta(index, {"type": "thinking_delta", "thinking": piece})
+            yield delta(index, {"type": "signature_delta", "signature": block["signature"]})
+        elif kind == "text":
+            for piece in _pieces(block["text"], chunks):
+                if delay:
+                    await asyncio.sleep(delay)
+                yield delta(index, {"type": "text_delta", "text": piece})
+        else:
+            yield delta(index, {"type": "input_json_delta", "partial_json": ""})
+            for piece in _pieces(json.dumps(block["input"]), chunks):
+                yield delta(index, {"type": "input_json_delta", "partial_json": piece})
+        yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+    yield _event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        },
+    )
+    yield _event("message_stop", {"type": "message_stop"})
+
+
+# --- OpenAI Responses ----------------------------------------------------------------------
+
+
+_MODEL_ITEMS = (
+    "function_call",
+    "custom_tool_call",
+    "local_shell_call",
+    "reasoning",
+    "web_search_call",
+)
+_CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
+_RESULT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+
+
+def _responses_conversation(state: StandIn, data: Any) -> list[Any] | Response:
+    """The whole input the request stands for: a stored conversation it continues
+    (`previous_response_id`: that response's input and output) and its own `input`."""
+
+    def bad(message: str, param: str | None, code: str | None = None) -> Response:
+        return _openai_error(400, message, "invalid_request_error", param, code)
+
+    if not isinstance(data, dict):
+        return bad("We could not parse the JSON body of your request.", None)
+    if not isinstance(data.get("model"), str):
+        return bad("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+    given = data.get("input")
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": given}]
+    elif given is None:
+        given = []
+    if not isinstance(given, list) or any(not isinstance(item, dict) for item in given):
+        return bad("Invalid type for 'input': expected a string or an array of items.", "input")
+    if "tools" in data and not isinstance(data["tools"], list):
+        return bad("Invalid type for 'tools': expected an array.", "tools")
+    earlier: list[Any] = []
+    previous = data.get("previous_response_id")
+    if previous is not None:
+        stored = state.responses.get(str(previous))
+        if stored is None:
+            return bad(
+                f"Previous response with id '{previous}' not found.",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
+        earlier = stored.input + stored.output
+    conversation = earlier + given
+    called = {item.get("call_id") for item in conversation if item.get("type") in _CALL_ITEMS}
+    for item in conversation:
+        if item.get("type") in _RESULT_ITEMS and item.get("call_id") not in called:
+            return bad(
+                f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                "input",
+            )
+    return conversation
+
+
+def _responses_answer(
+    state: StandIn, data: dict[str, Any], conversation: list[Any], control: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The output items: [reasoning], then a function_call or a message."""
+    tools = {
+        t["name"]: t.get("parameters")
+        for t in data.get("tools") or []
+        # Codex also offers "custom", "local_shell", "web_search" tools: only functions are called
+        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str)
+    }
+    results: list[dict[str, Any]] = []
+    for item in reversed(conversation):
+        if item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant":
+            break
+        if item.get("type") in _RESULT_ITEMS:
+            results.insert(0, item)
+    output: list[dict[str, Any]] = []
+    reasoning = data.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") != "none":
+        said = "The stand-in considers the turn."
+        summary = [{"type": "summary_text", "text": said}] if reasoning.get("summary") else []
+        thought = {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24], "summary": summary}
+        if "reasoning.encrypted_content" in (data.get("include") or []):
+            thought["encrypted_content"] = "gAAAAB" + base64.b64encode(said.encode()).decode()
+        output.append(thought)
+    if _wants_tool(state, control, bool(tools), bool(results)):
+        name, arguments = _choose_call(state, tools)
+        output.append(
+            {
+                "type": "function_call",
+                "id": "fc_" + uuid.uuid4().hex[:24],
+                "call_id": "call_" + uuid.uuid4().hex[:24],
+                "name": name,
+                "arguments": json.dumps(arguments),
+                "status": "completed",
+            }
+        )
+        return output
+    if results:
+        names = {
+            i.get("call_id"): i.get("name") for i in conversation if i.get("type") in _MODEL_ITEMS
+        }
+        last = results[-1]
+        text = _done_text(str(names.get(last.get("call_id"), "?")), last.get("output"))
+    else:
+        text = f"standin: received {len(conversation)} input items"
+    text = state.replies.get(str(data.get("model")), text)
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    output.append(
+        {
+            "type": "message",
+            "id": "msg_" + uuid.uuid4().hex[:24],
+            "role": "assistant",
+            "status": "completed",
+            "content": [part],
+        }
+    )
+    return output
+
+
+def _responses_cache(
+    state: StandIn, data: dict[str, Any], conversation: list[Any]
+) -> tuple[int, int]:
+    """(input tokens, of which cached): the input counts whole, earlier turns included; the
+    longest prefix of instructions, tools and input items seen before counts as cached, as
+    OpenAI's automatic prompt caching does (its 1,024-token minimum is not imitated)."""
+    parts: list[tuple[str, Any]] = []
+    if data.get("instructions"):
+        parts.append(("instructions", data["instructions"]))
+    parts += [("tool", t) for t in data.get("tools") or []]
+    parts += [("input", item) for item in conversation]
+    digest = hashlib.sha256()
+    size = 0
+    cached = 0
+    seen: list[str] = []
+    for kind, part in parts:
+        text = _canonical(kind, part)
+        digest.update(text.encode())
+        size += len(text)
+        seen.append(digest.hexdigest())
+        if seen[-1] in state.cache_prefixes:
+            cached = size // 4
+    _remember(state, seen)
+    total = max(1, size // 4)
+    return total, min(cached, total)
+
+
+def _response_object(
+    rid: str, data: dict[str, Any], output: list[Any], usage: dict[str, Any]
+) -> dict[str, Any]:
+    """The `response` object, with the fields the openai SDK's `Response` model reads."""
+    now = int(time.time())
+    reasoning = data.get("reasoning")
+    reasoning = reasoning if isinstance(reasoning, dict) else {}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": now,
+        "status": "completed",
+        "background": False,
+        "completed_at": now,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": data.get("instructions"),
+        "max_output_tokens": data.get("max_output_tokens"),
+        "max_tool_calls": data.get("max_tool_calls"),
+        "metadata": data.get("metadata") or {},
+        "model": data["model"],
+        "output": output,
+        "parallel_tool_calls": data.get("parallel_tool_calls", True),
+        "previous_response_id": data.get("previous_response_id"),
+        "prompt_cache_key": data.get("prompt_cache_key"),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "service_tier": "default",
+        "store": data.get("store", True),
+        "temperature": data.get("temperature", 1.0),
+        "text": data.get("text") or {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": data.get("tool_choice", "auto"),
+        "tools": data.get("tools") or [],
+        "top_p": data.get("top_p", 1.0),
+        "truncation": data.get("truncation", "disabled"),
+        "usage": usage,
+        "user": None,
+    }
+
+
+async def _responses_events(
+    response: dict[str, Any], control: dict[str, Any]
+) -> AsyncGenerator[bytes, None]:
+    """`response` as the Responses API streams it, `sequence_number` on every event:
+    created, in_progress, each item's added … done events, completed (listing every item)."""
+    delay = float(control.get("chunk_delay", 0))
+    chunks = int(control.get("chunks", 3))
+    numbers = itertools.count()
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return _event(kind, {"type": kind, "sequence_number": next(numbers), **fields})
+
+    pending = {
+        **response,
+        "status": "in_progress",
+        "output": [],
+        "usage": None,
+        "completed_at": None,
+    }
+    yield event("response.created", response=pending)
+    yield event("response.in_progress", response=pending)
+    for index, item in enumerate(response["output"]):
+        at: dict[str, Any] = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            opened = {**item, "status": "in_progress", "content": []}
+            yield event("response.output_item.added", output_index=index, item=opened)
+            part = item["content"][0]
+            empty = {**part, "text": ""}
+            yield event("response.content_part.added", **at, content_index=0, part=empty)
+            if control.get("endless"):
+                while True:
+                    await asyncio.sleep(delay or 0.05)
+                    yield event(
+                        "response.output_text.delta", **at, content_index=0, delta=".", logprobs=[]
+                    )
+            for piece in _pieces(part["text"], chunks):
+                if delay:
+                    await asyncio.sleep(delay)
+                yield event(
+                    "response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[]
+                )
+            yield event(
+                "response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]
+            )
+            yield event("response.content_part.done", **at, content_index=0, part=part)
+        elif item["type"] == "function_call":
+            opened = {**item, "arguments": "", "status": "in_progress"}
+            yield event("response.output_item.added", output_index=index, item=opened)
+            for piece in _pieces(item["arguments"], chunks):
+                yield event("response.function_call_arguments.delta", **at, delta=piece)
+            yield event(
+                "response.function_call_arguments.done",
+                **at,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        else:
+            opened = {**item, "summary": []}
+            opened.pop("encrypted_content", None)
+            yield event("response.output_item.added", output_index=index, item=opened)
+            for n, summary in enumerate(item["summary"]):
+                empty = {**summary, "text": ""}
+                yield event(
+                    "response.reasoning_summary_part.added", **at, summary_index=n, part=empty
+                )
+                for piece in _pieces(summary["text"], chunks):
+                    yield event(
+                        "response.reasoning_summary_text.delta", **at, summary_index=n, delta=piece
+                    )
+                yield event(
+                    "response.reasoning_summary_text.done",
+                    **at,
+                    summary_index=n,
+                    text=summary["text"],
+                )
+                yield event(
+                    "response.reasoning_summary_part.done", **at, summary_index=n, part=summary
+                )
+        yield event("response.output_item.done", output_index=index, item=item)
+    yield event("response.completed", response=response)
+
+
+# --- serving -------------------------------------------------------------------------------
 
 
 @contextmanager

@@ -115,3 +115,72 @@ def check_received(
         else:
             assert after == before, f"{before['role']} messages pass through untouched"
     return clamped
+
+
+def as_chat(body: dict[str, Any], wire: str, known: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Messages or Responses body as chat messages (system texts, tool calls and results,
+    texts joined), so `check_received` can grade it. Written from OPENCLAW_WIRE_FORMATS.md.
+    `known`: call id → tool name of calls the body answers but does not carry (continuations).
+    """
+    out: list[dict[str, Any]] = []
+    if known:
+        calls = [{"id": i, "function": {"name": n}} for i, n in known.items()]
+        out.append({"role": "assistant", "tool_calls": calls})
+
+    def text(content: Any) -> str:
+        if isinstance(content, str):
+            return content
+        return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+
+    if wire == "messages":
+        system = body.get("system")
+        blocks = [{"text": system}] if isinstance(system, str) else system or []
+        out.extend({"role": "system", "content": b["text"]} for b in blocks if "text" in b)
+        for m in body["messages"]:
+            content = m["content"] if isinstance(m["content"], list) else []
+            if m["role"] == "system":
+                out.append({"role": "system", "content": text(m["content"])})
+            calls = [b for b in content if b.get("type") == "tool_use"]
+            if calls:
+                out.append(
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": c["id"], "function": {"name": c["name"]}} for c in calls
+                        ],
+                    }
+                )
+            for b in content:
+                if b.get("type") == "tool_result":
+                    content_text = text(b.get("content"))
+                    out.append(
+                        {"role": "tool", "tool_call_id": b["tool_use_id"], "content": content_text}
+                    )
+    else:
+        if isinstance(body.get("instructions"), str):
+            out.append({"role": "system", "content": body["instructions"]})
+        for item in body["input"] if isinstance(body["input"], list) else []:
+            if item.get("role") in ("system", "developer"):
+                out.append({"role": "system", "content": text(item["content"])})
+            elif item.get("type") == "function_call":
+                call = {"id": item["call_id"], "function": {"name": item["name"]}}
+                out.append({"role": "assistant", "tool_calls": [call]})
+            elif item.get("type") == "function_call_output":
+                output = {"role": "tool", "tool_call_id": item["call_id"]}
+                out.append({**output, "content": text(item["output"])})
+    return {"messages": out}
+
+
+def skeleton(value: Any) -> Any:
+    """`value` with every string under a `text`, `content` or `output` key blanked: what a clamp
+    may never change (blocks, items, ids, `cache_control`, thinking, every other field)."""
+    if isinstance(value, dict):
+        return {
+            k: "<text>"
+            if k in ("text", "content", "output") and isinstance(v, str) and k != "thinking"
+            else skeleton(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [skeleton(v) for v in value]
+    return value

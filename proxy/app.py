@@ -5,6 +5,7 @@ POST /v1/messages                  chat completions, Anthropic Messages (and its
 POST /v1/messages/count_tokens     count_tokens), OpenAI Responses (proxy/wire/)
 POST /v1/responses
 GET  /v1/models                  passed through
+GET  /metrics                    Prometheus text (proxy/metrics.py)
 GET  /context/budget             the report: JSON, text or the page (proxy/reporting.py)
 GET  /context/budget/requests/{id}
 POST|GET /v1/memories, DELETE /v1/memories/{id}   (proxy/memories.py)
@@ -13,6 +14,7 @@ GET  /healthz
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -27,13 +29,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from caps import Clamp, clamp_request
-from proxy.auth import owner_for
+from proxy.auth import check_metrics_reader, owner_for
 from proxy.config import ConfigSource
 from proxy.errors import CtxBudgetError
 from proxy.guard import BrowserGuard
 from proxy.memories import MemoryRoutes
+from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
-from proxy.report import ReportStore
+from proxy.report import ReportStore, Sink
 from proxy.reporting import Reporting
 from proxy.state import ProxyState
 from proxy.telemetry import Telemetry
@@ -54,26 +57,30 @@ def create_app(
     run: str | None = None,
     clamp: Clamp = clamp_request,
     telemetry: Telemetry | None = None,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """The proxy app. Dependencies are injected; defaults are built from `config`.
 
     Telemetry, when not given, comes from `config` and the OTEL_* environment (or is off);
-    it is a sink of the report store, so it sees every request the report does.
+    the Prometheus metrics of `/metrics` are always on. Both are sinks of the report store,
+    so they see every request the report does.
     """
     env = os.environ if env is None else env
     cfg = config.get()
     owns_telemetry = telemetry is None
     if telemetry is None:
         telemetry = Telemetry.from_config(cfg.telemetry, env)
+    metrics = metrics or Metrics()
+    sinks: list[Sink] = [metrics] if telemetry is None else [metrics, telemetry]
     owns_reports = reports is None
     if reports is None:
         reports = ReportStore(
             cfg.report.path,
             run=run or env.get("CTXBUDGET_RUN_ID") or secrets.token_hex(6),
-            sinks=[telemetry] if telemetry is not None else (),
+            sinks=sinks,
         )
-    elif telemetry is not None and telemetry not in reports.sinks:
-        reports.sinks.append(telemetry)
+    else:
+        reports.sinks.extend(sink for sink in sinks if sink not in reports.sinks)
     upstream = upstream or HttpUpstream()
     state = ProxyState(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
     reporting = Reporting(state)
@@ -113,6 +120,14 @@ def create_app(
         )
         return Response(await reply.read(), status_code=reply.status, headers=reply.headers)
 
+    async def prometheus(request: Request) -> Response:
+        check_metrics_reader(request.headers, state.settings())
+        # off the loop: with several workers it reads every worker's files
+        body, content_type = await asyncio.to_thread(
+            metrics.render, request.headers.get("accept", "")
+        )
+        return Response(body, headers={"content-type": content_type})
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -130,6 +145,7 @@ def create_app(
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
         Route("/context/budget", reporting.budget, methods=["GET"]),
         Route("/context/budget/requests/{id}", reporting.budget_request, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -161,8 +177,8 @@ async def _error_response(request: Request, exc: Exception) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = {
             404: f"no route {request.url.path}: ctxbudget serves /v1/chat/completions, "
-            "/v1/messages, /v1/responses, /v1/models, /v1/memories, /context/budget and "
-            "/healthz",
+            "/v1/messages, /v1/responses, /v1/models, /v1/memories, /context/budget, "
+            "/metrics and /healthz",
             405: f"{request.method} is not allowed on {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
         body = {

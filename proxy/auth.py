@@ -4,6 +4,8 @@
 - With proxy keys: `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic clients
   send it) names the owner (constant-time compare);
   the report page also takes HTTP Basic with the key as the password, so a browser can ask.
+- `/metrics` counts every owner's requests, so with proxy keys (or a metrics key) only the
+  metrics key or the admin key may read it; a proxy key may not.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import secrets
 from collections.abc import Mapping
 
 from memory import DEFAULT_OWNER
-from proxy.errors import Unauthorized
+from proxy.errors import Forbidden, Unauthorized
 from proxy.settings import Settings
 
 
@@ -56,6 +58,35 @@ def report_viewer(
     if not settings.proxy_keys or is_admin(headers, settings, browser=browser):
         return None
     return owner_for(headers, settings, browser=browser)
+
+
+def check_metrics_reader(headers: Mapping[str, str], settings: Settings) -> None:
+    """Let the request read `/metrics`, or raise. Open when access is (no proxy keys and no
+    metrics key), like the report; else only the metrics key or the admin key: `Forbidden`
+    for a proxy key (the figures add up every key's requests), `Unauthorized` otherwise."""
+    if not settings.proxy_keys and not settings.metrics_key:
+        return
+    readers = [key for key in (settings.metrics_key, settings.admin_key) if key]
+    given = credential(headers)
+    if given is not None:
+        if any(same_secret(given, key) for key in readers):
+            return
+        if any(same_secret(given, key) for key in settings.proxy_keys):
+            raise Forbidden(
+                "a proxy key may not read /metrics: it counts every key's requests. Scrape "
+                f"with the key in ${settings.metrics_key_env} (proxy.metricsKeyEnv) or the "
+                "admin key"
+            )
+    hint = (
+        ""
+        if readers
+        else f"; neither is set, so nobody may: put a key in ${settings.metrics_key_env}"
+    )
+    raise Unauthorized(
+        "/metrics needs 'Authorization: Bearer <key>' with the key in "
+        f"${settings.metrics_key_env} (proxy.metricsKeyEnv) or the admin key "
+        f"(${settings.admin_key_env}){hint}"
+    )
 
 
 def credential(headers: Mapping[str, str], *, browser: bool = False) -> bytes | None:

@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from proxy.metrics import shared_between_workers
     from proxy.report import start_run
     from proxy.upstream import redact
 
@@ -158,16 +159,18 @@ def _serve(args: argparse.Namespace) -> None:
         budget,
         source.path or "built-in defaults",
     )
-    uvicorn.run(
-        "proxy.cli:app_factory",
-        factory=True,
-        host=cfg.proxy.host,
-        port=cfg.proxy.port,
-        workers=args.workers,
-        log_level=level,
-        access_log=level == "debug",
-        timeout_graceful_shutdown=5,
-    )
+    # /metrics adds up every worker's figures (prometheus_client's multiprocess mode)
+    with shared_between_workers(args.workers):
+        uvicorn.run(
+            "proxy.cli:app_factory",
+            factory=True,
+            host=cfg.proxy.host,
+            port=cfg.proxy.port,
+            workers=args.workers,
+            log_level=level,
+            access_log=level == "debug",
+            timeout_graceful_shutdown=5,
+        )
 
 
 def _warn_if_open(cfg: Any) -> None:

@@ -131,6 +131,8 @@ class ProxyConfig(_Model):
     """Environment variable with comma-separated proxy keys; when set, clients must send one."""
     admin_key_env: str = "CTXBUDGET_ADMIN_KEY"
     """Environment variable with the admin key that guards admin endpoints."""
+    metrics_key_env: str = "CTXBUDGET_METRICS_KEY"
+    """Environment variable with a key that may read `/metrics` only (for a scraper)."""
     allowed_hosts: list[str] = []
     """Host names clients may use besides loopback ones (DNS rebinding guard); beyond
     loopback, when set, the only ones."""
@@ -428,7 +430,12 @@ _SECRET_HINT = (
     " — secrets never go in the config file: put the key in an environment variable and name "
     "it here with {field}"
 )
-_SECRET_KEYS = {"apiKey": "apiKeyEnv", "keys": "keysEnv", "adminKey": "adminKeyEnv"}
+_SECRET_KEYS = {
+    "apiKey": "apiKeyEnv",
+    "keys": "keysEnv",
+    "adminKey": "adminKeyEnv",
+    "metricsKey": "metricsKeyEnv",
+}
 
 
 def _describe(err: Any, origins: Mapping[str, str], env: Mapping[str, str]) -> str:
@@ -628,6 +635,11 @@ def proxy_keys(config: Config, env: Mapping[str, str]) -> dict[str, str]:
 def admin_key(config: Config, env: Mapping[str, str]) -> str | None:
     """The admin key, if set."""
     return _secret(env, config.proxy.admin_key_env)
+
+
+def metrics_key(config: Config, env: Mapping[str, str]) -> str | None:
+    """The key that may read `/metrics`, if set."""
+    return _secret(env, config.proxy.metrics_key_env)
 
 
 # -- watching ----------------------------------------------------------------------------

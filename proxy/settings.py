@@ -26,6 +26,7 @@ from proxy.config import (
     effective_caps,
     is_loopback,
     memory_limits,
+    metrics_key,
     proxy_keys,
     tool_names,
     upstream_api_key,
@@ -49,8 +50,11 @@ class Settings:
     proxy_keys: dict[str, str] = field(repr=False)
     """Proxy key → the owner it stands for."""
     admin_key: str | None = field(repr=False)
+    metrics_key: str | None = field(repr=False)
+    """The key that may read `/metrics` only."""
     proxy_keys_env: str
     admin_key_env: str
+    metrics_key_env: str
     listen_host: str
     listen_loopback: bool
     """Whether `listen_host` is this machine only (the guard then serves localhost names)."""
@@ -131,8 +135,10 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         anthropic_api_key=anthropic_api_key(config, env),
         proxy_keys=proxy_keys(config, env),
         admin_key=admin_key(config, env),
+        metrics_key=metrics_key(config, env),
         proxy_keys_env=config.proxy.keys_env,
         admin_key_env=config.proxy.admin_key_env,
+        metrics_key_env=config.proxy.metrics_key_env,
         listen_host=config.proxy.host,
         listen_loopback=is_loopback(config.proxy.host),
         allowed_hosts=frozenset(h.lower() for h in config.proxy.allowed_hosts),

@@ -7,8 +7,8 @@ record; token counting (tiktoken) happens there too. Readers in the same process
 
 Totals are kept per *run* (one `ctxbudget serve`); the report shows the latest run.
 
-Sinks (OpenTelemetry, in `proxy/telemetry.py`) get each record with its JSON entry on the
-same thread, so the request path pays for none of them.
+Sinks (OpenTelemetry in `proxy/telemetry.py`, Prometheus in `proxy/metrics.py`) get each
+record with its JSON entry on the same thread, so the request path pays for none of them.
 """
 
 from __future__ import annotations
@@ -179,8 +179,9 @@ class ReportStore:
 
     @property
     def keeps_usage(self) -> bool:
-        """Whether records should carry the upstream's usage-bearing bytes (a sink reads them)."""
-        return bool(self.sinks)
+        """Whether records should carry the upstream's usage-bearing bytes (a sink reads them;
+        one with `reads_usage = False`, such as the Prometheus metrics, does not)."""
+        return any(getattr(sink, "reads_usage", True) for sink in self.sinks)
 
     # -- writing -------------------------------------------------------------------------
 

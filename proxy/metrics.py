@@ -1,0 +1,201 @@
+"""Prometheus metrics of proxied requests, for `GET /metrics`, updated off the request path.
+
+The same counters and histograms as the OpenTelemetry metrics (`proxy/telemetry.py`), under
+Prometheus names and units, through prometheus_client:
+
+| OpenTelemetry | Prometheus | labels |
+|---|---|---|
+| `ctxbudget.requests` | `ctxbudget_requests_total` | `model`, `format`, `status_class` |
+| `ctxbudget.segments.clamped` | `ctxbudget_segments_clamped_total` | `kind`, `action` |
+| `ctxbudget.chars.saved` | `ctxbudget_chars_saved_total` | `kind`, `action` |
+| `ctxbudget.tokens.saved` | `ctxbudget_tokens_saved_total` | `kind`, `action` |
+| `ctxbudget.money.saved` | `ctxbudget_money_saved_usd_total` | `kind`, `action` |
+| `ctxbudget.added_latency` (ms) | `ctxbudget_added_latency_seconds` | |
+| `ctxbudget.recall.duration` (ms) | `ctxbudget_recall_duration_seconds` | `profile` |
+
+Like telemetry, it is a sink of the report store: the writer thread that already describes
+each finished request adds it to the counters, so the request path does no work for them. It
+is on whether or not OpenTelemetry is. Labels are bounded and name no owner, key, URL, path
+or text: `kind`, `action`, `format` and `profile` come from fixed sets, `status_class` is
+`2xx`…`5xx`, and `model` is the client's model name for the first `MAX_MODELS` names of a
+plain shape, `other` after that. Who may read it: `proxy/auth.py` `check_metrics_reader`.
+
+Several workers (`ctxbudget serve --workers N`) are separate processes: `serve` runs them in
+prometheus_client's multiprocess mode (`shared_between_workers`), each writing its values to
+files in a fresh directory, and whichever worker answers a scrape adds up all of them. So
+`/metrics` shows the whole server, whichever worker answers.
+
+prometheus_client is imported on first use, not by importing this module: its multiprocess
+mode is fixed when it is first imported, from `$PROMETHEUS_MULTIPROC_DIR`, which `serve` sets
+before its workers start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, get_args
+
+from caps import SEGMENT_KINDS
+from memory.profiles import RetrievalProfileName
+
+if TYPE_CHECKING:
+    from proxy.report.record import RequestRecord
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where prometheus_client's multiprocess mode keeps every process's values."""
+MAX_MODELS = 100
+"""Distinct `model` label values kept per process; later models are counted as `other`."""
+ACTIONS = ("clamped", "would-clamp")
+FORMATS = frozenset({"chat", "messages", "responses"})
+PROFILES = frozenset(get_args(RetrievalProfileName))
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Seconds; the proxy's own time before the upstream gets the request is usually ~1 ms."""
+RECALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Seconds; `deep` recall asks the rewrite model first, which can take seconds."""
+
+# Model names as providers spell them (gpt-4o, claude-sonnet-4-5, anthropic/claude-…,
+# llama3:8b, accounts/x/models/y@v2); anything else is `other`, not a label value.
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99}")
+
+
+class Metrics:
+    """Prometheus counters and histograms of finished requests: a sink of the report store."""
+
+    reads_usage = False
+    """The report need not keep each reply's usage bytes for this sink (it reads figures)."""
+
+    def __init__(self, *, max_models: int = MAX_MODELS) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.shared_dir = os.environ.get(MULTIPROCESS_ENV) or None
+        """The multiprocess directory when values are shared between workers, else None."""
+        self.registry = CollectorRegistry()
+        """What a scrape reads: this process's metrics, or every worker's files."""
+        into: CollectorRegistry | None = self.registry
+        if self.shared_dir:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self.registry, path=self.shared_dir)  # type: ignore[no-untyped-call]
+            into = None  # values go to the files; registering them too would count them twice
+        self._max_models = max_models
+        self._models: set[str] = set()
+        self.requests = Counter(
+            "ctxbudget_requests",
+            "Requests proxied",
+            ["model", "format", "status_class"],
+            registry=into,
+        )
+        per_kind = ["kind", "action"]
+        self.segments = Counter(
+            "ctxbudget_segments_clamped",
+            "Segments clamped (or that would be, with the budget off), per kind",
+            per_kind,
+            registry=into,
+        )
+        self.chars = Counter(
+            "ctxbudget_chars_saved", "UTF-16 chars saved, per kind", per_kind, registry=into
+        )
+        self.tokens = Counter(
+            "ctxbudget_tokens_saved", "Input tokens saved, per kind", per_kind, registry=into
+        )
+        self.money = Counter(
+            "ctxbudget_money_saved_usd",
+            "Input cost saved at the model's price, per kind (priced models only)",
+            per_kind,
+            registry=into,
+        )
+        self.added = Histogram(
+            "ctxbudget_added_latency_seconds",
+            "Time from receiving a request to sending it upstream",
+            buckets=LATENCY_BUCKETS,
+            registry=into,
+        )
+        self.recall = Histogram(
+            "ctxbudget_recall_duration_seconds",
+            "Memory recall time",
+            ["profile"],
+            buckets=RECALL_BUCKETS,
+            registry=into,
+        )
+        # Every kind and action from the start, at 0, so rate() has a series before the
+        # first clamp.
+        for kind in SEGMENT_KINDS:
+            for action in ACTIONS:
+                for counter in (self.segments, self.chars, self.tokens, self.money):
+                    counter.labels(kind, action)
+
+    def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
+        """Count one finished request; `body` is its report entry (on the writer thread)."""
+        wire = r.wire if r.wire in FORMATS else "other"
+        self.requests.labels(self._model(r.model), wire, f"{r.status // 100}xx").inc()
+        action = "clamped" if r.enabled else "would-clamp"
+        for kind in SEGMENT_KINDS:
+            acted = [s for s in body["segments"] if s["kind"] == kind and s["action"] == action]
+            if not acted:
+                continue
+            self.segments.labels(kind, action).inc(len(acted))
+            self.chars.labels(kind, action).inc(max(0, sum(s["saved"] for s in acted)))
+            self.tokens.labels(kind, action).inc(max(0, sum(s["savedTokens"] for s in acted)))
+            if r.input_price is not None:
+                usd = sum(s["savedUsd"] or 0 for s in acted)
+                self.money.labels(kind, action).inc(max(0.0, usd))
+        marks = r.marks
+        if "start" in marks and "upstream_start" in marks:
+            self.added.observe(max(0, marks["upstream_start"] - marks["start"]) / 1e9)
+        memory = body.get("memory") or None
+        if memory and "recall_start" in marks and "recall_end" in marks:
+            profile = memory.get("applied")
+            self.recall.labels(profile if profile in PROFILES else "other").observe(
+                max(0, marks["recall_end"] - marks["recall_start"]) / 1e9
+            )
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition for a scrape with this `Accept` header: (body, content type).
+        Prometheus text by default, OpenMetrics when the scraper asks for it."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+    def _model(self, model: str | None) -> str:
+        if not model:
+            return "unknown"
+        if model in self._models:
+            return model
+        if (
+            len(self._models) >= self._max_models
+            or not _MODEL.fullmatch(model)
+            or "//" in model  # a URL, not a model name
+        ):
+            return "other"
+        self._models.add(model)
+        return model
+
+
+@contextlib.contextmanager
+def shared_between_workers(
+    workers: int, env: MutableMapping[str, str] | None = None
+) -> Iterator[str | None]:
+    """Set up `$PROMETHEUS_MULTIPROC_DIR` for a server of `workers` processes, before they start.
+
+    More than one: a fresh private directory (removed afterwards) that every worker writes its
+    values to and adds up for `/metrics`. One: none, and an inherited value is dropped, lest
+    files of another run be added in.
+    """
+    env = os.environ if env is None else env
+    if workers <= 1:
+        env.pop(MULTIPROCESS_ENV, None)
+        yield None
+        return
+    path = tempfile.mkdtemp(prefix="ctxbudget-metrics-")
+    env[MULTIPROCESS_ENV] = path
+    try:
+        yield path
+    finally:
+        env.pop(MULTIPROCESS_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)

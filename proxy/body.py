@@ -137,10 +137,19 @@ def parse_chat_body(raw: bytes) -> ChatBody:
             f"'messages' must be a list of chat messages, got {type_name(body.messages)}",
             param="messages",
         )
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest(f"'model' must be a string, got {type_name(model)}", param="model")
+    check_model(body)
     return body
+
+
+def check_model(body: JsonBody) -> None:
+    """400 unless `model` is a non-empty string: every format's upstream needs one."""
+    model = body.get("model")
+    if model is None:
+        raise BadRequest("'model' is required: the model to send the request to", param="model")
+    if not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {type_name(model)}", param="model")
+    if not model.strip():
+        raise BadRequest("'model' must not be empty", param="model")
 
 
 def _check_utf8(fields: dict[str, Any], parsed: str) -> None:

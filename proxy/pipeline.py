@@ -131,7 +131,7 @@ class Pipeline:
                 duration_ms=0.0,
                 segments=segments,
                 encoding=encoding,
-                route=route.model if route else "openai",
+                route=route.model if route else wire.provider,
                 wire=wire.name,
                 clamp_error=clamp_error,
                 segment_tokens=seg_tokens,

@@ -170,7 +170,7 @@ class Telemetry:
     ) -> dict[str, Any]:
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": r.route.split("/", 1)[0] if "/" in r.route else "openai",
+            "gen_ai.provider.name": r.route.split("/", 1)[0],
             "http.response.status_code": r.status,
             "ctxbudget.request_id": r.id,
             "ctxbudget.budget.enabled": r.enabled,

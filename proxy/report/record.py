@@ -35,7 +35,7 @@ class RequestRecord:
     encoding: str
     """tiktoken encoding the saved tokens are counted in."""
     route: str = "openai"
-    """`openai` (the upstream) or the litellm model it was routed to."""
+    """`openai` or `anthropic` (the upstream), or the litellm model it was routed to."""
     wire: str = "chat"
     """The wire format the client spoke (`chat`, `messages`, `responses`)."""
     clamp_error: str | None = None

@@ -82,6 +82,7 @@ class ChatCompletions:
 
     name = "chat"
     usage_marker = b'"usage"'
+    provider = "openai"
 
     def parse(self, raw: bytes, *, owner: str = "default") -> ChatCompletionsRequest:
         return ChatCompletionsRequest(parse_chat_body(raw))

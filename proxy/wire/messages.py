@@ -24,7 +24,7 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, block, inject
 from memory.query import UserTurn, user_turn
-from proxy.body import JsonBody, parse_object, type_name
+from proxy.body import JsonBody, check_model, parse_object, type_name
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.settings import Settings
 from proxy.upstream import forward_request_headers
@@ -154,6 +154,7 @@ class AnthropicMessages:
 
     name = "messages"
     usage_marker = b'"usage"'
+    provider = "anthropic"
 
     def __init__(self, *, counting: bool = False) -> None:
         self.generates = not counting
@@ -179,10 +180,12 @@ class AnthropicMessages:
                 f"'system' must be a string or a list of text blocks, got {type_name(system)}",
                 param="system",
             )
-        for key, kind, name in (("model", str, "a string"), ("stream", bool, "true or false")):
-            value = body.get(key)
-            if value is not None and not isinstance(value, kind):
-                raise BadRequest(f"'{key}' must be {name}, got {type_name(value)}", param=key)
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise BadRequest(
+                f"'stream' must be true or false, got {type_name(stream)}", param="stream"
+            )
+        check_model(body)
         return MessagesRequest(body, messages, system, counting=not self.generates)
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:

@@ -32,7 +32,7 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, block
 from memory.query import UserTurn, user_turn
-from proxy.body import JsonBody, parse_object, type_name
+from proxy.body import JsonBody, check_model, parse_object, type_name
 from proxy.errors import BadRequest, CtxBudgetError
 from proxy.settings import Settings
 from proxy.wire.chat import openai_headers
@@ -228,6 +228,7 @@ class OpenAIResponses:
 
     name = "responses"
     usage_marker = b'"usage"'
+    provider = "openai"
     generates = True
 
     def __init__(self, names: CallNames | None = None) -> None:
@@ -244,7 +245,6 @@ class OpenAIResponses:
                 param="input",
             )
         for key, kind, name in (
-            ("model", str, "a string"),
             ("stream", bool, "true or false"),
             ("instructions", str, "a string"),
             ("previous_response_id", str, "a string"),
@@ -254,6 +254,7 @@ class OpenAIResponses:
                 raise BadRequest(f"'{key}' must be {name}, got {type_name(field)}", param=key)
         if isinstance(value, list):
             _check_items(value, continues=body.get("previous_response_id") is not None)
+        check_model(body)
         return ResponsesRequest(body, owner, self.names)
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:

@@ -100,6 +100,8 @@ class WireFormat(Protocol):
     """Short name, recorded with each request (`chat`, `messages`, `responses`)."""
     usage_marker: bytes
     """Bytes that appear in a reply chunk only where usage is (kept for telemetry)."""
+    provider: str
+    """Who the upstream speaks for, as the report's `route` names it (`openai`, `anthropic`)."""
     generates: bool
     """The request asks for a model's answer. False for token counting: such requests are
     clamped and injected like the real one, but not recorded and never a chat command."""

@@ -41,7 +41,9 @@ def test_malformed_bodies_are_refused(raw: bytes, message: str) -> None:
 
 
 def test_valid_json_that_fast_parsers_refuse_still_works() -> None:
-    raw = json.dumps({"messages": [{"role": "user", "content": "\ud800"}], "seed": 2**70}).encode()
+    raw = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "\ud800"}], "seed": 2**70}
+    ).encode()
     body = parse_chat_body(raw)
     assert body.messages[0]["content"] == "\ud800"
     assert body.get("seed") == 2**70

@@ -106,6 +106,7 @@ def test_messages_are_clamped_forwarded_with_their_headers_and_reported(tmp_path
         assert r.headers["x-context-budget-clamped"] == "2"
         entry = report(client)["recent"][0]
         assert entry["wire"] == "messages" and entry["clamped"] == 2
+        assert entry["route"] == "anthropic"
 
 
 def test_a_message_stream_is_relayed_event_by_event(tmp_path: Path) -> None:

@@ -26,10 +26,11 @@ def test_the_user_turn_skips_internal_context_and_knows_a_tool_loop() -> None:
     own = CHAT.parse(
         orjson.dumps(
             {
+                "model": "m",
                 "messages": [
                     {"role": "user", "content": "hi"},
                     {"role": "user", "content": [{"type": "text", "text": INTERNAL_CONTEXT}]},
-                ]
+                ],
             }
         )
     ).user_turn()
@@ -63,12 +64,13 @@ def test_clamping_applies_only_when_asked_and_splices_the_rest() -> None:
 
 def test_injection_goes_to_the_last_user_message_or_the_system_prompt() -> None:
     body = {
+        "model": "m",
         "messages": [
             {"role": "system", "content": "sys"},
             {"role": "user", "content": "one"},
             {"role": "assistant", "content": "two"},
             {"role": "user", "content": "three"},
-        ]
+        ],
     }
     user = CHAT.parse(orjson.dumps(body))
     user.inject(["- Fact: x (today, you told me)"], "user")
@@ -102,7 +104,7 @@ def test_command_replies_are_chat_completions() -> None:
     assert data["choices"][0]["message"] == {"role": "assistant", "content": "report text"}
 
     streamed = CHAT.parse(
-        b'{"messages": [], "stream": true, "stream_options": {"include_usage": true}}'
+        b'{"model": "m", "messages": [], "stream": true, "stream_options": {"include_usage": true}}'
     )
     reply = CHAT.command_reply("x" * 900, streamed, request_id="cb-2")
     assert reply.media_type == "text/event-stream"
@@ -118,7 +120,7 @@ def test_command_replies_are_chat_completions() -> None:
         p["choices"][0]["delta"].get("content", "") for p in payloads if p["choices"]
     ) == ("x" * 900)
     assert payloads[-1]["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    assert all(p["model"] == "ctxbudget" for p in payloads)
+    assert all(p["model"] == "m" for p in payloads)
 
 
 def test_errors_are_openai_shaped_in_json_and_in_a_stream() -> None:

@@ -293,10 +293,11 @@ def test_the_user_turn_and_the_system_text() -> None:
     own = MESSAGES.parse(
         orjson.dumps(
             {
+                "model": "m",
                 "messages": [
                     {"role": "user", "content": "/context budget"},
                     {"role": "user", "content": [{"type": "text", "text": INTERNAL_CONTEXT}]},
-                ]
+                ],
             }
         )
     ).user_turn()

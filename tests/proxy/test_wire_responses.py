@@ -150,7 +150,7 @@ def test_a_continuation_result_is_named_from_the_reply_that_called_it() -> None:
     stream = b"".join(
         b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
     )
-    first = wire.parse(orjson.dumps({"input": "go", "stream": True}), owner="alice")
+    first = wire.parse(orjson.dumps({"model": "m", "input": "go", "stream": True}), owner="alice")
     watcher = wire.watch_reply(first, "alice")
     for i in range(0, len(stream), 7):
         watcher.feed(stream[i : i + 7])
@@ -159,6 +159,7 @@ def test_a_continuation_result_is_named_from_the_reply_that_called_it() -> None:
     page = "Plain page text that is not JSON at all. " * 600
     later = orjson.dumps(
         {
+            "model": "m",
             "previous_response_id": "resp_1",
             "input": [output("call_x", web_fetch_result(content=page))],
         }
@@ -176,7 +177,7 @@ def test_a_continuation_result_is_named_from_the_reply_that_called_it() -> None:
 def test_a_json_reply_is_read_for_calls_too_and_the_memory_is_bounded() -> None:
     names = CallNames(limit=3)
     wire = OpenAIResponses(names)
-    parsed = wire.parse(b'{"input": "go"}')
+    parsed = wire.parse(b'{"model": "m", "input": "go"}')
     watcher = wire.watch_reply(parsed, "default")
     reply = {"id": "resp_2", "output": [call(f"c{i}", "memory_get", {}) for i in range(5)]}
     watcher.feed(orjson.dumps(reply))
@@ -195,10 +196,10 @@ def test_memories_go_to_the_last_user_message() -> None:
         "type": "input_text",
         "text": "User context:\n- Preference: tea",
     }
-    plain = OpenAIResponses().parse(b'{"input": "hi"}')
+    plain = OpenAIResponses().parse(b'{"model": "m", "input": "hi"}')
     plain.inject(["- a"], "user")
     assert orjson.loads(plain.encode())["input"] == "hi\n\nUser context:\n- a"
-    system = OpenAIResponses().parse(b'{"input": "hi"}')
+    system = OpenAIResponses().parse(b'{"model": "m", "input": "hi"}')
     system.inject(["- a"], "system")
     assert orjson.loads(system.encode())["instructions"] == "User context:\n- a"
 
@@ -207,9 +208,11 @@ def test_the_user_turn() -> None:
     parsed = OpenAIResponses().parse(orjson.dumps(request()))
     turn = parsed.user_turn()
     assert turn is not None and turn.index == 1 and turn.query == "Fetch it" and not turn.last
-    simple = OpenAIResponses().parse(b'{"input": "/context budget"}').user_turn()
+    simple = OpenAIResponses().parse(b'{"model": "m", "input": "/context budget"}').user_turn()
     assert simple is not None and simple.last and simple.query == "/context budget"
-    easy = OpenAIResponses().parse(b'{"input": [{"role": "user", "content": "/ctxbudget json"}]}')
+    easy = OpenAIResponses().parse(
+        b'{"model": "m", "input": [{"role": "user", "content": "/ctxbudget json"}]}'
+    )
     found = easy.user_turn()
     assert found is not None and found.last and found.query == "/ctxbudget json"
 
@@ -249,7 +252,9 @@ def test_bad_input_is_a_400_naming_the_field(
 
 
 def test_a_continuation_may_answer_a_call_it_does_not_carry() -> None:
-    raw = orjson.dumps({"previous_response_id": "resp_1", "input": [output("c9", "x")]})
+    raw = orjson.dumps(
+        {"model": "m", "previous_response_id": "resp_1", "input": [output("c9", "x")]}
+    )
     assert OpenAIResponses().parse(raw).continues == "resp_1"
 
 
@@ -266,12 +271,16 @@ def test_upstream_target_credentials_and_stream_error() -> None:
 
 def test_the_command_reply_is_a_response_the_sdk_reads_in_json_and_sse() -> None:
     wire = OpenAIResponses()
-    reply = wire.command_reply("report", wire.parse(b'{"input": "x"}'), request_id="cb-1")
+    reply = wire.command_reply(
+        "report", wire.parse(b'{"model": "m", "input": "x"}'), request_id="cb-1"
+    )
     assert isinstance(reply.body, bytes)
     response = openai.types.responses.Response.model_validate_json(reply.body)
     assert response.output_text == "report"
     text = "y" * 1000
-    sse = wire.command_reply(text, wire.parse(b'{"input": "x", "stream": true}'), request_id="cb-2")
+    sse = wire.command_reply(
+        text, wire.parse(b'{"model": "m", "input": "x", "stream": true}'), request_id="cb-2"
+    )
     assert not isinstance(sse.body, bytes)
 
     async def collect() -> bytes:

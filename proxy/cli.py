@@ -8,9 +8,13 @@
     ctxbudget memory rm ID [--owner O] [--json]
     ctxbudget analyze [--config PATH] [--days N] [--owner O] [--json]
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
+    ctxbudget config init [PATH] [--force]
+    ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
 
-Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc`, else
-built-in defaults). `--json` prints machine-readable JSON on stdout and nothing else.
+Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
+`./ctxbudget.json`, else `~/.ctxbudget/config.jsonc`, else built-in defaults: see
+`proxy/configfile.py`) and says on stderr which file it used. `--json` prints
+machine-readable JSON on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memory.profiles import REQUESTED_PROFILES
 from proxy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from proxy.config import ConfigSource
 
 # Set by `serve` for its uvicorn workers, which rebuild the app from them.
 _ENV_CONFIG = "CTXBUDGET_SERVE_CONFIG"
@@ -37,6 +44,9 @@ _ENV_OVERRIDES = "CTXBUDGET_SERVE_OVERRIDES"
 _ENV_RUN = "CTXBUDGET_RUN_ID"
 
 log = logging.getLogger("ctxbudget")
+
+FLAGS = {"proxy.host": "--host", "proxy.port": "--port"}
+"""Config values a command-line flag sets, and the flag."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,14 +104,48 @@ def _parser() -> argparse.ArgumentParser:
         each.add_argument("--config", metavar="PATH", help="config file (JSONC)")
         each.add_argument("--owner", default="default", help="whose memories (default: default)")
         each.add_argument("--json", action="store_true", help="print JSON only")
+
+    config = sub.add_parser(
+        "config", help="write a starter config, show the one in force, check it"
+    )
+    verbs = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = verbs.add_parser("init", help="write a commented starter config file")
+    init.add_argument(
+        "path",
+        nargs="?",
+        metavar="PATH",
+        help="where (default: ~/.ctxbudget/config.jsonc, which every command finds)",
+    )
+    init.add_argument("--config", metavar="PATH", help="same as PATH")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    show = verbs.add_parser("show", help="the config in force, each value with where it came from")
+    show.add_argument("--json", action="store_true", help="print JSON only")
+    check = verbs.add_parser("check", help="validate the config in force (file, environment)")
+    for each in (show, check):
+        each.add_argument("--config", metavar="PATH", help="config file (JSONC)")
+        each.add_argument("--host", help="as `serve --host` would (proxy.host)")
+        each.add_argument("--port", type=int, help="as `serve --port` would (proxy.port)")
     return parser
 
 
-def _source(config: str | None, overrides: dict[str, Any]) -> Any:
-    from proxy.config import ConfigSource, resolve_config_path
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config values set by `--host` and `--port`, as dotted paths."""
+    return {
+        path: getattr(args, flag[2:])
+        for path, flag in FLAGS.items()
+        if getattr(args, flag[2:], None) is not None
+    }
 
-    path = resolve_config_path(config, os.environ, Path.cwd())
-    return ConfigSource(path, os.environ, overrides)
+
+def _source(config: str | None, overrides: dict[str, Any]) -> ConfigSource:
+    """The config in force, after saying on stderr which file it is (stdout stays clean for
+    `--json` and pipes)."""
+    from proxy.config import ConfigSource
+    from proxy.configfile import find_config
+
+    location = find_config(config, os.environ, cwd=Path.cwd(), home=Path.home())
+    print(f"ctxbudget: {location.describe()}", file=sys.stderr)
+    return ConfigSource(location.path, os.environ, overrides)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             _analyze(args)
         elif args.command == "recall":
             _recall(args)
+        elif args.command == "config":
+            _config(args)
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -130,11 +176,7 @@ def _serve(args: argparse.Namespace) -> None:
     from proxy.report import start_run
     from proxy.upstream import redact
 
-    overrides: dict[str, Any] = {}
-    if args.host is not None:
-        overrides["proxy.host"] = args.host
-    if args.port is not None:
-        overrides["proxy.port"] = args.port
+    overrides = _overrides(args)
     if args.workers < 1:
         raise SystemExit("ctxbudget: --workers must be at least 1")
     source = _source(args.config, overrides)  # fails here, before binding, on a broken config
@@ -396,6 +438,78 @@ def _analyze(args: argparse.Namespace) -> None:
         print(
             f"- {r['agent']}: {r['kind']} {change} — {r['reason']} "
             f"(confidence {r['confidence']:.2f})"
+        )
+
+
+def _config(args: argparse.Namespace) -> None:
+    if args.action == "init":
+        _config_init(args)
+        return
+    from proxy.configfile import effective_values, nest, render_jsonc
+
+    source = _source(args.config, _overrides(args))
+    config = source.get()
+    where = str(source.path) if source.path else "built-in defaults"
+    if args.action == "check":
+        print(f"ok: {where}")
+        return
+    values = effective_values(config)
+
+    def shown(setting: Any) -> str:
+        return FLAGS.get(setting.path, "--?") if setting.source == "cli" else setting.source
+
+    if args.json:
+        out = {
+            "path": str(source.path) if source.path else None,
+            "config": nest(values),
+            "sources": {v.path: shown(v) for v in values},
+        }
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    file = str(source.path)
+
+    def said(setting: Any) -> str:
+        return "file" if setting.source == file else shown(setting)
+
+    print(f"// The config in force. file: {where}")
+    print("// After each value, where it came from: file, $VARIABLE, --flag or default.")
+    print(render_jsonc(values, comment=said), end="")
+
+
+def _config_init(args: argparse.Namespace) -> None:
+    from proxy.configfile import absolute, find_config, home_config, starter_text
+
+    if args.path and args.config and args.path != args.config:
+        raise SystemExit("ctxbudget: give the file once: PATH or --config, not both")
+    given = args.path or args.config
+    path = absolute(given, Path.cwd()) if given else home_config(Path.home())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w" if args.force else "x", encoding="utf-8") as out:
+            out.write(starter_text())
+    except FileExistsError:
+        raise SystemExit(
+            f"ctxbudget: {path} already exists; pass --force to overwrite it "
+            "(`ctxbudget config check` validates it as it is)"
+        ) from None
+    except OSError as exc:
+        raise SystemExit(f"ctxbudget: cannot write {path}: {exc.strerror or exc}") from None
+    print(f"wrote {path}")
+    try:
+        found = find_config(None, os.environ, cwd=Path.cwd(), home=Path.home())
+    except ConfigError:  # $CTXBUDGET_CONFIG names a missing file: every command will say so
+        return
+    if found.path is None:
+        print(
+            f"ctxbudget: commands find it only when told: --config {path} or "
+            f"CTXBUDGET_CONFIG={path}",
+            file=sys.stderr,
+        )
+    elif found.path != path:
+        print(
+            f"ctxbudget: commands run here still use {found.path}, which comes first (--config, "
+            "$CTXBUDGET_CONFIG, ./ctxbudget.jsonc, ./ctxbudget.json, ~/.ctxbudget/config.jsonc)",
+            file=sys.stderr,
         )
 
 

@@ -52,11 +52,15 @@ from proxy.errors import ConfigError
 log = logging.getLogger("ctxbudget.config")
 
 ENV_PREFIX = "CTXBUDGET__"
-DEFAULT_FILE = "ctxbudget.jsonc"
 
 
 def _expand(value: Any) -> Any:
     return Path(value).expanduser() if isinstance(value, str) else value
+
+
+def _in_home(name: str) -> Any:
+    # Resolved when a config is loaded, not at import: `~` is the home of that moment.
+    return Field(default_factory=lambda: Path("~/.ctxbudget", name).expanduser())
 
 
 FilePath = Annotated[Path, BeforeValidator(_expand), Field(strict=False)]
@@ -193,7 +197,7 @@ class QmdConfig(_Model):
 
 
 class MemoryStoreConfig(_Model):
-    path: FilePath = Path("~/.ctxbudget/memory.db").expanduser()
+    path: FilePath = _in_home("memory.db")
     """SQLite file of the memory store."""
 
 
@@ -269,7 +273,7 @@ class MemoryConfig(_Model):
     """Memory categories and their recall weights."""
     budgets: BudgetsConfig = BudgetsConfig()
     """Agent budget profiles and which agent uses which."""
-    store: MemoryStoreConfig = MemoryStoreConfig()
+    store: MemoryStoreConfig = Field(default_factory=MemoryStoreConfig)
     """Where memories are kept."""
     inject: MemoryInjectConfig = MemoryInjectConfig()
     """Memory injection."""
@@ -293,7 +297,7 @@ class ToolsConfig(_Model):
 
 
 class ReportConfig(_Model):
-    path: FilePath = Path("~/.ctxbudget/report.db").expanduser()
+    path: FilePath = _in_home("report.db")
     """SQLite file of the report, shared by every worker."""
     recent_requests: int = Field(50, ge=1, le=1000)
     """How many recent requests the report lists."""
@@ -317,35 +321,29 @@ class Config(_Model):
     """The HTTP proxy."""
     agents: AgentsConfig = AgentsConfig()
     """Agent limits and the context budget."""
-    memory: MemoryConfig = MemoryConfig()
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     """Memory limits and the memory store."""
     tools: ToolsConfig = ToolsConfig()
     """Tool limits."""
-    report: ReportConfig = ReportConfig()
+    report: ReportConfig = Field(default_factory=ReportConfig)
     """The report."""
     telemetry: TelemetryConfig = TelemetryConfig()
     """OpenTelemetry traces and metrics (read at start)."""
 
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def origin(self, path: str) -> str:
         """Where the value at dotted `path` came from: `cli`, `env`, `file` or `default`."""
         return self._origins.get(path, "default")
 
+    def source(self, path: str) -> str:
+        """Where the value at dotted `path` came from, by name: the file's path, `$` and the
+        environment variable, `cli` (a command-line flag) or `default`."""
+        return self._sources.get(path, "default")
+
 
 # -- loading -----------------------------------------------------------------------------
-
-
-def resolve_config_path(cli_path: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:
-    """`--config PATH`, else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc`, else None."""
-    given = cli_path or env.get("CTXBUDGET_CONFIG")
-    if given:
-        path = Path(given).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"config file {path} not found")
-        return path
-    default = cwd / DEFAULT_FILE
-    return default if default.is_file() else None
 
 
 def load_config(
@@ -354,11 +352,13 @@ def load_config(
     """Read, merge and validate the config; raise `ConfigError` listing every problem."""
     data: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    sources: dict[str, str] = {}
     problems: list[str] = []
     if path is not None:
         data = _read_file(path)
         for key in _leaves(data):
             origins[key] = "file"
+            sources[key] = str(path)
     for name, value in sorted(env.items()):
         if not name.startswith(ENV_PREFIX):
             continue
@@ -368,9 +368,11 @@ def load_config(
             continue
         _set(data, parts, _env_value(value))
         origins[".".join(parts)] = "env"
+        sources[".".join(parts)] = "$" + name
     for dotted, value in overrides.items():
         _set(data, dotted.split("."), value)
         origins[dotted] = "cli"
+        sources[dotted] = "cli"
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -379,6 +381,7 @@ def load_config(
         where = f" in {path}" if path else ""
         raise ConfigError(f"invalid config{where}:\n" + "\n".join(f"- {p}" for p in problems))
     config._origins = origins
+    config._sources = sources
     return config
 
 

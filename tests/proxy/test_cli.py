@@ -1,14 +1,326 @@
-"""What `ctxbudget serve` says before it starts."""
+"""The `ctxbudget` command line, run in-process through `main` in temporary directories."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from proxy.cli import _warn_if_keys_without_upstream_key
-from proxy.config import Config
+from proxy.cli import _warn_if_keys_without_upstream_key, main
+from proxy.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Dirs:
+    home: Path
+    work: Path
+    other: Path
+    data: Path
+
+    @property
+    def home_config(self) -> Path:
+        return self.home / ".ctxbudget" / "config.jsonc"
+
+
+@pytest.fixture
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dirs:
+    """A home and two working directories; the current one is `work`; no CTXBUDGET variables."""
+    found = Dirs(*(tmp_path / name for name in ("home", "work", "other", "data")))
+    for d in (found.home, found.work, found.other, found.data):
+        d.mkdir()
+    monkeypatch.setenv("HOME", str(found.home))
+    monkeypatch.chdir(found.work)
+    for name in list(os.environ):
+        if name.startswith("CTXBUDGET"):
+            monkeypatch.delenv(name)
+    return found
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`ctxbudget ARGV`: exit code, stdout, stderr (a SystemExit message goes to stderr, as
+    the interpreter would print it)."""
+    code = 0
+    message = ""
+    try:
+        main(list(argv))
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            code, message = 1, exc.code + "\n"
+        else:
+            code = exc.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err + message
+
+
+def write_config(path: Path, dirs: Dirs, extra: dict[str, Any] | None = None) -> Path:
+    data: dict[str, Any] = {
+        "memory": {"store": {"path": str(dirs.data / "memory.db")}},
+        "report": {"path": str(dirs.data / "report.db")},
+    }
+    for key, value in (extra or {}).items():
+        data.setdefault(key, {}).update(value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def using(path: Path) -> str:
+    return f"ctxbudget: using config {path}\n"
+
+
+# -- which config ------------------------------------------------------------------------
+
+
+def test_memory_list_from_another_directory_reads_the_config_in_home(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(dirs.home_config, dirs)
+    assert run(capsys, "memory", "add", "Deploys need a green build")[0] == 0
+    os.chdir(dirs.other)
+    code, out, err = run(capsys, "memory", "list")
+    assert code == 0
+    assert out.endswith("\tfact\tglobal\tDeploys need a green build\n")
+    assert err == using(dirs.home_config)
+
+
+def test_config_precedence_flag_env_jsonc_json_home(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flag = write_config(dirs.other / "flag.jsonc", dirs)
+    named = write_config(dirs.other / "env.jsonc", dirs)
+    jsonc = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    plain = write_config(dirs.work / "ctxbudget.json", dirs)
+    home = write_config(dirs.home_config, dirs)
+    monkeypatch.setenv("CTXBUDGET_CONFIG", str(named))
+
+    assert run(capsys, "config", "check", "--config", str(flag)) == (
+        0,
+        f"ok: {flag}\n",
+        using(flag),
+    )
+    assert run(capsys, "config", "check") == (
+        0,
+        f"ok: {named}\n",
+        f"ctxbudget: using config {named} (from $CTXBUDGET_CONFIG)\n",
+    )
+    monkeypatch.delenv("CTXBUDGET_CONFIG")
+    assert run(capsys, "config", "check") == (
+        0,
+        f"ok: {jsonc}\n",
+        f"ctxbudget: using config {jsonc} ({plain} is ignored: ctxbudget.jsonc comes first)\n",
+    )
+    jsonc.unlink()
+    assert run(capsys, "config", "check") == (0, f"ok: {plain}\n", using(plain))
+    plain.unlink()
+    assert run(capsys, "config", "check") == (0, f"ok: {home}\n", using(home))
+    # a relative --config is relative to the current directory
+    assert run(capsys, "config", "check", "--config", "../other/flag.jsonc")[1] == f"ok: {flag}\n"
+
+
+def test_without_a_config_file_the_defaults_say_where_they_looked(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "memory", "list")
+    assert (code, out) == (0, "")
+    looked = [dirs.work / "ctxbudget.jsonc", dirs.work / "ctxbudget.json", dirs.home_config]
+    assert err == (
+        "ctxbudget: using built-in defaults (no config file found: looked in "
+        + ", ".join(map(str, looked))
+        + ")\n"
+    )
+
+
+def test_a_config_file_named_by_flag_or_environment_must_exist(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_config(dirs.home_config, dirs)  # not a fallback for a named file
+    missing = dirs.work / "missing.jsonc"
+    assert run(capsys, "memory", "list", "--config", "missing.jsonc") == (
+        2,
+        "",
+        f"ctxbudget: config error:\nconfig file {missing} (from --config) not found\n",
+    )
+    monkeypatch.setenv("CTXBUDGET_CONFIG", str(dirs.other))
+    assert run(capsys, "report") == (
+        2,
+        "",
+        f"ctxbudget: config error:\nconfig file {dirs.other} (from $CTXBUDGET_CONFIG) is not "
+        "a file\n",
+    )
+
+
+def test_with_json_stdout_is_json_only_and_the_config_line_goes_to_stderr(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    commands = [
+        ["memory", "add", "Deploys need a green build", "--json"],
+        ["memory", "list", "--json"],
+        ["memory", "search", "deploys", "--json"],
+        ["memory", "search", "nothing-like-it", "--json"],
+        ["recall", "how do deploys work", "--json"],
+        ["report", "--json"],
+        ["analyze", "--json"],
+        ["config", "show", "--json"],
+    ]
+    for argv in commands:
+        code, out, err = run(capsys, *argv)
+        assert code == 0, argv
+        json.loads(out)
+        assert err == using(config), argv
+
+
+def test_serve_names_its_config_on_stderr_and_in_the_banner(
+    dirs: Dirs,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import uvicorn
+
+    from proxy import cli
+
+    config = write_config(dirs.home_config, dirs)
+    started: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
+    for name in (cli._ENV_CONFIG, cli._ENV_OVERRIDES, cli._ENV_RUN):
+        monkeypatch.setenv(name, "")  # serve sets them for its workers; restored after
+    with caplog.at_level(logging.INFO, logger="ctxbudget"):
+        code, out, err = run(capsys, "serve", "--port", "0")
+    assert (code, out, err) == (0, "", using(config))
+    assert started and started[0]["port"] == 0
+    assert f"contextBudget OFF (reporting would-clamp), config {config}" in caplog.text
+
+
+# -- config init | show | check ----------------------------------------------------------
+
+
+def test_config_init_writes_the_commented_starter_to_home_and_never_overwrites(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = (ROOT / "config.example.jsonc").read_text()
+    assert run(capsys, "config", "init") == (0, f"wrote {dirs.home_config}\n", "")
+    assert dirs.home_config.read_text() == example
+    assert load_config(dirs.home_config, env={}, overrides={}).model_dump() == (
+        Config().model_dump()
+    )
+    # every command now finds it, from any directory
+    os.chdir(dirs.other)
+    assert run(capsys, "config", "check")[1:] == (
+        f"ok: {dirs.home_config}\n",
+        using(dirs.home_config),
+    )
+
+    dirs.home_config.write_text("{} // mine")
+    assert run(capsys, "config", "init") == (
+        1,
+        "",
+        f"ctxbudget: {dirs.home_config} already exists; pass --force to overwrite it "
+        "(`ctxbudget config check` validates it as it is)\n",
+    )
+    assert dirs.home_config.read_text() == "{} // mine"
+    assert run(capsys, "config", "init", "--force")[0] == 0
+    assert dirs.home_config.read_text() == example
+
+
+def test_config_init_to_a_path_says_when_commands_would_not_find_it(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local = dirs.work / "ctxbudget.jsonc"
+    assert run(capsys, "config", "init", "ctxbudget.jsonc") == (0, f"wrote {local}\n", "")
+    assert local.read_text() == (ROOT / "config.example.jsonc").read_text()
+
+    code, out, err = run(capsys, "config", "init", "../other/elsewhere.jsonc")
+    assert (code, out) == (0, f"wrote {dirs.other / 'elsewhere.jsonc'}\n")
+    assert err.startswith(f"ctxbudget: commands run here still use {local}, which comes first")
+
+    local.unlink()
+    code, out, err = run(capsys, "config", "init", "--config", str(dirs.data / "x.jsonc"))
+    assert err == (
+        f"ctxbudget: commands find it only when told: --config {dirs.data / 'x.jsonc'} or "
+        f"CTXBUDGET_CONFIG={dirs.data / 'x.jsonc'}\n"
+    )
+
+
+def test_config_show_says_where_each_value_came_from_and_prints_no_secret(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(
+        dirs.work / "ctxbudget.jsonc",
+        dirs,
+        {
+            "proxy": {
+                "host": "0.0.0.0",
+                "upstream": {"baseUrl": "https://user:sk-in-url@llm.example/v1"},
+            },
+            "memory": {"budgets": {"contextWindows": {"gpt-4.1-mini": 1000000}}},
+        },
+    )
+    env_name = "CTXBUDGET__AGENTS__DEFAULTS__CONTEXT_BUDGET__ENABLED"
+    monkeypatch.setenv(env_name, "true")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-secret")
+    monkeypatch.setenv("CTXBUDGET_PROXY_KEYS", "alice=pk-secret")
+
+    code, out, err = run(capsys, "config", "show", "--json", "--port", "5000")
+    assert (code, err) == (0, using(config))
+    shown = json.loads(out)
+    assert shown["path"] == str(config)
+    assert shown["sources"]["proxy.host"] == str(config)
+    assert shown["sources"]["proxy.port"] == "--port"
+    assert shown["sources"]["agents.defaults.contextBudget.enabled"] == "$" + env_name
+    assert shown["sources"]["proxy.logLevel"] == "default"
+    assert shown["sources"]["memory.budgets.contextWindows.gpt-4.1-mini"] == str(config)
+    assert shown["config"]["proxy"]["port"] == 5000
+    assert shown["config"]["agents"]["defaults"]["contextBudget"]["enabled"] is True
+    assert shown["config"]["proxy"]["upstream"]["baseUrl"] == "https://***@llm.example/v1"
+    assert shown["config"]["proxy"]["upstream"]["apiKeyEnv"] == "OPENAI_API_KEY"
+
+    code, out, err = run(capsys, "config", "show", "--port", "5000")
+    assert code == 0
+    for secret in ("sk-live-secret", "pk-secret", "sk-in-url"):
+        assert secret not in out + err
+    assert out.startswith(f"// The config in force. file: {config}\n")
+    assert '    "host": "0.0.0.0",  // file\n' in out
+    assert '    "port": 5000,  // --port\n' in out
+    assert f'        "enabled": true,  // ${env_name}\n' in out
+    assert '    "logLevel": "info",  // default\n' in out
+    # what it prints is a config file: loaded alone, it gives the same config
+    (dirs.data / "shown.jsonc").write_text(out)
+    alone = load_config(dirs.data / "shown.jsonc", env={}, overrides={})
+    effective = load_config(config, env={env_name: "true"}, overrides={"proxy.port": 5000})
+    assert alone.model_dump(exclude={"proxy": {"upstream"}}) == effective.model_dump(
+        exclude={"proxy": {"upstream"}}
+    )
+    assert alone.memory.budgets.context_windows == {"gpt-4.1-mini": 1000000}
+
+
+def test_config_check_says_ok_or_renders_the_config_error(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run(capsys, "config", "check")[:2] == (0, "ok: built-in defaults\n")
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs, {"proxy": {"prot": 1}})
+    assert run(capsys, "config", "check") == (
+        2,
+        "",
+        using(config)
+        + f"ctxbudget: config error:\ninvalid config in {config}:\n"
+        + "- proxy.prot: unknown key — did you mean port?\n",
+    )
+    write_config(config, dirs)
+    monkeypatch.setenv("CTXBUDGET__PROXY__PORT", "-1")
+    code, out, err = run(capsys, "config", "check")
+    assert (code, out) == (2, "")
+    assert err.endswith("- proxy.port must be >= 0, got -1 (from $CTXBUDGET__PROXY__PORT)\n")
+
+
+# -- small things said plainly ------------------------------------------------------------
 
 
 def test_serve_warns_when_proxy_keys_leave_the_upstream_without_credentials(

@@ -19,7 +19,6 @@ from proxy.config import (
     effective_caps,
     load_config,
     proxy_keys,
-    resolve_config_path,
     tool_names,
     upstream_api_key,
 )
@@ -172,17 +171,6 @@ def test_env_values_are_typed_and_unknown_env_keys_name_the_variable() -> None:
         load_config(None, env={"CTXBUDGET__PROXY__PROT": "1"}, overrides={})
 
 
-def test_config_path_resolution(tmp_path: Path) -> None:
-    assert resolve_config_path(None, {}, tmp_path) is None
-    local = _write(tmp_path / "ctxbudget.jsonc", {})
-    assert resolve_config_path(None, {}, tmp_path) == local
-    other = _write(tmp_path / "other.jsonc", {})
-    assert resolve_config_path(None, {"CTXBUDGET_CONFIG": str(other)}, tmp_path) == other
-    assert resolve_config_path(str(local), {"CTXBUDGET_CONFIG": str(other)}, tmp_path) == local
-    with pytest.raises(ConfigError, match="not found"):
-        resolve_config_path(str(tmp_path / "missing.jsonc"), {}, tmp_path)
-
-
 def test_secrets_come_from_the_environment() -> None:
     config = load_config(None, env={}, overrides={})
     assert upstream_api_key(config, {}) is None
@@ -257,3 +245,23 @@ def test_a_base_url_without_a_scheme_is_refused_with_the_fix(tmp_path: Path) -> 
         ),
     ):
         load_config(path, env={}, overrides={})
+
+
+def test_source_names_the_file_the_variable_or_cli(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.jsonc", {"proxy": {"host": "0.0.0.0"}})
+    config = load_config(
+        path, env={"CTXBUDGET__PROXY__LOG_LEVEL": "debug"}, overrides={"proxy.port": 1}
+    )
+    assert config.source("proxy.host") == str(path)
+    assert config.source("proxy.logLevel") == "$CTXBUDGET__PROXY__LOG_LEVEL"
+    assert config.source("proxy.port") == "cli"
+    assert config.source("proxy.maxBodyBytes") == "default"
+
+
+def test_default_files_are_in_the_home_of_the_moment_of_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(None, env={}, overrides={})
+    assert config.memory.store.path == tmp_path / ".ctxbudget" / "memory.db"
+    assert config.report.path == tmp_path / ".ctxbudget" / "report.db"

@@ -120,55 +120,107 @@ class Monitor:
         return [json.loads(r[0]) for r in self._db.fetchall(sql + " ORDER BY ts", args)]
 
 
+MIN_REQUESTS = 20
+"""Fewest requests of one agent that `analyze` recommends from (its confidence is then 0.63).
+Below it, a few unusual requests would move a whole profile."""
+
+
 def analyze(
-    records: list[dict[str, Any]], weights: dict[str, dict[str, float]]
-) -> list[dict[str, Any]]:
-    """Recommendations per agent, each with its reason and a confidence in [0, 1]."""
+    records: list[dict[str, Any]],
+    profiles: Mapping[str, BudgetProfile],
+    *,
+    agents: Mapping[str, str] | None = None,
+    default_profile: str | None = None,
+    min_requests: int = MIN_REQUESTS,
+) -> dict[str, Any]:
+    """Recommendations per agent, from its requests in `records`.
+
+    Each names the agent, the change (`upgrade`, `downgrade`, `scope-weights`), why, a
+    confidence in [0, 1], `sharedWith` (the other agents using the same budget profile) and
+    `set`: the config values that make the change, each key with the whole new value of that
+    map (`memory.budgets.agents`, `memory.budgets.profiles`), ready to paste. A change never
+    touches another agent's budget: when the profile is shared, a scope-weights change gives
+    the agent a profile of its own.
+
+    `agents` and `default_profile` are `memory.budgets.agents` and `.defaultProfile`. Without
+    them, an agent's profile is the one its last request used, and `set` is empty (it would
+    replace a map whose other entries are unknown).
+
+    An agent with fewer than `min_requests` requests gets no recommendation: it is listed in
+    `tooFewRequests` instead.
+    """
     by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_agent[r["agent"]].append(r)
-    out = []
+    known = agents is not None and default_profile is not None
+
+    def profile_of(agent: str) -> str | None:
+        if agents is not None and default_profile is not None:
+            return agents.get(agent, default_profile)
+        rows = by_agent.get(agent)
+        return rows[-1]["budgetProfile"] if rows else None
+
+    everyone = sorted(set(by_agent) | set(agents or {}))
+    out: list[dict[str, Any]] = []
+    too_few: list[dict[str, Any]] = []
     for agent, rows in sorted(by_agent.items()):
         n = len(rows)
-        confidence = round(min(1.0, math.sqrt(n / 50)), 2)  # ~50 requests: full confidence
         profile = rows[-1]["budgetProfile"]
+        if n < min_requests:
+            too_few.append({"agent": agent, "profile": profile, "requests": n})
+            continue
+        confidence = round(min(1.0, math.sqrt(n / 50)), 2)  # ~50 requests: full confidence
+        shared = [a for a in everyone if a != agent and profile_of(a) == profile]
+        unlisted = known and profile == default_profile
+        common = {
+            "requests": n,
+            "confidence": confidence,
+            "sharedWith": shared,
+            "sharedWithUnlisted": unlisted,
+        }
         exceeded = sum(r["exceeded"] for r in rows) / n
         average = sum(r["usagePercent"] for r in rows) / n
+        move: tuple[str, str, str] | None = None
         if exceeded > 0.2 and profile in ORDER[:-1]:
-            up = ORDER[ORDER.index(profile) + 1]
-            out.append(
-                {
-                    "agent": agent,
-                    "kind": "upgrade",
-                    "from": profile,
-                    "to": up,
-                    "reason": f"exceeded its budget on {exceeded:.0%} of {n} requests (> 20%)",
-                    "confidence": confidence,
-                }
+            move = (
+                "upgrade",
+                ORDER[ORDER.index(profile) + 1],
+                f"exceeded its budget on {exceeded:.0%} of {n} requests (> 20%)",
             )
         elif average < 40 and profile in ORDER[1:]:
-            down = ORDER[ORDER.index(profile) - 1]
+            move = (
+                "downgrade",
+                ORDER[ORDER.index(profile) - 1],
+                f"used {average:.0f}% of its budget on average over {n} requests (< 40%)",
+            )
+        if move is not None:
+            kind, to, reason = move
+            values = {"memory.budgets.agents": {**agents, agent: to}} if agents is not None else {}
             out.append(
                 {
                     "agent": agent,
-                    "kind": "downgrade",
+                    "kind": kind,
                     "from": profile,
-                    "to": down,
-                    "reason": f"used {average:.0f}% of its budget on average over {n} requests "
-                    "(< 40%)",
-                    "confidence": confidence,
+                    "to": to,
+                    "reason": reason,
+                    "set": values,
                 }
+                | common
             )
         totals: dict[str, int] = defaultdict(int)
         for r in rows:
             for scope, tokens in r["perScope"].items():
                 totals[scope] += tokens
         used = sum(totals.values())
-        current = weights.get(profile, {})
+        current = dict(profiles[profile].scope_weights) if profile in profiles else {}
         if used and current:
             actual = {s: round(totals.get(s, 0) / used, 2) for s in current}
             drift = max(abs(actual[s] - current[s]) for s in current)
             if drift > 0.2:
+                values = {}
+                if agents is not None and default_profile is not None:
+                    own = bool(shared) or unlisted
+                    values = _weights_change(profiles, agents, agent, profile, actual, own=own)
                 out.append(
                     {
                         "agent": agent,
@@ -176,11 +228,42 @@ def analyze(
                         "profile": profile,
                         "from": current,
                         "to": actual,
-                        "reason": f"actual scope use drifts {drift:.0%} from the weights",
-                        "confidence": confidence,
+                        "reason": f"actual scope use over {n} requests drifts {drift:.0%} "
+                        "from the weights",
+                        "set": values,
                     }
+                    | common
                 )
-    return out
+    return {"minRequests": min_requests, "recommendations": out, "tooFewRequests": too_few}
+
+
+def _weights_change(
+    profiles: Mapping[str, BudgetProfile],
+    agents: Mapping[str, str],
+    agent: str,
+    profile: str,
+    weights: dict[str, float],
+    *,
+    own: bool,
+) -> dict[str, Any]:
+    """The config values that give `agent` these scope weights: its profile changed in place,
+    or (`own`, when others use that profile) a copy of it for `agent` alone."""
+    table = {
+        name: {"tokens": p.tokens, "maxTokens": p.max_tokens, "scopeWeights": dict(p.scope_weights)}
+        for name, p in profiles.items()
+    }
+    name = profile
+    if own:
+        base = name = f"{agent}-tuned"
+        count = 1
+        while name in table:
+            count += 1
+            name = f"{base}-{count}"
+    table[name] = {**table[profile], "scopeWeights": weights}
+    values: dict[str, Any] = {"memory.budgets.profiles": table}
+    if own:
+        values["memory.budgets.agents"] = {**agents, agent: name}
+    return values
 
 
 def analysis(
@@ -190,10 +273,19 @@ def analysis(
     days: float,
     owner: str | None = None,
     now: float | None = None,
+    agents: Mapping[str, str] | None = None,
+    default_profile: str | None = None,
+    min_requests: int = MIN_REQUESTS,
 ) -> dict[str, Any]:
-    """`ctxbudget analyze`: recommendations from the usage of the last `days` (every owner,
-    or one)."""
+    """`ctxbudget analyze`: `analyze` over the usage of the last `days` (every owner, or one),
+    with `days` and the number of `requests` read."""
     since = (time.time() if now is None else now) - days * 86_400
     records = monitor.records(since=since, owner=owner)
-    weights = {name: dict(p.scope_weights) for name, p in profiles.items()}
-    return {"days": days, "requests": len(records), "recommendations": analyze(records, weights)}
+    found = analyze(
+        records,
+        profiles,
+        agents=agents,
+        default_profile=default_profile,
+        min_requests=min_requests,
+    )
+    return {"days": days, "requests": len(records)} | found

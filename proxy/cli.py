@@ -6,7 +6,7 @@
     ctxbudget memory list [--scope SCOPE] [--owner O] [--json]
     ctxbudget memory search QUERY [--owner O] [--json]
     ctxbudget memory rm ID [--owner O] [--json]
-    ctxbudget analyze [--config PATH] [--days N] [--owner O] [--json]
+    ctxbudget analyze [--config PATH] [--days N] [--min-requests N] [--owner O] [--json]
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
     ctxbudget config init [PATH] [--force]
     ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
@@ -84,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="budget-usage recommendations")
     analyze.add_argument("--config", metavar="PATH", help="config file (JSONC)")
     analyze.add_argument("--days", type=float, default=7, help="window to analyse (default 7)")
+    analyze.add_argument(
+        "--min-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fewest requests of an agent to recommend from (default 20)",
+    )
     analyze.add_argument("--owner", help="only this owner's requests")
     analyze.add_argument("--json", action="store_true", help="print JSON only")
 
@@ -347,6 +354,10 @@ def _memory(args: argparse.Namespace) -> None:
         store.close()
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _recall(args: argparse.Namespace) -> None:
     from memory import SQLiteMemoryStore
     from memory.query import UserTurn
@@ -415,30 +426,97 @@ def _recall(args: argparse.Namespace) -> None:
 
 def _analyze(args: argparse.Namespace) -> None:
     from memory import SQLiteMemoryStore
-    from memory.monitor import analysis
+    from memory.monitor import MIN_REQUESTS, analysis
     from proxy.settings import settings_for
 
-    settings = settings_for(_source(args.config, {}).get(), os.environ)
+    minimum = MIN_REQUESTS if args.min_requests is None else args.min_requests
+    if minimum < 1:
+        raise SystemExit("ctxbudget: --min-requests must be at least 1")
+    source = _source(args.config, {})
+    settings = settings_for(source.get(), os.environ)
     store = SQLiteMemoryStore(settings.memory_path)
     try:
         result = analysis(
-            store.monitor, settings.recall.budget_profiles, days=args.days, owner=args.owner
+            store.monitor,
+            settings.recall.budget_profiles,
+            days=args.days,
+            owner=args.owner,
+            agents=settings.recall.agents,
+            default_profile=settings.recall.default_budget_profile,
+            min_requests=minimum,
         )
     finally:
         store.close()
-    found = result["recommendations"]
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, ensure_ascii=False))
         return
-    print(f"{result['requests']} requests with memory recall in the last {args.days:g} days")
-    if not found:
-        print("no recommendations: budgets fit the observed use")
+    print(_analysis_text(result, args.days, source.path), end="")
+
+
+def _analysis_text(result: dict[str, Any], days: float, path: Path | None) -> str:
+    from proxy.configfile import snippet
+
+    needs = result["minRequests"]
+    lines = [
+        f"{_plural(result['requests'], 'request')} with memory recall in the last {days:g} days "
+        f"(a recommendation needs {needs} of one agent)"
+    ]
+    found = result["recommendations"]
     for r in found:
-        change = f"{r['from']} -> {r['to']}"
-        print(
-            f"- {r['agent']}: {r['kind']} {change} — {r['reason']} "
-            f"(confidence {r['confidence']:.2f})"
+        if r["kind"] == "scope-weights":
+            change = "scope weights " + ", ".join(
+                f"{scope} {r['from'][scope]:g} → {r['to'][scope]:g}" for scope in r["from"]
+            )
+            profile = r["profile"]
+        else:
+            change = f"{r['kind']} to {r['to']}"
+            profile = r["from"]
+        lines.append(
+            f"- {r['agent']} ({profile}, {r['requests']} requests): {change} — {r['reason']}; "
+            f"confidence {r['confidence']:.2f}"
         )
+        lines.append("  " + _who_else(r, profile))
+        if r["set"]:
+            where = f"into {path}" if path else "into a config file (`ctxbudget config init`)"
+            keys = ", ".join(r["set"])
+            lines.append(f"  Paste {where}; {keys}: the whole map, so keep your other entries:")
+            lines.extend("    " + line for line in snippet(r["set"]).splitlines())
+    for few in result["tooFewRequests"]:
+        lines.append(
+            f"- {few['agent']} ({few['profile']}): {_plural(few['requests'], 'request')}, too few "
+            f"to recommend a change (needs {needs}; --min-requests N lowers it)"
+        )
+    if not found:
+        if result["tooFewRequests"] or not result["requests"]:
+            lines.append("no recommendations yet: not enough data")
+        else:
+            lines.append("no recommendations: budgets fit the observed use")
+    return "\n".join(lines) + "\n"
+
+
+def _who_else(r: dict[str, Any], profile: str) -> str:
+    """Whose budgets the recommended change touches besides the agent's, said plainly."""
+    others = list(r["sharedWith"])
+    if r["sharedWithUnlisted"]:
+        others.append("every agent not in memory.budgets.agents")
+    shared = (
+        ", ".join(others[:-1]) + (" and " if len(others) > 1 else "") + others[-1] if others else ""
+    )
+    agent = r["agent"]
+    if r["kind"] != "scope-weights":
+        if not others:
+            return f"Changes {agent} only."
+        return f"Changes {agent} only: {profile} stays as it is for {shared}."
+    own = r["set"].get("memory.budgets.agents", {}).get(agent)
+    if own is None or own == profile:
+        if not others:
+            return f"Changes {agent} only (no other agent uses {profile})."
+        return f"Changing {profile} also changes the budgets of {shared}."
+    return (
+        f"{profile} is shared with {shared}: this gives {agent} a profile of its own, {own}, so "
+        f"theirs stay as they are (to change {profile} for all of them, set "
+        f"memory.budgets.profiles.{profile}.scopeWeights instead)."
+    )
 
 
 def _config(args: argparse.Namespace) -> None:

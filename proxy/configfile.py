@@ -190,3 +190,35 @@ def render_jsonc(
         opened.pop()
         lines.append(indent() + "},")
     return "{\n" + "\n".join(lines) + "\n}\n"
+
+
+SNIPPET_WIDTH = 96
+
+
+def snippet(values: Mapping[str, Any]) -> str:
+    """Config values (dotted path → value) as one JSON object to paste into the config file,
+    objects kept on one line where they fit.
+
+    >>> print(snippet({"memory.budgets.agents": {"main": "specialist-broad"}}))
+    {"memory": {"budgets": {"agents": {"main": "specialist-broad"}}}}
+    """
+    root: dict[str, Any] = {}
+    for path, value in values.items():
+        node = root
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return _compact(root, indent=0, column=0)
+
+
+def _compact(value: Any, *, indent: int, column: int) -> str:
+    flat = json.dumps(value, ensure_ascii=False)
+    if not isinstance(value, dict) or not value or column + len(flat) <= SNIPPET_WIDTH:
+        return flat
+    pad = " " * (indent + 2)
+    items = []
+    for key, item in value.items():
+        head = f"{pad}{json.dumps(key, ensure_ascii=False)}: "
+        items.append(head + _compact(item, indent=indent + 2, column=len(head)))
+    return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from memory import SQLiteMemoryStore
+from memory.monitor import Usage
 from proxy.cli import _warn_if_keys_without_upstream_key, main
 from proxy.config import Config, load_config
 
@@ -321,6 +324,146 @@ def test_config_check_says_ok_or_renders_the_config_error(
 
 
 # -- small things said plainly ------------------------------------------------------------
+
+
+# -- analyze -----------------------------------------------------------------------------
+
+
+def _seed(store: Path, agent: str, n: int, *, loaded: int, scopes: dict[str, int]) -> None:
+    db = SQLiteMemoryStore(store)
+    try:
+        for _ in range(n):
+            db.monitor.record(
+                Usage(
+                    ts=time.time(),
+                    owner="default",
+                    agent=agent,
+                    budget_profile="specialist-narrow",
+                    retrieval_profile="balanced",
+                    complexity="medium",
+                    budget=1000,
+                    tokens_loaded=loaded,
+                    tokens_injected=min(loaded, 1000),
+                    per_scope=scopes,
+                )
+            )
+    finally:
+        db.close()
+
+
+def test_analyze_with_too_few_requests_says_so_instead_of_recommending(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    _seed(dirs.data / "memory.db", "main", 3, loaded=1500, scopes={"global": 1500})
+    code, out, _ = run(capsys, "analyze")
+    assert (code, out) == (
+        0,
+        "3 requests with memory recall in the last 7 days (a recommendation needs 20 of one "
+        "agent)\n"
+        "- main (specialist-narrow): 3 requests, too few to recommend a change (needs 20; "
+        "--min-requests N lowers it)\n"
+        "no recommendations yet: not enough data\n",
+    )
+    result = json.loads(run(capsys, "analyze", "--json")[1])
+    assert result["recommendations"] == []
+    assert result["tooFewRequests"] == [
+        {"agent": "main", "profile": "specialist-narrow", "requests": 3}
+    ]
+    assert [
+        r["kind"]
+        for r in json.loads(run(capsys, "analyze", "--json", "--min-requests", "3")[1])[
+            "recommendations"
+        ]
+    ] == ["upgrade", "scope-weights"]
+
+
+def test_analyze_prints_the_config_to_paste_and_names_who_shares_the_profile(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(
+        dirs.work / "ctxbudget.jsonc",
+        dirs,
+        {"memory": {"budgets": {"agents": {"writer": "role-coordinator"}}}},
+    )
+    store = dirs.data / "memory.db"
+    _seed(store, "main", 25, loaded=1500, scopes={"global": 1500})
+    _seed(store, "coder", 2, loaded=100, scopes={"agent_recent": 100})
+
+    code, out, _ = run(capsys, "analyze")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == (
+        "27 requests with memory recall in the last 7 days (a recommendation needs 20 of one agent)"
+    )
+    assert lines[1] == (
+        "- main (specialist-narrow, 25 requests): upgrade to specialist-broad — exceeded its "
+        "budget on 100% of 25 requests (> 20%); confidence 0.71"
+    )
+    assert lines[2] == (
+        "  Changes main only: specialist-narrow stays as it is for coder and every agent not in "
+        "memory.budgets.agents."
+    )
+    assert lines[3] == (
+        f"  Paste into {config}; memory.budgets.agents: the whole map, so keep your other entries:"
+    )
+    assert lines[4] == (
+        '    {"memory": {"budgets": {"agents": {"writer": "role-coordinator", "main": '
+        '"specialist-broad"}}}}'
+    )
+    weights = lines.index(
+        "- main (specialist-narrow, 25 requests): scope weights global 0.2 → 1, agent_recent "
+        "0.5 → 0, agent_patterns 0.3 → 0 — actual scope use over 25 requests drifts 80% from "
+        "the weights; confidence 0.71"
+    )
+    assert lines[weights + 1] == (
+        "  specialist-narrow is shared with coder and every agent not in "
+        "memory.budgets.agents: this gives main a profile of its own, main-tuned, so theirs "
+        "stay as they are (to change specialist-narrow for all of them, set "
+        "memory.budgets.profiles.specialist-narrow.scopeWeights instead)."
+    )
+    assert "- coder (specialist-narrow): 2 requests, too few" in out
+
+    # Pasting what it says does what it says, and nothing else.
+    found = json.loads(run(capsys, "analyze", "--json")[1])["recommendations"]
+    assert [r["sharedWith"] for r in found] == [["coder"], ["coder"]]
+    for r in found:
+        data = json.loads(config.read_text())
+        for dotted, value in r["set"].items():
+            node = data
+            *parents, last = dotted.split(".")
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = value
+        pasted = dirs.data / f"{r['kind']}.jsonc"
+        pasted.write_text(json.dumps(data))
+        budgets = load_config(pasted, env={}, overrides={}).memory.budgets
+        before = load_config(config, env={}, overrides={}).memory.budgets
+        assert budgets.agents["writer"] == "role-coordinator"
+        assert budgets.default_profile == "specialist-narrow"
+        assert {k: v for k, v in budgets.profiles.items() if k in before.profiles} == dict(
+            before.profiles
+        )
+        if r["kind"] == "upgrade":
+            assert budgets.agents["main"] == "specialist-broad"
+        else:
+            assert budgets.agents["main"] == "main-tuned"
+            tuned = budgets.profiles["main-tuned"]
+            assert tuned.scope_weights == {
+                "global": 1.0,
+                "agent_recent": 0.0,
+                "agent_patterns": 0.0,
+            }
+            assert (tuned.tokens, tuned.max_tokens) == (20000, 50000)
+
+
+def test_analyze_rejects_a_minimum_below_one(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(capsys, "analyze", "--min-requests", "0")[0::2] == (
+        1,
+        "ctxbudget: --min-requests must be at least 1\n",
+    )
 
 
 def test_serve_warns_when_proxy_keys_leave_the_upstream_without_credentials(

@@ -1,17 +1,20 @@
 from __future__ import annotations
 
+import doctest
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from proxy import configfile
 from proxy.config import Config, load_config
 from proxy.configfile import (
     ConfigLocation,
     effective_values,
     find_config,
     render_jsonc,
+    snippet,
     starter_text,
 )
 from proxy.errors import ConfigError
@@ -79,3 +82,20 @@ def test_the_effective_config_renders_as_jsonc_that_loads_back(tmp_path: Path) -
     shown.write_text(render_jsonc(values))
     assert load_config(shown, env={}, overrides={}).model_dump() == config.model_dump()
     assert len(values) > len(Config.model_fields)
+
+
+def test_snippet_keeps_objects_on_one_line_where_they_fit() -> None:
+    assert doctest.testmod(configfile).failed == 0
+    profiles = {
+        name: {"tokens": 20000, "maxTokens": 50000, "scopeWeights": {"global": 0.2}}
+        for name in ("narrow", "architect")
+    }
+    text = snippet({"memory.budgets.profiles": profiles})
+    assert json.loads(text) == {"memory": {"budgets": {"profiles": profiles}}}
+    assert text.splitlines()[4] == (
+        '        "narrow": {"tokens": 20000, "maxTokens": 50000, "scopeWeights": {"global": 0.2}},'
+    )
+    wide = {"x" * 200: 1}
+    assert snippet({"a": wide}) == '{\n  "a": {\n    "' + "x" * 200 + '": 1\n  }\n}'
+    # (a trailing comma may go one past the width)
+    assert max(len(line) for line in text.splitlines()) <= configfile.SNIPPET_WIDTH + 1

@@ -80,7 +80,7 @@ def detect(query: str) -> tuple[Complexity, str]:
     if _COMPLEX.search(query) or words > 60:
         return "complex", "design/debug/why question" if _COMPLEX.search(query) else "long ask"
     if words <= 6:
-        return "simple", f"short ask ({words} words)"
+        return "simple", f"short ask ({words} word{'' if words == 1 else 's'})"
     return "medium", f"ordinary ask ({words} words)"
 
 

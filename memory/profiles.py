@@ -103,5 +103,5 @@ def choose(requested: RequestedProfile, query: str) -> tuple[RetrievalProfile, s
     if _PARTS.search(query) or words > 25:
         return PROFILES["deep"], f"auto: a multi-part query ({words} words)"
     if words <= 4:
-        return PROFILES["lean"], f"auto: a short query ({words} words)"
+        return PROFILES["lean"], f"auto: a short query ({words} word{'' if words == 1 else 's'})"
     return PROFILES["balanced"], f"auto: an ordinary query ({words} words)"

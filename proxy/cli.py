@@ -10,6 +10,7 @@
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
     ctxbudget config init [PATH] [--force]
     ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
+    ctxbudget --version
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
 `./ctxbudget.json`, else `~/.ctxbudget/config.jsonc`, else built-in defaults: see
@@ -29,6 +30,7 @@ import secrets
 import socket
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="ctxbudget",
         description="An OpenAI-compatible proxy that clamps agent context to contextBudget caps.",
     )
+    parser.add_argument("--version", action="version", version=f"ctxbudget {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the proxy (default 127.0.0.1:4141)")
@@ -133,6 +136,13 @@ def _parser() -> argparse.ArgumentParser:
         each.add_argument("--host", help="as `serve --host` would (proxy.host)")
         each.add_argument("--port", type=int, help="as `serve --port` would (proxy.port)")
     return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("ctxbudget")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -338,6 +348,9 @@ def _memory(args: argparse.Namespace) -> None:
                 for m, score in rows:
                     extra = f" relevance={score:.3g}" if score is not None else ""
                     print(f"{m.id}\t{m.category}\t{m.scope}\t{m.text}{extra}")
+                if not rows:
+                    # On stderr: a pipe reading the rows gets none, a person sees why.
+                    print(_nothing_found(args, cfg.memory.store.path), file=sys.stderr)
         elif args.action == "rm":
             removed = store.remove(args.owner, args.id)
             if args.json:
@@ -352,6 +365,14 @@ def _memory(args: argparse.Namespace) -> None:
                 raise SystemExit(1)
     finally:
         store.close()
+
+
+def _nothing_found(args: argparse.Namespace, store: Path) -> str:
+    whose = f"owner {args.owner!r} in {store}"
+    if args.action == "search":
+        return f"no memories match {args.query!r} ({whose})"
+    scope = f" in scope {args.scope!r}" if args.scope else ""
+    return f"no memories{scope} ({whose})"
 
 
 def _plural(n: int, word: str) -> str:
@@ -411,8 +432,9 @@ def _recall(args: argparse.Namespace) -> None:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return
     print(
-        f"profile {info.get('applied', '-')} ({info['reason']}): {info['candidates']} "
-        f"candidates, {info['injected']} injected, bound by {info.get('boundBy', '-')}"
+        f"profile {info.get('applied', '-')} ({info['reason']}): "
+        f"{_plural(info['candidates'], 'candidate')}, {info['injected']} injected, "
+        f"bound by {info.get('boundBy', '-')}"
     )
     for m in info["memories"]:
         print(f"  {m['score']:7.2f}  {m['text']}")

@@ -5,6 +5,7 @@ from memory.budget import DEFAULT_PROFILES, bump, decide, detect
 
 def test_complexity_is_detected_and_explained() -> None:
     assert detect("coffee order?") == ("simple", "short ask (2 words)")
+    assert detect("coffee?") == ("simple", "short ask (1 word)")
     assert detect("why does the deploy keep failing on tuesdays?")[0] == "complex"
     assert detect("migrate the billing data between the two services and the warehouse")[0] == (
         "multi-system"

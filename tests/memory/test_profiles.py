@@ -36,7 +36,7 @@ def test_auto_goes_deep_for_multi_part_queries() -> None:
 
 
 def test_auto_is_lean_up_to_four_words_then_balanced() -> None:
-    assert _auto("coffee") == ("lean", "auto: a short query (1 words)")
+    assert _auto("coffee") == ("lean", "auto: a short query (1 word)")
     assert _auto("my usual coffee order") == ("lean", "auto: a short query (4 words)")
     assert _auto("my usual coffee order now") == ("balanced", "auto: an ordinary query (5 words)")
     assert _auto(TWENTY_FIVE) == ("balanced", "auto: an ordinary query (25 words)")

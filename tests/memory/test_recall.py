@@ -28,7 +28,7 @@ def test_rewrite_splits_compounds_and_adds_synonyms() -> None:
 
 
 def test_auto_says_why() -> None:
-    assert choose("auto", "coffee?")[1] == "auto: a short query (1 words)"
+    assert choose("auto", "coffee?")[1] == "auto: a short query (1 word)"
     assert choose("auto", "why did the deploy fail on tuesday")[0].name == "deep"
     assert choose("auto", "look at proxy/app.py please")[1] == "auto: code terms in the query"
     assert choose("lean", "why?")[1] == "lean requested"

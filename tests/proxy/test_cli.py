@@ -137,6 +137,7 @@ def test_without_a_config_file_the_defaults_say_where_they_looked(
         "ctxbudget: using built-in defaults (no config file found: looked in "
         + ", ".join(map(str, looked))
         + ")\n"
+        + f"no memories (owner 'default' in {dirs.home / '.ctxbudget' / 'memory.db'})\n"
     )
 
 
@@ -324,6 +325,42 @@ def test_config_check_says_ok_or_renders_the_config_error(
 
 
 # -- small things said plainly ------------------------------------------------------------
+
+
+def test_version(dirs: Dirs, capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert run(capsys, "--version") == (0, f"ctxbudget {version('ctxbudget')}\n", "")
+
+
+def test_an_empty_search_or_list_says_so_on_stderr(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    store = dirs.data / "memory.db"
+    assert run(capsys, "memory", "search", "zebra") == (
+        0,
+        "",
+        using(config) + f"no memories match 'zebra' (owner 'default' in {store})\n",
+    )
+    assert run(capsys, "memory", "list", "--scope", "agent:ops") == (
+        0,
+        "",
+        using(config) + f"no memories in scope 'agent:ops' (owner 'default' in {store})\n",
+    )
+    run(capsys, "memory", "add", "Deploys need a green build")
+    code, out, err = run(capsys, "memory", "search", "deploys")
+    assert out.startswith("1\tfact\tglobal\tDeploys need a green build")
+    assert err == using(config)
+
+
+def test_recall_counts_one_candidate_in_the_singular(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    run(capsys, "memory", "add", "Deploys need a green build")
+    out = run(capsys, "recall", "deploys")[1]
+    assert ": 1 candidate, 1 injected, bound by candidates\n" in out
 
 
 # -- analyze -----------------------------------------------------------------------------

@@ -198,7 +198,11 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-HEADERS = {"content-type": "application/json", "x-api-key": "sk-bench"}
+HEADERS = {
+    "content-type": "application/json",
+    "x-api-key": "sk-bench",
+    "authorization": "Bearer sk-bench",
+}
 
 
 def _endpoint(url: str) -> str:

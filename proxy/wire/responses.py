@@ -235,7 +235,7 @@ class OpenAIResponses:
         self.names = names if names is not None else CallNames()
 
     def parse(self, raw: bytes, *, owner: str = "default") -> ResponsesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed="input")
+        body = parse_object(raw, example=_EXAMPLE, parsed=("input", "instructions"))
         value = body.get("input")
         if value is None and "input" in body:
             raise BadRequest("'input' must be a string or a list of items, got null", param="input")

@@ -90,9 +90,7 @@ class ChatBody(JsonBody):
         return super().encode({"messages": changes} if isinstance(changes, list) else changes)
 
 
-def parse_object(
-    raw: bytes, *, example: str, parsed: tuple[str, ...] = ("messages",)
-) -> JsonBody:
+def parse_object(raw: bytes, *, example: str, parsed: tuple[str, ...] = ("messages",)) -> JsonBody:
     """Check that `raw` is one JSON object and scan its top level; `BadRequest` otherwise.
 
     `example` is what a request of this format looks like, for the error message; `parsed`

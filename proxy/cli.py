@@ -477,6 +477,7 @@ def _analyze(args: argparse.Namespace) -> None:
 
 def _analysis_text(result: dict[str, Any], days: float, path: Path | None) -> str:
     from proxy.configfile import snippet
+    from proxy.report.render import change_text, profile_of
 
     needs = result["minRequests"]
     lines = [
@@ -485,14 +486,7 @@ def _analysis_text(result: dict[str, Any], days: float, path: Path | None) -> st
     ]
     found = result["recommendations"]
     for r in found:
-        if r["kind"] == "scope-weights":
-            change = "scope weights " + ", ".join(
-                f"{scope} {r['from'][scope]:g} → {r['to'][scope]:g}" for scope in r["from"]
-            )
-            profile = r["profile"]
-        else:
-            change = f"{r['kind']} to {r['to']}"
-            profile = r["from"]
+        change, profile = change_text(r), profile_of(r)
         lines.append(
             f"- {r['agent']} ({profile}, {r['requests']} requests): {change} — {r['reason']}; "
             f"confidence {r['confidence']:.2f}"

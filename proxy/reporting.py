@@ -51,7 +51,15 @@ class Reporting:
             summary = state.reports.summary(recent=recent or settings.recent_requests, owner=owner)
             store = state.memory.store(settings)
             profiles = settings.recall.budget_profiles
-            return summary, analysis(store.monitor, profiles, days=ANALYSIS_DAYS, owner=owner)
+            found = analysis(
+                store.monitor,
+                profiles,
+                days=ANALYSIS_DAYS,
+                owner=owner,
+                agents=settings.recall.agents,
+                default_profile=settings.recall.default_budget_profile,
+            )
+            return summary, found
 
         summary, found = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.describe(state.config))

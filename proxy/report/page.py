@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from proxy.report.render import KIND_TITLES, money, wire_label
+from proxy.report.render import KIND_TITLES, change_text, money, profile_of, wire_label
 
 _CSS = """
 :root { --fg:#1d232b; --muted:#5b6675; --line:#d8dee6; --bg:#f6f8fa; --before:#c3ccd7;
@@ -294,8 +294,9 @@ def _monitor(report: dict[str, Any]) -> str:
     )
     analysis = report.get("analysis") or {}
     recs = "".join(
-        f"<li><b>{escape(str(r['agent']))}</b>: {escape(str(r['kind']))} "
-        f"{escape(str(r['from']))} → {escape(str(r['to']))} — {escape(str(r['reason']))} "
+        f"<li><b>{escape(str(r['agent']))}</b> ({escape(profile_of(r))}): "
+        f"{escape(change_text(r))} — "
+        f"{escape(str(r['reason']))} "
         f"(confidence {float(r['confidence']):.2f})</li>"
         for r in analysis.get("recommendations", [])
     )

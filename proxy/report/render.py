@@ -59,6 +59,24 @@ WIRE_LABELS = {
 }
 
 
+def change_text(r: dict[str, Any]) -> str:
+    """What an `analyze` recommendation changes, for people."""
+    if r["kind"] == "scope-weights":
+        return "scope weights " + ", ".join(
+            f"{scope} {r['from'][scope]:g} → {r['to'][scope]:g}" for scope in r["from"]
+        )
+    return f"{r['kind']} to {r['to']}"
+
+
+def profile_of(r: dict[str, Any]) -> str:
+    """The budget profile an `analyze` recommendation would change."""
+    return str(r["profile"] if r["kind"] == "scope-weights" else r["from"])
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def wire_label(wire: str | None) -> str:
     """What to call a request's wire format where people read it."""
     return WIRE_LABELS.get(wire or "chat", wire or "chat")
@@ -118,8 +136,8 @@ def render_text(report: dict[str, Any]) -> str:
     analysis = report.get("analysis") or {}
     for r in analysis.get("recommendations", []):
         lines.append(
-            f"Recommendation for {r['agent']}: {r['kind']} {r['from']} → {r['to']} — "
-            f"{r['reason']} (confidence {r['confidence']:.2f})"
+            f"Recommendation for {r['agent']} ({profile_of(r)}): {change_text(r)} — {r['reason']} "
+            f"(confidence {r['confidence']:.2f}; `ctxbudget analyze` prints the config to paste)"
         )
     if report.get("page"):
         lines.append(f"Report page with plots: {report['page']} (open it in a browser)")
@@ -141,7 +159,7 @@ def render_text(report: dict[str, Any]) -> str:
         if memory:
             lines.append(
                 f"  memories: {memory['applied']} ({memory['reason']}), "
-                f"{memory['candidates']} candidates, {memory['injected']} injected "
+                f"{_plural(memory['candidates'], 'candidate')}, {memory['injected']} injected "
                 f"({_n(memory['chars'])} of {_n(memory['maxChars'])} chars), "
                 f"bound by {memory['boundBy']}"
             )

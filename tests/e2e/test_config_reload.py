@@ -76,6 +76,8 @@ def test_serve_says_the_port_is_in_use_before_starting(tmp_path: Path) -> None:
             text=True,
             timeout=60,
             cwd=tmp_path,
+            # no config: the built-in defaults' stores are under $HOME, which is not ours
+            env={**os.environ, "HOME": str(tmp_path)},
         )
     assert done.returncode == 1
     assert f"ctxbudget: port {port} on 127.0.0.1 is in use: pass --port or set proxy.port" in (

@@ -147,7 +147,10 @@ def test_monitor_bumps_after_exceeding_and_analyze_recommends(
         assert first["memory"]["usage"]["exceeded"] is True
         assert "bumped a tier" in second["memory"]["budget"]["complexityReason"]
         out = subprocess.run(
-            [CTXBUDGET, "analyze", "--json", "--config", str(server.config_path)],
+            [
+                *(CTXBUDGET, "analyze", "--json", "--min-requests", "1"),
+                *("--config", str(server.config_path)),
+            ],
             capture_output=True,
             text=True,
             timeout=60,

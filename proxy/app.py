@@ -77,6 +77,7 @@ def create_app(
         reports = ReportStore(
             cfg.report.path,
             run=run or env.get("CTXBUDGET_RUN_ID") or secrets.token_hex(6),
+            keep_days=cfg.report.keep_days,
             sinks=sinks,
         )
     else:

@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="print the /context budget report")
     report.add_argument("--config", metavar="PATH", help="config file (JSONC)")
     report.add_argument("--json", action="store_true", help="print JSON only")
+    report.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="totals since then: 24h, 7d, 2w, or an ISO date/time (default: all that is kept)",
+    )
 
     rec = sub.add_parser("recall", help="show which memories a query would recall, and why")
     rec.add_argument("query")
@@ -609,17 +614,23 @@ def _config_init(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     from proxy.report import build_report, open_db, read_summary, render_text
+    from proxy.report.summary import parse_since
     from proxy.settings import settings_for
+
+    try:
+        since = parse_since(args.since) if args.since else None
+    except ValueError as exc:
+        raise SystemExit(f"ctxbudget: --since: {exc}") from None
 
     source = _source(args.config, {})
     settings = settings_for(source.get(), os.environ)
     path: Path = settings.report_path
     if not path.exists():
-        summary = read_summary(lambda sql, args: [], recent=settings.recent_requests)
+        summary = read_summary(lambda sql, args: [], recent=settings.recent_requests, since=since)
     else:
         db = open_db(path)
         try:
-            summary = read_summary(db.fetchall, recent=settings.recent_requests)
+            summary = read_summary(db.fetchall, recent=settings.recent_requests, since=since)
         finally:
             db.close()
     report = build_report(summary, settings=settings.describe(source))

@@ -301,6 +301,8 @@ class ReportConfig(_Model):
     """SQLite file of the report, shared by every worker."""
     recent_requests: int = Field(50, ge=1, le=1000)
     """How many recent requests the report lists."""
+    keep_days: float = Field(90.0, gt=0)
+    """Days of history kept (requests, and totals by the hour); older ones are pruned."""
     default_encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     """tiktoken encoding for models tiktoken does not know."""
 

@@ -18,6 +18,7 @@ from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
 from proxy.report.page import render_html
 from proxy.report.render import render_text
+from proxy.report.summary import parse_since
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
@@ -40,6 +41,7 @@ class Reporting:
         *,
         owner: str | None,
         recent: int | None = None,
+        since: float | None = None,
     ) -> dict[str, Any]:
         """The report dict (JSON, text, page and the chat command all render this): `owner`'s
         requests only, or everyone's when None."""
@@ -48,7 +50,9 @@ class Reporting:
         # Waiting for the writer and reading SQLite block: keep them off the event loop.
         def read() -> tuple[dict[str, Any], dict[str, Any]]:
             state.reports.flush()
-            summary = state.reports.summary(recent=recent or settings.recent_requests, owner=owner)
+            summary = state.reports.summary(
+                recent=recent or settings.recent_requests, owner=owner, since=since
+            )
             store = state.memory.store(settings)
             profiles = settings.recall.budget_profiles
             found = analysis(
@@ -79,10 +83,13 @@ class Reporting:
             # a browser asks for text/html first; curl and SDKs for */* or JSON
             fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
         owner = report_viewer(request.headers, settings, browser=fmt == "html")
+        since = _since(request.query_params.get("since"))
         if fmt == "html":
-            report = await self.report(settings, request, owner=owner, recent=PAGE_REQUESTS)
+            report = await self.report(
+                settings, request, owner=owner, recent=PAGE_REQUESTS, since=since
+            )
             return HTMLResponse(render_html(report))
-        report = await self.report(settings, request, owner=owner)
+        report = await self.report(settings, request, owner=owner, since=since)
         if fmt == "text":
             return PlainTextResponse(render_text(report))
         return JSONResponse(report)
@@ -105,3 +112,12 @@ class Reporting:
                 param="id",
             )
         return JSONResponse(found)
+
+
+def _since(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_since(value)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="since") from None

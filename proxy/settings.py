@@ -77,6 +77,7 @@ class Settings:
     rewrite: RewriteConfig | None
     context_windows: Mapping[str, int]
     report_path: Path
+    report_keep_days: float
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
     def upstream_url(self, path: str) -> str:
@@ -113,6 +114,7 @@ class Settings:
             },
             "caps": self.cap_sources,
             "encoding": self.default_encoding,
+            "keepDays": self.report_keep_days,
         }
 
 
@@ -169,4 +171,5 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         rewrite=memory.rewrite,
         context_windows=dict(budgets.context_windows),
         report_path=config.report.path,
+        report_keep_days=config.report.keep_days,
     )

@@ -106,13 +106,14 @@ def proxy_app(
     env: Mapping[str, str] | None = None,
     clamp: Clamp = clamp_request,
     upstream: FakeUpstream | None = None,
+    run: str = "test",
 ) -> Iterator[tuple[InProcess, FakeUpstream]]:
     """The app with `config` (default `config_for(tmp_path)`) in front of a fake upstream."""
     path = tmp_path / "ctxbudget.json"
     path.write_text(json.dumps(config if config is not None else config_for(tmp_path)))
     fake = upstream or FakeUpstream()
     app = create_app(
-        ConfigSource(path, env or {}, {}), upstream=fake, env=env or {}, clamp=clamp, run="test"
+        ConfigSource(path, env or {}, {}), upstream=fake, env=env or {}, clamp=clamp, run=run
     )
     client = InProcess(app)
     try:

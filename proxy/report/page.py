@@ -10,7 +10,14 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from proxy.report.render import KIND_TITLES, change_text, money, profile_of, wire_label
+from proxy.report.render import (
+    KIND_TITLES,
+    change_text,
+    money,
+    profile_of,
+    window_text,
+    wire_label,
+)
 
 _CSS = """
 :root { --fg:#1d232b; --muted:#5b6675; --line:#d8dee6; --bg:#f6f8fa; --before:#c3ccd7;
@@ -55,7 +62,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"<span id='status' class='badge {'on' if on else 'off'}'>{'ON' if on else 'OFF'}</span>"
         "</h1>",
         f"<div class='sub'>Config {escape(config['path'] or 'built-in defaults')} (loaded "
-        f"{escape(config['loadedAt'])}) · since {escape(report['since'] or 'start')} · generated "
+        f"{escape(config['loadedAt'])}) · {escape(window_text(report))} · generated "
         f"{escape(report['generatedAt'])} · chars in UTF-16 code units, tokens by "
         f"{escape(report['encoding'])} for unknown models</div>",
     ]

@@ -19,7 +19,8 @@ _UNITS = {"bootstrap": "per file", "memory": "per memory result", "web_fetch": "
 def build_report(
     summary: dict[str, Any], *, settings: dict[str, Any], request_id: str | None = None
 ) -> dict[str, Any]:
-    """The `/context budget` report: effective settings, totals since start, recent requests."""
+    """The `/context budget` report: effective settings, totals over the window (everything
+    kept, every instance and restart; or since a time), recent requests."""
     return {
         "object": "context_budget.report",
         "generatedAt": _iso(datetime.now(UTC).timestamp()),
@@ -29,6 +30,12 @@ def build_report(
         "units": "UTF-16 code units (JavaScript string length, as OpenClaw counts)",
         "encoding": settings["encoding"],
         "since": _iso(summary["since"]) if summary["since"] else None,
+        "window": {
+            "since": _iso(summary["since"]) if summary["since"] else None,
+            "all": summary["window"] == "all",
+            "keepDays": settings.get("keepDays"),
+            "runs": summary["runs"],
+        },
         "totals": summary["totals"],
         "recent": [_recent(r) for r in summary["recent"]],
         **({"requestId": request_id} if request_id else {}),
@@ -57,6 +64,22 @@ WIRE_LABELS = {
     "messages": "Anthropic Messages",
     "responses": "OpenAI Responses",
 }
+
+
+def window_text(report: dict[str, Any]) -> str:
+    """`Since 2026-11-22T09:00:00Z (all kept: 90 days, 3 proxy starts)`: what the totals cover."""
+    window = report.get("window") or {}
+    since = report["since"]
+    if since is None:
+        return "No requests kept yet"
+    if window.get("all", True):
+        keep = window.get("keepDays")
+        kept = f"{keep:g} days" if isinstance(keep, int | float) else "everything"
+        return (
+            f"Since {since} (all that is kept: report.keepDays {kept}, "
+            f"{_plural(window.get('runs') or 0, 'proxy start')})"
+        )
+    return f"Since {since} (totals count whole hours)"
 
 
 def change_text(r: dict[str, Any]) -> str:
@@ -99,10 +122,10 @@ def render_text(report: dict[str, Any]) -> str:
         value = "no limit" if cap["value"] is None else f"{_n(cap['value'])} {_UNITS[kind]}"
         lines.append(f"- {KIND_TITLES[kind]}: {value} — from {cap['source']} ({cap['from']})")
     totals = report["totals"]
-    since = report["since"] or "start"
     lines.append("")
     lines.append(
-        f"Since {since}: {_n(totals['requests'])} requests, {_n(totals['seen'])} segments seen, "
+        f"{window_text(report)}: {_plural(totals['requests'], 'request')}, "
+        f"{_n(totals['seen'])} segments seen, "
         f"{_n(totals['clamped'])} clamped"
         + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
     )

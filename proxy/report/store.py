@@ -5,7 +5,9 @@ them. Writes happen on a background thread, batched, so the request path only en
 record; token counting (tiktoken) happens there too. Readers in the same process call
 `flush()` first so they see their own latest requests.
 
-Totals are kept per *run* (one `ctxbudget serve`); the report shows the latest run.
+Totals are kept per hour (and owner, and kind), so the report covers every instance and
+restart that used the file, over any window (`?since=`, `--since`), to the hour; requests and
+hours older than `report.keepDays` are pruned. `runs` records each `ctxbudget serve` start.
 
 Sinks (OpenTelemetry in `proxy/telemetry.py`, Prometheus in `proxy/metrics.py`) get each
 record with its JSON entry on the same thread, so the request path pays for none of them.
@@ -25,16 +27,28 @@ from typing import Any, Protocol
 from caps import SEGMENT_KINDS
 from memory.sqlite import Database, connect
 from proxy.report.record import RequestRecord, describe, dumps_entry, loads_entry
-from proxy.report.summary import read_summary
+from proxy.report.summary import HOUR, read_summary
 from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
 """Request rows kept per owner for `/context/budget/requests/{id}`; older ones are pruned."""
+KEEP_DAYS = 90.0
+"""Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
+_SUMS = (
+    "seen, clamped, would_clamp, chars_before, chars_after, saved_chars, saved_tokens,"
+    " would_save_chars, would_save_tokens, saved_usd, would_save_usd"
+)
+_COUNTS = "requests, clamp_errors, upstream_errors, unpriced"
+
+
+def _columns(names: str) -> list[str]:
+    return [c.strip() for c in names.split(",")]
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -99,6 +113,28 @@ _UPGRADES = (
     "DROP TABLE run_counts_v2;"
     "ALTER TABLE requests ADD COLUMN owner TEXT NOT NULL DEFAULT 'default';"
     "CREATE INDEX requests_owner ON requests (owner, run, ts)",
+    # 4: totals per hour instead of per run, so the report spans restarts and instances.
+    # A run's totals move to the hour it started in (its requests' own hours are not known).
+    f"CREATE TABLE totals_by_hour (hour INTEGER NOT NULL, owner TEXT NOT NULL,"
+    f" kind TEXT NOT NULL, seen INTEGER NOT NULL DEFAULT 0, clamped INTEGER NOT NULL DEFAULT 0,"
+    f" would_clamp INTEGER NOT NULL DEFAULT 0, chars_before INTEGER NOT NULL DEFAULT 0,"
+    f" chars_after INTEGER NOT NULL DEFAULT 0, saved_chars INTEGER NOT NULL DEFAULT 0,"
+    f" saved_tokens INTEGER NOT NULL DEFAULT 0, would_save_chars INTEGER NOT NULL DEFAULT 0,"
+    f" would_save_tokens INTEGER NOT NULL DEFAULT 0, saved_usd REAL NOT NULL DEFAULT 0,"
+    f" would_save_usd REAL NOT NULL DEFAULT 0, PRIMARY KEY (hour, owner, kind));"
+    f"INSERT INTO totals_by_hour SELECT CAST(coalesce(r.started, 0) / {HOUR} AS INTEGER),"
+    f" t.owner, t.kind, {', '.join(f'sum(t.{c})' for c in _columns(_SUMS))}"
+    f" FROM totals t LEFT JOIN runs r ON r.run = t.run GROUP BY 1, 2, 3;"
+    f"DROP TABLE totals;"
+    f"CREATE TABLE counts_by_hour (hour INTEGER NOT NULL, owner TEXT NOT NULL,"
+    f" requests INTEGER NOT NULL DEFAULT 0, clamp_errors INTEGER NOT NULL DEFAULT 0,"
+    f" upstream_errors INTEGER NOT NULL DEFAULT 0, unpriced INTEGER NOT NULL DEFAULT 0,"
+    f" PRIMARY KEY (hour, owner));"
+    f"INSERT INTO counts_by_hour SELECT CAST(coalesce(r.started, 0) / {HOUR} AS INTEGER),"
+    f" c.owner, {', '.join(f'sum(c.{c})' for c in _columns(_COUNTS))}"
+    f" FROM run_counts c LEFT JOIN runs r ON r.run = c.run GROUP BY 1, 2;"
+    f"DROP TABLE run_counts;"
+    f"CREATE INDEX requests_time ON requests (ts)",
 )
 
 
@@ -159,6 +195,7 @@ class ReportStore:
         batch_seconds: float = 0.05,
         sinks: Sequence[Sink] = (),
         keep_requests: int = KEEP_REQUESTS,
+        keep_days: float = KEEP_DAYS,
     ) -> None:
         self.path = path
         self.sinks = list(sinks)
@@ -174,6 +211,8 @@ class ReportStore:
         )
         self._writes = 0
         self._keep = keep_requests
+        self.keep_days = keep_days
+        self._pruned = False  # the first batch prunes what expired while no one wrote
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
         self._thread.start()
 
@@ -260,39 +299,30 @@ class ReportStore:
             )
             self._add_totals(conn, bodies)
             self._writes += len(records)
-            if self._writes >= min(200, self._keep):
-                self._writes = 0
-                # per owner: one key's traffic must not push another's records out
-                for (owner,) in conn.execute("SELECT DISTINCT owner FROM requests").fetchall():
-                    conn.execute(
-                        "DELETE FROM requests WHERE owner = ? AND ts < (SELECT ts FROM requests"
-                        " WHERE owner = ? ORDER BY ts DESC LIMIT 1 OFFSET ?)",
-                        (owner, owner, self._keep),
-                    )
+            if self._writes >= min(200, self._keep) or not self._pruned:
+                self._writes, self._pruned = 0, True
+                self._prune(conn)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
 
     def _add_totals(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
-        by_owner: dict[str, list[dict[str, Any]]] = {}
+        groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
         for body in bodies:
-            by_owner.setdefault(body["owner"], []).append(body)
-        for owner, owned in by_owner.items():
-            self._add_owner_totals(conn, owner, owned)
+            groups.setdefault((int(body["at"] // HOUR), body["owner"]), []).append(body)
+        for (hour, owner), group in groups.items():
+            self._add_group_totals(conn, hour, owner, group)
 
-    def _add_owner_totals(
-        self, conn: sqlite3.Connection, owner: str, bodies: list[dict[str, Any]]
+    def _add_group_totals(
+        self, conn: sqlite3.Connection, hour: int, owner: str, bodies: list[dict[str, Any]]
     ) -> None:
         conn.execute(
-            "INSERT INTO run_counts (run, owner, requests, clamp_errors, upstream_errors, "
-            "unpriced) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run, owner) DO UPDATE SET "
-            "requests = requests + excluded.requests, "
-            "clamp_errors = clamp_errors + excluded.clamp_errors, "
-            "upstream_errors = upstream_errors + excluded.upstream_errors, "
-            "unpriced = unpriced + excluded.unpriced",
+            f"INSERT INTO counts_by_hour (hour, owner, {_COUNTS}) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (hour, owner) DO UPDATE SET "
+            + ", ".join(f"{c} = {c} + excluded.{c}" for c in _columns(_COUNTS)),
             (
-                self.run,
+                hour,
                 owner,
                 len(bodies),
                 sum(b["clampError"] is not None for b in bodies),
@@ -307,23 +337,12 @@ class ReportStore:
             clamped = [s for s in segs if s["action"] == "clamped"]
             would = [s for s in segs if s["action"] == "would-clamp"]
             conn.execute(
-                "INSERT INTO totals (run, owner, kind, seen, clamped, would_clamp, chars_before, "
-                "chars_after, saved_chars, saved_tokens, would_save_chars, would_save_tokens, "
-                "saved_usd, would_save_usd) "
+                f"INSERT INTO totals_by_hour (hour, owner, kind, {_SUMS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run, owner, kind) DO UPDATE SET "
-                "seen = seen + excluded.seen, clamped = clamped + excluded.clamped, "
-                "would_clamp = would_clamp + excluded.would_clamp, "
-                "chars_before = chars_before + excluded.chars_before, "
-                "chars_after = chars_after + excluded.chars_after, "
-                "saved_chars = saved_chars + excluded.saved_chars, "
-                "saved_tokens = saved_tokens + excluded.saved_tokens, "
-                "would_save_chars = would_save_chars + excluded.would_save_chars, "
-                "would_save_tokens = would_save_tokens + excluded.would_save_tokens, "
-                "saved_usd = saved_usd + excluded.saved_usd, "
-                "would_save_usd = would_save_usd + excluded.would_save_usd",
+                "ON CONFLICT (hour, owner, kind) DO UPDATE SET "
+                + ", ".join(f"{c} = {c} + excluded.{c}" for c in _columns(_SUMS)),
                 (
-                    self.run,
+                    hour,
                     owner,
                     kind,
                     len(segs),
@@ -340,6 +359,20 @@ class ReportStore:
                 ),
             )
 
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        """Requests past the per-owner cap, and everything older than `keep_days`."""
+        # per owner: one key's traffic must not push another's records out
+        for (owner,) in conn.execute("SELECT DISTINCT owner FROM requests").fetchall():
+            conn.execute(
+                "DELETE FROM requests WHERE owner = ? AND ts < (SELECT ts FROM requests"
+                " WHERE owner = ? ORDER BY ts DESC LIMIT 1 OFFSET ?)",
+                (owner, owner, self._keep),
+            )
+        cutoff = time.time() - self.keep_days * 86_400
+        conn.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
+        conn.execute("DELETE FROM totals_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
+        conn.execute("DELETE FROM counts_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
+
     # -- reading -------------------------------------------------------------------------
 
     def request(self, request_id: str, *, owner: str | None = None) -> dict[str, Any] | None:
@@ -350,6 +383,9 @@ class ReportStore:
         rows = self._db.fetchall(sql, args)
         return loads_entry(rows[0][0]) if rows else None
 
-    def summary(self, *, recent: int, owner: str | None = None) -> dict[str, Any]:
-        """Totals for the latest run, and its `recent` latest requests (one owner's, or all)."""
-        return read_summary(self._db.fetchall, recent=recent, owner=owner)
+    def summary(
+        self, *, recent: int, owner: str | None = None, since: float | None = None
+    ) -> dict[str, Any]:
+        """Totals since `since` (everything kept when None) and the `recent` latest requests:
+        one owner's, or everyone's."""
+        return read_summary(self._db.fetchall, recent=recent, owner=owner, since=since)

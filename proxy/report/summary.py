@@ -6,76 +6,115 @@ lock) and `ctxbudget report` (its own connection) read the same way.
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from caps import SEGMENT_KINDS
 from proxy.report.record import loads_entry
 
+HOUR = 3600
 Read = Callable[[str, Iterable[Any]], list[Any]]
 """`read(sql, args)`: the rows of one query."""
 
 
-def read_summary(read: Read, *, recent: int, owner: str | None = None) -> dict[str, Any]:
-    """Totals and recent requests of the latest run, through `read(sql, args) -> rows`:
-    `owner`'s only, or every owner's when None."""
-    mine, args = ("", ()) if owner is None else (" AND owner = ?", (owner,))
-    runs = read("SELECT run, started FROM runs ORDER BY started DESC, run DESC LIMIT 1", ())
-    if not runs:
-        return {"run": None, "since": None, "totals": _empty_totals(), "recent": []}
-    run, started = runs[0]
+def read_summary(
+    read: Read, *, recent: int, owner: str | None = None, since: float | None = None
+) -> dict[str, Any]:
+    """Totals and recent requests of every run that used the file, through
+    `read(sql, args) -> rows`: since `since` (counted by the hour: the hour it falls in is
+    included whole), or all that is kept; `owner`'s only, or every owner's when None."""
+    where, args = "WHERE 1 = 1", []
+    if owner is not None:
+        where, args = where + " AND owner = ?", [owner]
+    hours = " AND hour >= ?" if since is not None else ""
+    hour_args = [*args, int(since // HOUR)] if since is not None else args
     totals = _empty_totals()
     counts = read(
-        "SELECT sum(requests), sum(clamp_errors), sum(upstream_errors), sum(unpriced) "
-        "FROM run_counts WHERE run = ?" + mine,
-        (run, *args),
+        "SELECT sum(requests), sum(clamp_errors), sum(upstream_errors), sum(unpriced), "
+        f"min(hour) FROM counts_by_hour {where}{hours}",
+        hour_args,
     )
+    first_hour = None
     if counts and counts[0][0] is not None:
         (
             totals["requests"],
             totals["clampErrors"],
             totals["upstreamErrors"],
             totals["unpricedRequests"],
+            first_hour,
         ) = counts[0]
     for row in read(
         "SELECT kind, sum(seen), sum(clamped), sum(would_clamp), sum(chars_before), "
         "sum(chars_after), sum(saved_chars), sum(saved_tokens), sum(would_save_chars), "
         "sum(would_save_tokens), sum(saved_usd), sum(would_save_usd) "
-        "FROM totals WHERE run = ?" + mine + " GROUP BY kind",
-        (run, *args),
+        f"FROM totals_by_hour {where}{hours} GROUP BY kind",
+        hour_args,
     ):
-        kind = dict(
-            zip(
-                (
-                    "seen",
-                    "clamped",
-                    "wouldClamp",
-                    "charsBefore",
-                    "charsAfter",
-                    "savedChars",
-                    "savedTokens",
-                    "wouldSaveChars",
-                    "wouldSaveTokens",
-                    "savedUsd",
-                    "wouldSaveUsd",
-                ),
-                row[1:],
-                strict=True,
-            )
-        )
+        kind = dict(zip(_KIND_FIELDS, row[1:], strict=True))
         totals["byKind"][row[0]] = kind
         for key, value in kind.items():
             totals[key] += value
+    recent_since = " AND ts >= ?" if since is not None else ""
     rows = read(
-        "SELECT body FROM requests WHERE run = ?" + mine + " ORDER BY ts DESC LIMIT ?",
-        (run, *args, recent),
+        f"SELECT body FROM requests {where}{recent_since} ORDER BY ts DESC LIMIT ?",
+        [*args, *([since] if since is not None else []), recent],
+    )
+    runs = read(
+        "SELECT count(*) FROM runs" + (" WHERE started >= ?" if since else ""),
+        ([since] if since else []),
     )
     return {
-        "run": run,
-        "since": started,
+        "since": since if since is not None else (first_hour * HOUR if first_hour else None),
+        "window": "since" if since is not None else "all",
+        "runs": runs[0][0] if runs else 0,
         "totals": totals,
         "recent": [loads_entry(r[0]) for r in rows],
     }
+
+
+_KIND_FIELDS = (
+    "seen",
+    "clamped",
+    "wouldClamp",
+    "charsBefore",
+    "charsAfter",
+    "savedChars",
+    "savedTokens",
+    "wouldSaveChars",
+    "wouldSaveTokens",
+    "savedUsd",
+    "wouldSaveUsd",
+)
+_UNITS = {"m": 60, "h": HOUR, "d": 86_400, "w": 7 * 86_400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mhdw])\s*$")
+
+
+def parse_since(text: str, *, now: float | None = None) -> float:
+    """`24h`, `30m`, `7d`, `2w` before now, or an ISO 8601 date or time (UTC when it has no
+    zone), as epoch seconds; `ValueError` saying what is accepted.
+
+    >>> parse_since("2h", now=10_000.0)
+    2800.0
+    >>> parse_since("2026-11-22")
+    1795305600.0
+    """
+    found = _DURATION.match(text)
+    if found:
+        now = time.time() if now is None else now
+        return now - float(found.group(1)) * _UNITS[found.group(2)]
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"since must be a duration such as 24h, 30m, 7d or 2w, or an ISO 8601 date or "
+            f"time such as 2026-11-22 or 2026-11-22T09:00:00Z; got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def _empty_totals() -> dict[str, Any]:

@@ -41,7 +41,7 @@ def test_chat_command_is_answered_by_the_proxy(tmp_path: Path, standin: StandIn)
             if c.choices
         )
         assert text.startswith("📉 Context budget: ON")
-        assert "Since " in text and "1 requests" in text
+        assert "Since " in text and ": 1 request, " in text
         assert "bootstrap files: 8,000 per file" in text
 
         body = _openclaw_turn("/context budget json")

@@ -91,7 +91,7 @@ def test_text_report_lists_segments_and_totals(tmp_path: Path) -> None:
     text = render_text(build_report(store.summary(recent=5), settings=settings))
     assert "📉 Context budget: ON" in text
     assert "- web fetch: 200 per result — from contextBudget.webFetchMaxChars (file)" in text
-    assert "1 requests, 2 segments seen, 1 clamped" in text
+    assert ": 1 request, 2 segments seen, 1 clamped" in text
     assert "  - web_fetch web_fetch call1 https://example.com: 1,000 → 200 clamped" in text
     store.close()
 
@@ -103,7 +103,7 @@ def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path
         if statement.strip():
             db.execute(statement)
     db.execute("PRAGMA user_version=1")
-    db.execute("INSERT INTO runs VALUES ('old', 1)")
+    db.execute("INSERT INTO runs VALUES ('old', ?)", (time.time() - 7200,))
     db.execute("INSERT INTO run_counts (run, requests) VALUES ('old', 7)")
     db.execute("INSERT INTO totals (run, kind, saved_chars) VALUES ('old', 'web_fetch', 900)")
     db.close()
@@ -116,7 +116,7 @@ def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path
     assert totals["requests"] == 8 and totals["savedUsd"] > 0
     store.close()
     version = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
-    assert version == report_module.SCHEMA_VERSION == 3
+    assert version == report_module.SCHEMA_VERSION == 4
     # rows from before owners existed are `default`'s: no proxy key's owner sees them
     reopened = ReportStore(path, run="old")
     assert reopened.summary(recent=5, owner="default")["totals"]["requests"] == 8
@@ -152,4 +152,69 @@ def test_one_owners_traffic_does_not_prune_anothers_records(tmp_path: Path) -> N
     bobs = [r["id"] for r in store.summary(recent=50, owner="bob")["recent"]]
     # pruned every 3 writes to the latest 4 (ts >= the 4th newest): never more than 6
     assert len(bobs) <= 6 and bobs[0] == "cb-19"
+    store.close()
+
+
+def test_the_report_spans_restarts_and_instances_and_a_window(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    now = time.time()
+    earlier = ReportStore(path, run="monday", started=now - 5 * 86_400)
+    earlier.add(dataclasses.replace(_record(1), ts=now - 5 * 86_400))
+    earlier.close()  # that proxy stopped
+    first = ReportStore(path, run="a", started=now - 60)
+    second = ReportStore(path, run="b", started=now - 30)  # another instance, same file
+    first.add(dataclasses.replace(_record(2), ts=now - 2 * 3600))
+    second.add(dataclasses.replace(_record(3), ts=now))
+    first.flush()
+    second.flush()
+    everything = second.summary(recent=10)
+    assert everything["totals"]["requests"] == 3 and everything["runs"] == 3
+    assert {r["id"] for r in everything["recent"]} == {"cb-1", "cb-2", "cb-3"}
+    assert everything["since"] == (now - 5 * 86_400) // 3600 * 3600
+    day = first.summary(recent=10, since=now - 86_400)
+    assert day["totals"]["requests"] == 2 and [r["id"] for r in day["recent"]] == ["cb-3", "cb-2"]
+    hour = first.summary(recent=10, since=now - 60)
+    assert hour["totals"]["requests"] == 1 and hour["totals"]["savedChars"] == 800
+    first.close()
+    second.close()
+
+
+def test_history_past_keep_days_is_pruned(tmp_path: Path) -> None:
+    now = time.time()
+    store = ReportStore(tmp_path / "r.db", run="r", keep_days=1)
+    store.add(dataclasses.replace(_record(1), ts=now - 3 * 86_400))
+    store.flush()
+    store.close()
+    again = ReportStore(tmp_path / "r.db", run="r2", keep_days=1)
+    again.add(dataclasses.replace(_record(2), ts=now))
+    again.flush()
+    summary = again.summary(recent=10)
+    assert summary["totals"]["requests"] == 1 and [r["id"] for r in summary["recent"]] == ["cb-2"]
+    assert again.request("cb-1") is None
+    again.close()
+
+
+def test_a_version_3_file_moves_each_runs_totals_to_the_hour_it_started(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statement in report_module._SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    for upgrade in report_module._UPGRADES[:2]:
+        for statement in upgrade.split(";"):
+            db.execute(statement)
+    db.execute("PRAGMA user_version=3")
+    started = time.time() - 3 * 3600
+    db.execute("INSERT INTO runs VALUES ('old', ?), ('older', ?)", (started, started - 86_400))
+    db.execute("INSERT INTO run_counts (run, owner, requests) VALUES ('old', 'alice', 4)")
+    db.execute("INSERT INTO run_counts (run, owner, requests) VALUES ('older', 'alice', 6)")
+    db.execute(
+        "INSERT INTO totals (run, owner, kind, saved_chars) VALUES ('old', 'alice', 'memory', 90)"
+    )
+    db.close()
+    store = ReportStore(path, run="new")
+    everything = store.summary(recent=5)["totals"]
+    assert everything["requests"] == 10 and everything["byKind"]["memory"]["savedChars"] == 90
+    recent = store.summary(recent=5, since=started)["totals"]
+    assert recent["requests"] == 4  # the older run started a day before
     store.close()

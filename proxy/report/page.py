@@ -87,6 +87,11 @@ def _figure(path: str, value: Any, shown: str) -> str:
     return f"<span data-figure='{escape(path)}' data-value='{escape(raw)}'>{escape(shown)}</span>"
 
 
+def _count(path: str, value: int) -> str:
+    """A count, marked as the figure at `path`."""
+    return _figure(path, value, _n(value))
+
+
 def _n(value: int) -> str:
     return f"{value:,}"
 
@@ -149,14 +154,14 @@ def _kinds(t: dict[str, Any]) -> str:
     for i, (kind, k) in enumerate(kinds.items()):
         y = 10 + i * row_h
         before = k["charsBefore"] / top * (width - label_w - 90)
-        after = k["charsAfter"] / top * (width - label_w - 90)
+        after = k["charsAfter"] / top * (width - label_w - 90)  # as sent
         bars.append(
             f"<text x='0' y='{y + 17}'>{escape(KIND_TITLES.get(kind, kind))}</text>"
             f"<rect x='{label_w}' y='{y}' width='{before:.1f}' height='16' fill='var(--before)'>"
             f"<title>before: {_n(k['charsBefore'])} chars</title></rect>"
             f"<text x='{label_w + before + 6:.1f}' y='{y + 13}'>{_n(k['charsBefore'])}</text>"
             f"<rect x='{label_w}' y='{y + 18}' width='{after:.1f}' height='16' "
-            f"fill='var(--after)'><title>after: {_n(k['charsAfter'])} chars</title></rect>"
+            f"fill='var(--after)'><title>sent: {_n(k['charsAfter'])} chars</title></rect>"
             f"<text x='{label_w + after + 6:.1f}' y='{y + 31}'>{_n(k['charsAfter'])}</text>"
         )
     height = 10 + len(kinds) * row_h
@@ -174,6 +179,8 @@ def _kinds(t: dict[str, Any]) -> str:
         f"{_figure(f'totals.byKind.{kind}.savedTokens', k['savedTokens'], _n(k['savedTokens']))}"
         "</td><td class='n'>"
         f"{_figure(f'totals.byKind.{kind}.savedUsd', k['savedUsd'], money(k['savedUsd']))}"
+        "</td><td class='n'>"
+        f"{_count(f'totals.byKind.{kind}.wouldSaveChars', k['wouldSaveChars'])}"
         "</td></tr>"
         for kind, k in kinds.items()
     )
@@ -182,44 +189,54 @@ def _kinds(t: dict[str, Any]) -> str:
         f"<svg id='kinds-chart' role='img' aria-label='chars before and after per kind' "
         f"width='100%' viewBox='0 0 {width} {height}'>{''.join(bars)}</svg>"
         "<div class='legend sub'><span style='background:var(--before)'></span>before"
-        "<span style='background:var(--after)'></span>after</div></div>"
+        "<span style='background:var(--after)'></span>sent (what went upstream)</div></div>"
         "<table id='kinds'><tr><th>kind</th><th class='n'>seen</th><th class='n'>clamped</th>"
-        "<th class='n'>chars before</th><th class='n'>chars after</th><th class='n'>chars saved"
-        "</th><th class='n'>tokens saved</th><th class='n'>money saved</th></tr>"
+        "<th class='n'>chars before</th><th class='n'>chars sent</th><th class='n'>chars saved"
+        "</th><th class='n'>tokens saved</th><th class='n'>money saved</th>"
+        "<th class='n'>would save with the budget on (chars)</th></tr>"
         f"{rows}</table>"
     )
 
 
 def _over_time(recent: list[dict[str, Any]]) -> str:
     points = sorted(recent, key=lambda r: r["at"])
-    head = "<h2>Savings over time (latest requests, cumulative tokens saved)</h2>"
+    head = "<h2>Savings over time (latest requests, cumulative tokens)</h2>"
     if len(points) < 2:
         return head + "<p class='sub' id='over-time'>Not enough requests yet to draw.</p>"
-    total, series = 0, []
-    for r in points:
-        total += r["savedTokens"] + r["wouldSaveTokens"]
-        series.append(total)
+    saved, would, saved_series, would_series = 0, 0, [], []
+    for r in points:  # kept apart: what was saved, and what the budget would have saved
+        saved += r["savedTokens"]
+        would += r["wouldSaveTokens"]
+        saved_series.append(saved)
+        would_series.append(would)
     width, height, pad = 720, 180, 40
-    step = (width - 2 * pad) / (len(series) - 1)
-    top = max(series) or 1
-    xy = [
-        (pad + i * step, height - pad - v / top * (height - 2 * pad)) for i, v in enumerate(series)
-    ]
-    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-    area = f"{pad},{height - pad} {line} {xy[-1][0]:.1f},{height - pad}"
+    step = (width - 2 * pad) / (len(points) - 1)
+    top = max(saved, would) or 1
+
+    def line(series: list[int]) -> str:
+        return " ".join(
+            f"{pad + i * step:.1f},{height - pad - v / top * (height - 2 * pad):.1f}"
+            for i, v in enumerate(series)
+        )
+
+    label = f"saved {_n(saved)} tokens"
+    if would:
+        label += f" · would save {_n(would)} more with the budget on (dashed)"
     return (
         head + "<div class='panel'>"
-        f"<svg id='over-time' role='img' aria-label='cumulative tokens saved' width='100%' "
-        f"viewBox='0 0 {width} {height}'>"
-        f"<polygon points='{area}' fill='var(--after)' opacity='0.15'/>"
-        f"<polyline points='{line}' fill='none' stroke='var(--after)' stroke-width='2'/>"
+        f"<svg id='over-time' role='img' aria-label='cumulative tokens saved and would-save' "
+        f"width='100%' viewBox='0 0 {width} {height}'>"
+        f"<polyline id='saved-line' points='{line(saved_series)}' fill='none' "
+        "stroke='var(--after)' stroke-width='2'/>"
+        f"<polyline id='would-line' points='{line(would_series)}' fill='none' "
+        "stroke='var(--before)' stroke-width='2' stroke-dasharray='6 4'/>"
         f"<line x1='{pad}' y1='{height - pad}' x2='{width - pad}' y2='{height - pad}' "
         "stroke='var(--line)'/>"
         f"<text x='{pad}' y='{height - pad + 16}'>{escape(points[0]['at'])}</text>"
         f"<text x='{width - pad}' y='{height - pad + 16}' text-anchor='end'>"
         f"{escape(points[-1]['at'])}</text>"
-        f"<text x='{pad}' y='{pad - 8}'>{_n(series[-1])} tokens over {len(series)} requests"
-        "</text></svg></div>"
+        f"<text x='{pad}' y='{pad - 8}'>{escape(label)} over {len(points)} requests</text>"
+        "</svg></div>"
     )
 
 
@@ -247,7 +264,15 @@ def _requests(recent: list[dict[str, Any]]) -> str:
             f"<td class='n'>{r['status']}</td>"
             f"<td class='n'>{_figure(f'recent.{rid}.clamped', r['clamped'], _n(r['clamped']))}"
             "</td><td class='n'>"
-            f"{_figure(f'recent.{rid}.savedChars', r['savedChars'], _n(r['savedChars']))}</td>"
+            f"{_figure(f'recent.{rid}.savedChars', r['savedChars'], _n(r['savedChars']))}"
+            + (
+                f" <span class='sub'>(would save "
+                f"{_count(f'recent.{rid}.wouldSaveChars', r['wouldSaveChars'])})"
+                "</span>"
+                if r["wouldSaveChars"]
+                else ""
+            )
+            + "</td>"
             "<td class='n'>"
             f"{_figure(f'recent.{rid}.savedTokens', r['savedTokens'], _n(r['savedTokens']))}"
             f"</td><td class='n'>"

@@ -152,9 +152,14 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(
             f"- {KIND_TITLES[kind]}: {_n(t['seen'])} seen, {_n(t['clamped'])} clamped"
             + (f", {_n(t['wouldClamp'])} would clamp" if t["wouldClamp"] else "")
-            + f"; {_n(t['charsBefore'])} → {_n(t['charsAfter'])} chars; "
+            + f"; {_n(t['charsBefore'])} → {_n(t['charsAfter'])} chars sent; "
             f"saved {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens, "
             f"{money(t['savedUsd'])})"
+            + (
+                f"; would save {_n(t['wouldSaveChars'])} more with the budget on"
+                if t["wouldSaveChars"]
+                else ""
+            )
         )
     analysis = report.get("analysis") or {}
     for r in analysis.get("recommendations", []):

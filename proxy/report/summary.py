@@ -54,6 +54,10 @@ def read_summary(
         hour_args,
     ):
         kind = dict(zip(_KIND_FIELDS, row[1:], strict=True))
+        # `after` as sent (a would-clamp segment went as it was); with every would-clamp
+        # applied it would have been `charsAfterWithBudget`
+        kind["charsAfterWithBudget"] = kind["charsAfter"]
+        kind["charsAfter"] = kind["charsBefore"] - kind["savedChars"]
         totals["byKind"][row[0]] = kind
         for key, value in kind.items():
             totals[key] += value
@@ -124,6 +128,7 @@ def _empty_totals() -> dict[str, Any]:
         "wouldClamp": 0,
         "charsBefore": 0,
         "charsAfter": 0,
+        "charsAfterWithBudget": 0,
         "savedChars": 0,
         "savedTokens": 0,
         "wouldSaveChars": 0,

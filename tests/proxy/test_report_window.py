@@ -45,3 +45,25 @@ def test_report_since_on_the_command_line(dirs: Dirs, capsys: pytest.CaptureFixt
     assert code == 0 and json.loads(out)["window"]["all"] is False
     code, out, err = run(capsys, "report", "--since", "soon", "--config", str(config))
     assert code == 1 and "--since: since must be a duration such as 24h" in err
+
+
+def test_saved_and_would_save_are_kept_apart_and_labelled(tmp_path: Path) -> None:
+    """Issue 12, item 2: one request clamped, one with the budget off."""
+    body = openclaw_request(stream=False)
+    with proxy_app(tmp_path) as (client, _):
+        client.post("/v1/chat/completions", json=body)
+        client.post("/v1/chat/completions", json=body, headers={"x-context-budget": "off"})
+        report = client.get("/context/budget").json()
+        text = client.get("/context/budget", params={"format": "text"}).text
+        page = client.get("/context/budget", params={"format": "html"}).text
+    web = report["totals"]["byKind"]["web_fetch"]
+    assert web["savedChars"] > 0 and web["wouldSaveChars"] == web["savedChars"]
+    assert web["charsAfter"] == web["charsBefore"] - web["savedChars"]  # what was sent
+    assert web["charsAfterWithBudget"] == web["charsBefore"] - 2 * web["savedChars"]
+    line = next(x for x in text.splitlines() if x.startswith("- web fetch:") and "seen" in x)
+    assert f"{web['charsBefore']:,} → {web['charsAfter']:,} chars sent" in line
+    assert f"saved {web['savedChars']:,} chars" in line
+    assert f"would save {web['wouldSaveChars']:,} more with the budget on" in line
+    tokens = report["totals"]["savedTokens"]
+    assert f"saved {tokens:,} tokens · would save {tokens:,} more with the budget on" in page
+    assert "id='saved-line'" in page and "id='would-line'" in page

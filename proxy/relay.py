@@ -53,16 +53,37 @@ class Recorder:
         if not self._record:
             return
         self.draft.marks["end"] = time.time_ns()
-        self._reports.add(
-            replace(
-                self.draft,
-                ts=time.time(),
-                status=status,
-                duration_ms=(time.perf_counter() - self._started) * 1000,
-                upstream_error=upstream_error,
-                response_tail=self.tail,
-            )
+        record = replace(
+            self.draft,
+            ts=time.time(),
+            status=status,
+            duration_ms=(time.perf_counter() - self._started) * 1000,
+            upstream_error=upstream_error,
+            response_tail=self.tail,
         )
+        self._reports.add(record)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", summary_line(record))
+
+
+def summary_line(r: RequestRecord) -> str:
+    """One log line per request: id, format, model, status, clamps, saved chars, time — never
+    content. The model name is the client's: control characters are escaped."""
+    model = _plain(r.model or "-")[:100]
+    acted = [s for s in r.segments if s.action in ("clamped", "would-clamp")]
+    verb = "saved" if r.enabled else "would save"
+    return (
+        f"{r.id} {r.wire} {model} {r.status} {len(acted)} "
+        f"{'clamped' if r.enabled else 'would clamp'}, {verb} {sum(s.saved for s in acted)} "
+        f"chars, {r.duration_ms:.0f} ms"
+        + (f" ({_plain(r.upstream_error)[:200]})" if r.upstream_error else "")
+    )
+
+
+def _plain(text: str) -> str:
+    """`text` with control characters (and anything non-ASCII) escaped: one log line stays
+    one line, whatever a client or upstream put in it."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 BUFFER_BYTES = 8 * 1024 * 1024

@@ -42,7 +42,17 @@ _DROP_REQUEST = frozenset(
     }
 )
 _DROP_RESPONSE = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-length", "trailer", "upgrade"}
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "trailer",
+        "upgrade",
+        # the server that answers the client (uvicorn) sets its own: not two of each
+        "server",
+        "date",
+    }
 )
 
 

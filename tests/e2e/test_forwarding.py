@@ -16,6 +16,8 @@ from tests.e2e.server import base_config, free_port, sdk, serve
 from tests.openclaw import load_fixtures
 from tests.standin import StandIn
 
+REQUEST_ID = "x-context-budget-request-id"
+
 FIXTURES = load_fixtures()
 CAPS = {"bootstrap": 8000, "memory": 2500, "web_fetch": 8000}  # defaults of contextBudget
 
@@ -117,6 +119,11 @@ def test_unknown_fields_and_headers_pass_through(tmp_path: Path, standin: StandI
         got = standin.received[0]
         assert got.json == body
         assert got.headers["x-trace"] == "t-1"
+        # the stand-in (uvicorn) sends its own server and date: the client gets one of each
+        assert len(r.headers.get_list("server")) == len(r.headers.get_list("date")) == 1
+        # and the server logs one line for the request, without its content
+        line = next(x for x in server.output().splitlines() if r.headers[REQUEST_ID] in x)
+        assert " chat gpt-test 200 0 clamped, saved 0 chars, " in line and "hi" not in line
 
 
 def test_budget_off_forwards_byte_identical_and_reports_would_clamp(

@@ -220,7 +220,11 @@ def _clamp_web_fetch(
     note = "already truncated by OpenClaw" if payload.get("truncated") is True else None
     clamped = text if cap is None else webfetch.clamp_wrapped(text, cap)
     if clamped is None:
-        note = "cap smaller than the untrusted-content markers: left whole"
+        note = (
+            "cap smaller than the untrusted-content markers: left whole"
+            if webfetch.wrapped(text)
+            else "no untrusted-content wrapper to cut inside: left whole"
+        )
         clamped = text
     changed = clamped is not text and clamped != text
     segments.append(

@@ -86,6 +86,11 @@ def _split(text: str) -> _Parts | None:
     )
 
 
+def wrapped(text: str) -> bool:
+    """Whether `text` holds one intact untrusted-content wrapper (what a clamp cuts inside)."""
+    return _split(text) is not None
+
+
 def clamp_wrapped(text: str, cap: int) -> str | None:
     """`text` cut to `cap` UTF-16 units inside its wrapper; `None` if that can't be done safely.
 

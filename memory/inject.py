@@ -2,7 +2,8 @@
 
 Default placement `user`: the block is appended to the *last user message*, so the system
 prompt and every earlier turn stay byte-identical and the cached prefix holds even when the
-memories change. Placement `system` appends it to the system prompt instead, in the form
+memories change. Placement `system` appends it to the system prompt instead (to the last user
+message when the request has no system prompt), in the form
 `User context:` / `- Preference: Therapy Thursdays 3pm (2 weeks ago, you told me)`.
 """
 
@@ -46,6 +47,8 @@ def inject(messages: list[Any], lines: list[str], placement: Placement) -> list[
     text = block(lines)
     roles = ("system", "developer") if placement == "system" else ("user",)
     indices = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") in roles]
+    if not indices and placement == "system":  # no system prompt to extend: the user turn
+        return inject(messages, lines, "user")
     if not indices:
         return messages
     index = indices[0] if placement == "system" else indices[-1]

@@ -69,16 +69,12 @@ class BrowserGuard:
             await self.app(scope, receive, send)
             return
         status, code, message = refusal
-        body = orjson.dumps(
-            {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": code,
-                }
-            }
-        )
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+        if scope["path"].startswith(("/v1/messages", "/messages")):  # Anthropic's shape there
+            error = {"type": "invalid_request_error", "message": message}
+            body = orjson.dumps({"type": "error", "error": error})
+        else:
+            body = orjson.dumps({"error": error})
         await send(
             {
                 "type": "http.response.start",

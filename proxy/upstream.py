@@ -204,6 +204,13 @@ class HttpUpstream:
             resp = await self._session.request(
                 method, url, data=body, headers=dict(headers), timeout=timeout
             )
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise UpstreamError(
+                f"upstream {redact(url)} did not accept a connection within "
+                f"{connect_timeout:g} s (proxy.upstream.connectTimeoutSeconds)",
+                status=502,
+                code="upstream_unreachable",
+            ) from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamError(
                 f"upstream {redact(url)} did not answer within {read_timeout:g} s "

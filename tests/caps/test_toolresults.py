@@ -231,3 +231,22 @@ def test_memory_get_properties(text: str, cap: int) -> None:
     got = json.loads(out[2]["content"])["text"]
     assert utf16_len(got) <= max(cap, utf16_len(text) if utf16_len(text) <= cap else cap)
     assert clamp_tool_results(out, caps_, TOOLS)[0] == out
+
+
+def test_an_unwrapped_page_is_left_whole_and_says_why() -> None:
+    from caps import Caps, clamp_request
+
+    payload = {"url": "https://e.com", "text": "plain page " * 2000}
+    request = {
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c1", "function": {"name": "web_fetch", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": json.dumps(payload)},
+        ]
+    }
+    result = clamp_request(request, Caps(web_fetch_max_chars=8000))
+    (segment,) = result.segments
+    assert not result.changed and segment.action == "kept"
+    assert segment.note == "no untrusted-content wrapper to cut inside: left whole"

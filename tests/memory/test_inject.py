@@ -66,11 +66,16 @@ def test_system_placement_appends_to_the_first_system_or_developer_message() -> 
 
 
 def test_nothing_to_place_returns_the_same_list() -> None:
-    no_system = [{"role": "user", "content": "hi"}]
-    assert inject(no_system, LINES, "system") is no_system
     no_user = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]
     assert inject(no_user, LINES, "user") is no_user
     chat = _chat("hi")
     assert inject(chat, [], "user") is chat
     no_text = _chat(None)
     assert inject(no_text, LINES, "user") is no_text
+
+
+def test_system_placement_without_a_system_prompt_uses_the_user_turn() -> None:
+    """Else the block went nowhere while the response said it was injected."""
+    no_system = [{"role": "user", "content": "hi"}]
+    assert inject(no_system, LINES, "system") == inject(no_system, LINES, "user")
+    assert inject(no_system, LINES, "system")[0]["content"] == "hi\n\n" + BLOCK

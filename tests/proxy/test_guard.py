@@ -147,3 +147,12 @@ def test_dns_names_that_look_like_loopback_are_not(tmp_path: Path) -> None:
         r = client.post("/v1/memories", content=MEMORY, headers=own)
         assert r.status_code == 421
         assert client.get("/v1/memories").json()["data"] == []
+
+
+def test_a_refusal_on_the_messages_route_is_in_anthropics_shape(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        r = client.post("/v1/messages", content=b"{}", headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "JSON" in body["error"]["message"] and fake.sent == []

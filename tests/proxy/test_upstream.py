@@ -156,6 +156,48 @@ def test_a_closed_port_is_a_502_unreachable() -> None:
     assert "is unreachable" in error.message
 
 
+def test_a_connect_timeout_is_a_502_naming_the_connect_setting() -> None:
+    """Was a 504 naming readTimeoutSeconds."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    queued = []
+    for _ in range(8):  # fill the accept queue: the next connect waits, as a dead host does
+        client = socket.socket()
+        client.setblocking(False)
+        try:
+            client.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        queued.append(client)
+
+    async def call() -> UpstreamError:
+        upstream = HttpUpstream()
+        try:
+            await upstream.request(
+                "POST",
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                body=b"{}",
+                headers={},
+                connect_timeout=0.3,
+                read_timeout=30,
+            )
+        except UpstreamError as exc:
+            return exc
+        finally:
+            await upstream.close()
+        raise AssertionError("the request went through")
+
+    try:
+        error = asyncio.run(call())
+    finally:
+        for s in [*queued, server]:
+            s.close()
+    assert (error.status, error.code) == (502, "upstream_unreachable")
+    assert "proxy.upstream.connectTimeoutSeconds" in error.message
+
+
 def test_forwarded_headers_leave_out_hop_by_hop_auth_and_ours() -> None:
     given = {
         "Host": "proxy",

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from memory.monitor import Monitor
 from memory.sqlite import Database, peek, reader
-from memory.types import Memory, MemoryLimits, NewMemory
+from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
 
 log = logging.getLogger("ctxbudget.memory")
 
@@ -267,34 +267,71 @@ class SQLiteMemoryStore:
         return int(self._db.fetchall("PRAGMA user_version")[0][0])
 
     def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
-        memory = memory.validate(self.limits)
+        (added,), evicted = self.add_many([memory])
+        return added, evicted
+
+    def add_many(self, memories: Sequence[NewMemory]) -> tuple[list[Memory], list[Memory]]:
+        """Add all of `memories` (one owner) in one transaction, or none of them.
+
+        `InvalidMemory` (nothing written) names the first bad one by its position (`item 3:
+        …`); a batch larger than `memory.maxMemories` is refused the same way. Past the limit,
+        the least recently used *older* memories are evicted.
+        """
+        checked = []
+        for number, memory in enumerate(memories, 1):
+            try:
+                checked.append(memory.validate(self.limits))
+            except InvalidMemory as exc:
+                raise InvalidMemory(f"item {number}: {exc}") from None
+        if not checked:
+            return [], []
+        owners = {m.owner for m in checked}
+        if len(owners) > 1:
+            raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
+        if len(checked) > self.limits.max_memories:
+            raise InvalidMemory(
+                f"{len(checked):,} memories are more than memory.maxMemories "
+                f"({self.limits.max_memories:,}): raise it, or import fewer"
+            )
+        owner = checked[0].owner
         now = self._clock()
         # One write transaction: concurrent adders (CLI, API, workers) queue on the lock
         # instead of losing writes, and the eviction sees the count it is correcting.
         with self._db.transaction() as conn:
-            cursor = conn.execute(
+            first = conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchone()[0]
+            conn.executemany(
                 "INSERT INTO memories (owner, text, category, source, scope, created,"
                 " last_accessed, access_count) VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
-                (memory.owner, memory.text, memory.category, memory.source, memory.scope, now, now),
+                [
+                    (m.owner, m.text, m.category, m.source, m.scope, when, when)
+                    for m in checked
+                    for when in (now if m.created is None else m.created,)
+                ],
             )
-            new_id = int(cursor.lastrowid or 0)
-            self._count_words(conn, memory.owner, [memory.text], 1)
-            count = conn.execute(
-                "SELECT n FROM owner_counts WHERE owner = ?", (memory.owner,)
-            ).fetchone()[0]
+            self._count_words(conn, owner, [m.text for m in checked], 1)
+            count = conn.execute("SELECT n FROM owner_counts WHERE owner = ?", (owner,)).fetchone()[
+                0
+            ]
             evicted: list[Memory] = []
             excess = count - self.limits.max_memories
             if excess > 0:
                 evicted = [
                     _row(r)
                     for r in conn.execute(
-                        f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id != ?"
+                        f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id <= ?"
                         " ORDER BY last_accessed, id LIMIT ?",
-                        (memory.owner, new_id, excess),
+                        (owner, first, excess),
                     ).fetchall()
                 ]
                 conn.executemany("DELETE FROM memories WHERE id = ?", [(m.id,) for m in evicted])
-                self._count_words(conn, memory.owner, [m.text for m in evicted], -1)
+                self._count_words(conn, owner, [m.text for m in evicted], -1)
+            added = [
+                _row(r)
+                for r in conn.execute(
+                    f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id > ? ORDER BY id",
+                    (owner, first),
+                ).fetchall()
+            ]
         for gone in evicted:
             log.info(
                 "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
@@ -302,9 +339,6 @@ class SQLiteMemoryStore:
                 gone.owner,
                 self.limits.max_memories,
             )
-        added = self.get(memory.owner, new_id)
-        if added is None:  # for the type checker: just inserted under our own lock
-            raise RuntimeError(f"memory {new_id} vanished after insert")
         return added, evicted
 
     def has_any(self, owner: str) -> bool:

@@ -70,6 +70,8 @@ class NewMemory:
     category: str = "fact"
     source: Source = "user_explicit"
     scope: str = "global"
+    created: float | None = None
+    """When it was first known (epoch seconds; imports keep it); None: now."""
 
     def validate(self, limits: MemoryLimits) -> NewMemory:
         """This memory with its text stripped; `InvalidMemory` listing every problem."""
@@ -94,6 +96,10 @@ class NewMemory:
             problems.append(f"scope must be 'global' or 'agent:<name>', got {self.scope!r}")
         if not self.owner:
             problems.append("owner is empty")
+        if self.created is not None and not (
+            isinstance(self.created, int | float) and 0 <= self.created < 32_503_680_000
+        ):
+            problems.append(f"created must be a time after 1970, got {self.created!r}")
         if problems:
             raise InvalidMemory("; ".join(problems))
         return NewMemory(
@@ -102,4 +108,5 @@ class NewMemory:
             category=self.category,
             source=self.source,
             scope=self.scope,
+            created=self.created,
         )

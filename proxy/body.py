@@ -208,22 +208,22 @@ def _kind(raw: bytes) -> str:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it is known to be over `limit` bytes."""
+_CONTEXT_LIMIT = "over proxy.maxBodyBytes ({limit:,} bytes): raise it or send less context"
+
+
+async def read_body(request: Request, limit: int, *, over: str = _CONTEXT_LIMIT) -> bytes:
+    """The request body, refused (413) as soon as it is known to be over `limit` bytes; `over`
+    says which limit and what to do (`{limit}` is filled in)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
-            f"request body is {int(declared):,} bytes, over proxy.maxBodyBytes ({limit:,}); "
-            "raise proxy.maxBodyBytes or send less context"
+            f"request body is {int(declared):,} bytes, {over.format(limit=limit)}"
         )
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(
-                f"request body is over proxy.maxBodyBytes ({limit:,} bytes); "
-                "raise proxy.maxBodyBytes or send less context"
-            )
+            raise PayloadTooLarge(f"request body is {over.format(limit=limit)}")
         chunks.append(chunk)
     return b"".join(chunks)

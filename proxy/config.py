@@ -305,6 +305,9 @@ class ReportConfig(_Model):
     """Days of history kept (requests, and totals by the hour); older ones are pruned."""
     default_encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     """tiktoken encoding for models tiktoken does not know."""
+    request_usage: bool = True
+    """Ask the upstream for usage on chat streams whose client did not
+    (`stream_options.include_usage`), and drop that usage chunk from what the client sees."""
 
 
 class TelemetryConfig(_Model):

@@ -27,8 +27,9 @@ from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
-MAX_BODY_BYTES = 64 * 1024
-"""Largest memory request accepted (a memory's text is at most `memory.maxChars`)."""
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""Largest memory request accepted: a list of a few thousand memories (read only after the
+caller is authenticated)."""
 _FIELDS = {"text", "category", "source", "scope", "owner"}
 
 
@@ -67,13 +68,19 @@ class MemoryRoutes:
     async def add(self, request: Request) -> Response:
         settings = self.state.settings()
         caller = self._caller(request, settings)
-        raw = await read_body(request, MAX_BODY_BYTES)
+        raw = await read_body(
+            request,
+            MAX_BODY_BYTES,
+            over="over the memory routes' limit ({limit:,} bytes): send fewer memories at once",
+        )
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+        if isinstance(body, list):
+            return await self._add_many(settings, caller, body, request)
         if not isinstance(body, dict):
-            raise BadRequest('send a JSON object: {"text": ..., "category": ...}')
+            raise BadRequest('send a JSON object {"text": ..., "category": ...}, or a list of them')
         unknown = sorted(set(body) - _FIELDS)
         if unknown:
             raise BadRequest(
@@ -98,6 +105,43 @@ class MemoryRoutes:
             raise BadRequest(str(exc)) from exc
         return JSONResponse(
             {"memory": added.to_dict(), "evicted": [m.to_dict() for m in evicted]},
+            status_code=201,
+        )
+
+    async def _add_many(
+        self, settings: Settings, caller: str | None, items: list[Any], request: Request
+    ) -> Response:
+        """A list: all added in one transaction, or a 400 naming the bad item and none."""
+        from memory.transfer import from_dict
+
+        owner = self._owner(caller, request.query_params.get("owner"))
+        new = []
+        for number, item in enumerate(items, 1):
+            if not isinstance(item, dict):
+                raise BadRequest(
+                    f"item {number}: send an object with a text", param=f"[{number - 1}]"
+                )
+            if item.get("owner") not in (None, owner):
+                raise BadRequest(
+                    f"item {number}: a list is added for one owner (?owner=), not per item",
+                    param=f"[{number - 1}].owner",
+                )
+            try:
+                new.append(from_dict(item, owner).validate(settings.memory_limits))
+            except InvalidMemory as exc:
+                raise BadRequest(f"item {number}: {exc}", param=f"[{number - 1}]") from None
+        memory = self.state.memory
+        try:
+            added, evicted = await asyncio.to_thread(lambda: memory.store(settings).add_many(new))
+        except InvalidMemory as exc:
+            raise BadRequest(f"nothing added: {exc}") from exc
+        return JSONResponse(
+            {
+                "object": "list",
+                "owner": owner,
+                "data": [m.to_dict() for m in added],
+                "evicted": [m.to_dict() for m in evicted],
+            },
             status_code=201,
         )
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
 from proxy.upstream import UpstreamReply
+from proxy.usage import UsageChunkDropper, UsageReader
 from proxy.wire.types import ReplyWatcher, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
@@ -35,6 +36,7 @@ class Recorder:
         started: float,
         keep_usage: bool,
         record: bool = True,
+        usage: UsageReader | None = None,
     ) -> None:
         self._reports = reports
         self._record = record
@@ -44,6 +46,8 @@ class Recorder:
         self.keep_usage = keep_usage
         """Keep the upstream's usage-bearing bytes (a report sink reads them)."""
         self.tail: bytes | None = None
+        self.usage = usage
+        """Reads the provider's usage from the reply (every relayed chunk, or the body)."""
         self.done = False
 
     def finish(self, status: int, *, upstream_error: str | None = None) -> None:
@@ -60,6 +64,7 @@ class Recorder:
             duration_ms=(time.perf_counter() - self._started) * 1000,
             upstream_error=upstream_error,
             response_tail=self.tail,
+            usage=self.usage.result() if self.usage is not None else None,
         )
         self._reports.add(record)
         if log.isEnabledFor(logging.INFO):
@@ -120,6 +125,8 @@ async def read_whole(
         watcher.close()
     if recorder.keep_usage:
         recorder.tail = data
+    if recorder.usage is not None:
+        recorder.usage.read_json(data)
     recorder.finish(reply.status)
     return data
 
@@ -157,20 +164,31 @@ async def relay(
     recorder: Recorder,
     wire: WireFormat,
     watcher: ReplyWatcher | None = None,
+    dropper: UsageChunkDropper | None = None,
 ) -> AsyncIterator[bytes]:
-    """Relay the upstream's SSE bytes as they arrive (`watcher` reads them too); close the
-    upstream if the client goes."""
+    """Relay the upstream's SSE bytes as they arrive (`watcher` and the recorder's usage
+    reader read them too; `dropper` removes the usage chunk the client did not ask for);
+    close the upstream if the client goes."""
     completed = False
     failure: UpstreamError | None = None
+    usage = recorder.usage
     try:
         keep, marker = recorder.keep_usage, wire.usage_marker
         async for chunk in reply.iter_chunks():
             if keep and marker in chunk:
                 recorder.tail = chunk
+            if usage is not None:
+                usage.feed(chunk)
             if watcher is not None:
                 watcher.feed(chunk)
+            if dropper is not None:
+                chunk = dropper.feed(chunk)
+                if not chunk:
+                    continue
             yield chunk
         completed = True
+        if dropper is not None and (rest := dropper.close()):
+            yield rest
     except Exception as exc:  # upstream broke mid-stream: the status line is already sent
         failure = (
             exc
@@ -178,6 +196,8 @@ async def relay(
             else UpstreamError(f"upstream stream broke: {exc.__class__.__name__}: {exc}")
         )
         log.warning("%s", failure.message)
+        if dropper is not None and (rest := dropper.close()):
+            yield rest
         yield wire.stream_error(failure)
     finally:
         if watcher is not None:

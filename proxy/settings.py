@@ -78,6 +78,8 @@ class Settings:
     context_windows: Mapping[str, int]
     report_path: Path
     report_keep_days: float
+    request_usage: bool = True
+    """`report.requestUsage`: ask for usage on chat streams whose client did not."""
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
     def upstream_url(self, path: str) -> str:
@@ -172,4 +174,5 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         context_windows=dict(budgets.context_windows),
         report_path=config.report.path,
         report_keep_days=config.report.keep_days,
+        request_usage=config.report.request_usage,
     )

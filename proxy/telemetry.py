@@ -218,9 +218,14 @@ class Telemetry:
             )
             if budget.get("boundBy"):
                 attrs["ctxbudget.memory.budget_bound_by"] = budget["boundBy"]
-        usage_figures = _usage(r.response_tail)
-        if usage_figures:
-            attrs.update(usage_figures)
+        attrs.update(_response(r.response_tail))
+        if r.usage is not None:
+            u = r.usage
+            # The semantic conventions count cache reads and writes inside input_tokens.
+            attrs["gen_ai.usage.input_tokens"] = u.input + u.cache_read + u.cache_write
+            attrs["gen_ai.usage.output_tokens"] = u.output
+            attrs["gen_ai.usage.cache_read.input_tokens"] = u.cache_read
+            attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_write
         return attrs
 
     def _metrics(
@@ -249,8 +254,9 @@ class Telemetry:
             )
 
 
-def _usage(tail: bytes | None) -> dict[str, Any]:
-    """`gen_ai.usage.*` and response fields from the upstream's JSON body or last SSE event."""
+def _response(tail: bytes | None) -> dict[str, Any]:
+    """`gen_ai.response.*` fields from the upstream's JSON body or last SSE event that
+    carries usage (the usage itself is the record's, read from every format)."""
     if not tail:
         return {}
     data: Any = None
@@ -267,14 +273,7 @@ def _usage(tail: bytes | None) -> dict[str, Any]:
         break
     if not isinstance(data, dict) or not isinstance(data.get("usage"), dict):
         return {}
-    usage = data["usage"]
     out: dict[str, Any] = {}
-    for ours, theirs in (
-        ("gen_ai.usage.input_tokens", "prompt_tokens"),
-        ("gen_ai.usage.output_tokens", "completion_tokens"),
-    ):
-        if isinstance(usage.get(theirs), int):
-            out[ours] = usage[theirs]
     if isinstance(data.get("model"), str):
         out["gen_ai.response.model"] = data["model"]
     if isinstance(data.get("id"), str):

@@ -15,6 +15,7 @@ import orjson
 
 from caps import Segment
 from proxy.tokens import TokenCounter
+from proxy.usage import Usage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,8 @@ class RequestRecord:
     """Whose request it was (the proxy key's owner): each key sees only its own report."""
     note: str | None = None
     """What the wire adapter said about the request as a whole (e.g. a continuation)."""
+    usage: Usage | None = None
+    """The provider's usage from the reply; None when the reply had none."""
 
 
 def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
@@ -131,6 +134,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "worker": r.worker,
         "owner": r.owner,
         "memory": r.memory,
+        "usage": r.usage.to_dict() if r.usage is not None else None,
     }
 
 

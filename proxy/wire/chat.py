@@ -38,10 +38,26 @@ class ChatCompletionsRequest:
         self.model: str | None = model
         self.stream: bool = body.get("stream") is True
         self._turn: tuple[UserTurn | None] | None = None
+        self._options: dict[str, Any] | None = None
+        """`stream_options` as forwarded, when the proxy changed them."""
 
     @property
     def changed(self) -> bool:
-        return self.messages is not self._body.messages
+        return self.messages is not self._body.messages or self._options is not None
+
+    def ask_usage(self) -> bool:
+        """Ask the upstream for usage on a stream whose client did not
+        (`stream_options.include_usage`); True when the body changed for it, and the
+        usage-only chunk must be dropped from what the client sees."""
+        if not self.stream:
+            return False
+        options = self._body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            return False
+        if options is not None and not isinstance(options, dict):
+            return False  # the client's own mistake: the upstream says so, not us
+        self._options = {**(options or {}), "include_usage": True}
+        return True
 
     def get(self, key: str) -> Any:
         """A top-level field as a Python value."""
@@ -71,7 +87,14 @@ class ChatCompletionsRequest:
         self.messages = inject(self.messages, list(lines), placement)
 
     def encode(self) -> bytes:
-        return self._body.encode(self.messages) if self.changed else self.raw
+        if not self.changed:
+            return self.raw
+        changes: dict[str, Any] = {}
+        if self.messages is not self._body.messages:
+            changes["messages"] = self.messages
+        if self._options is not None:
+            changes["stream_options"] = self._options
+        return self._body.encode(changes)
 
     def litellm_body(self) -> dict[str, Any]:
         return self._body.to_dict({"messages": self.messages})

@@ -50,7 +50,7 @@ def server_url(tmp_path: Path, standin: StandIn):  # type: ignore[no-untyped-def
             b'{"model": "m", "messages": ["' + b"x" * 5000 + b'"]}',
             413,
             None,
-            "over proxy.maxBodyBytes (4,096)",
+            "over proxy.maxBodyBytes (4,096 bytes)",
         ),
     ],
     ids=["malformed", "empty", "array", "no-messages", "messages-str", "model-int", "too-big"],

@@ -78,12 +78,17 @@ def test_bad_memory_requests_say_what_to_fix(tmp_path: Path) -> None:
     with proxy_app(tmp_path) as (client, _):
         cases = [
             (b"{nope", 400, "request body is not valid JSON"),
-            (b"[1]", 400, 'send a JSON object: {"text": ..., "category": ...}'),
+            (b"[1]", 400, "item 1: send an object with a text"),
+            (b"5", 400, 'send a JSON object {"text": ..., "category": ...}, or a list of them'),
             (b'{"text": "x", "colour": 1}', 400, "unknown field(s) colour"),
             (b'{"text": 5}', 400, "text must be a string"),
             (b'{"text": ""}', 400, "text is empty: give the memory some text"),
             (b'{"text": "x", "category": "gossip"}', 400, "unknown category 'gossip'"),
-            (b'{"text": "' + b"y" * 70_000 + b'"}', 413, "over proxy.maxBodyBytes (65,536"),
+            (
+                b'{"text": "' + b"y" * 9_000_000 + b'"}',
+                413,
+                "memory routes' limit (8,388,608 bytes)",
+            ),
         ]
         for raw, status, message in cases:
             r = client.post("/v1/memories", content=raw)
@@ -93,3 +98,22 @@ def test_bad_memory_requests_say_what_to_fix(tmp_path: Path) -> None:
             "memory id must be a number, got 'abc'"
         )
         assert client.get("/v1/memories").json()["data"] == []
+
+
+def test_a_list_is_added_all_or_nothing(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, _):
+        bad = client.post(
+            "/v1/memories",
+            json=[{"text": "ok one"}, {"text": "ok two"}, {"text": "x", "category": "gossip"}],
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "[2]"
+        assert bad.json()["error"]["message"].startswith("item 3: unknown category 'gossip'")
+        assert client.get("/v1/memories").json()["data"] == []  # nothing written
+        items = [
+            {"text": f"Fact number {i}", "created": f"2024-01-0{1 + i % 9}T10:00:00Z"}
+            for i in range(60)
+        ]
+        added = client.post("/v1/memories", json=items)
+        assert added.status_code == 201 and len(added.json()["data"]) == 60
+        assert added.json()["data"][0]["created"] == 1704103200.0  # 2024-01-01T10:00Z kept
+        assert len(client.get("/v1/memories").json()["data"]) == 60

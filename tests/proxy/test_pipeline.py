@@ -135,7 +135,11 @@ def test_bad_bodies_get_400_or_413_and_nothing_is_forwarded(tmp_path: Path) -> N
             (b'{"model": "m"}', 400, "'messages' is required"),
             (b'{"messages": {}}', 400, "'messages' must be a list of chat messages, got object"),
             (b'{"model": 5, "messages": []}', 400, "'model' must be a string, got integer"),
-            (b'{"messages": ["' + b"x" * 4096 + b'"]}', 413, "over proxy.maxBodyBytes (2,048)"),
+            (
+                b'{"messages": ["' + b"x" * 4096 + b'"]}',
+                413,
+                "over proxy.maxBodyBytes (2,048 bytes)",
+            ),
         ]
         for raw, status, message in cases:
             r = client.post("/v1/chat/completions", content=raw)

@@ -82,6 +82,8 @@ def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn
         assert attrs["gen_ai.request.model"] == "gpt-4o"
         assert attrs["gen_ai.usage.input_tokens"] == 10  # the stand-in's usage figures
         assert attrs["gen_ai.usage.output_tokens"] == 5
+        assert attrs["gen_ai.usage.cache_read.input_tokens"] == 0
+        assert attrs["gen_ai.usage.cache_creation.input_tokens"] == 0
         assert attrs["ctxbudget.request_id"] == entry["id"]
         assert attrs["ctxbudget.budget.enabled"] is True
         for kind in ("bootstrap", "web_fetch", "memory"):

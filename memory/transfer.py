@@ -1,0 +1,134 @@
+"""Memories in and out: JSONL (ctxbudget's own, both ways) and Markdown (OpenClaw's `MEMORY.md`
+and `memory/*.md`, in only).
+
+JSONL: one object per line, `{"text", "category", "source", "scope", "created"}` — all but
+`text` optional; `created` is ISO 8601 (UTC when it has no zone). Markdown: one memory per
+bullet (`-`, `*`, `+`, `1.`), or per paragraph of plain text; headings, rules, code fences and
+HTML comments are not memories. Parsing names the bad line and writes nothing; the store adds
+a batch in one transaction (`SQLiteMemoryStore.add_many`).
+
+>>> notes = "# Me\\n- Likes tea\\n- Hates\\n  mornings\\n\\nLives in Oslo."
+>>> [m.text for m in parse_markdown(notes, "o")]
+['Likes tea', 'Hates mornings', 'Lives in Oslo.']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
+
+_FIELDS = ("text", "category", "source", "scope", "created")
+_BULLET = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+(.*)$")
+_SKIP = re.compile(r"^\s{0,3}(?:#{1,6}\s|(?:-{3,}|\*{3,}|_{3,})\s*$)")
+
+
+class InvalidImport(InvalidMemory):
+    """A line of an import file that cannot become a memory; nothing was written."""
+
+
+def parse_jsonl(text: str, owner: str, limits: MemoryLimits | None = None) -> list[NewMemory]:
+    """The memories of a JSONL export, each checked against `limits` when given;
+    `InvalidImport` naming the first bad line."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidImport(f"line {number}: not JSON ({exc})") from None
+        if not isinstance(item, dict):
+            raise InvalidImport(f"line {number}: expected an object with a text")
+        try:
+            memory = from_dict(item, owner)
+            out.append(memory.validate(limits) if limits is not None else memory)
+        except InvalidMemory as exc:
+            raise InvalidImport(f"line {number}: {exc}") from None
+    return out
+
+
+def from_dict(item: dict[str, Any], owner: str) -> NewMemory:
+    """One memory from its JSON object (an import line, or an item of a POSTed list)."""
+    unknown = sorted(set(item) - {*_FIELDS, "id", "owner", "lastAccessed", "accessCount"})
+    if unknown:
+        raise InvalidMemory(f"unknown field(s) {', '.join(unknown)}: use {', '.join(_FIELDS)}")
+    for key in ("text", "category", "source", "scope"):
+        if key in item and not isinstance(item[key], str):
+            raise InvalidMemory(f"{key} must be a string")
+    created = item.get("created")
+    return NewMemory(
+        owner=owner,
+        text=item.get("text", ""),
+        category=item.get("category", "fact"),
+        source=item.get("source", "user_explicit"),
+        scope=item.get("scope", "global"),
+        created=None if created is None else _time(created),
+    )
+
+
+def parse_markdown(text: str, owner: str, *, category: str = "fact") -> list[NewMemory]:
+    """One memory per bullet or plain paragraph of a Markdown file."""
+    items: list[list[str]] = []
+    current: list[str] | None = None
+    fenced = comment = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            fenced, current = not fenced, None
+            continue
+        if comment or stripped.startswith("<!--"):
+            comment = "-->" not in stripped
+            current = None
+            continue
+        if fenced or not stripped or _SKIP.match(line):
+            current = None
+            continue
+        bullet = _BULLET.match(line)
+        if bullet:
+            current = [bullet.group(1).strip()]
+            items.append(current)
+        elif current is not None:
+            current.append(stripped)  # a bullet's or paragraph's next line
+        else:
+            current = [stripped]
+            items.append(current)
+    return [
+        NewMemory(owner=owner, text=" ".join(parts), category=category)
+        for parts in items
+        if " ".join(parts).strip()
+    ]
+
+
+def export_jsonl(memories: Iterable[Memory]) -> str:
+    """The memories as JSONL that `parse_jsonl` reads back."""
+    return "".join(
+        json.dumps(
+            {
+                "text": m.text,
+                "category": m.category,
+                "source": m.source,
+                "scope": m.scope,
+                "created": datetime.fromtimestamp(m.created, UTC).isoformat(),
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+        for m in memories
+    )
+
+
+def _time(value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidMemory(f"created must be an ISO 8601 time, got {value!r}") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return when.timestamp()
+    raise InvalidMemory(f"created must be an ISO 8601 time, got {value!r}")

@@ -1,0 +1,206 @@
+"""The provider's usage, read from every reply: input, cache reads, cache writes, output.
+
+Each format puts it somewhere else, with its own meaning for "input":
+
+- chat completions: `usage` of the JSON body, or of the last SSE chunk when the request set
+  `stream_options.include_usage` — `prompt_tokens` counts cached tokens too
+  (`prompt_tokens_details.cached_tokens`);
+- Anthropic Messages: `usage` of the body, or `message_start`'s `message.usage` then
+  `message_delta`'s `usage` — `input_tokens` is already the uncached part, beside
+  `cache_read_input_tokens` and `cache_creation_input_tokens`;
+- Responses: `usage` of the body, or `response.completed`'s `response.usage` —
+  `input_tokens` counts cached tokens too (`input_tokens_details.cached_tokens`).
+
+`Usage.input` is always the uncached input as billed. The reader keeps the relay cheap: SSE
+bytes are only split into lines, and only a line holding `"usage"` is parsed.
+
+>>> reader = UsageReader("messages")
+>>> reader.feed(b'event: message_start\\ndata: {"message": {"usage": {"input_tokens": 5, "cache_')
+>>> reader.feed(b'read_input_tokens": 90, "output_tokens": 1}}}\\n\\n')
+>>> reader.feed(b'data: {"type": "message_delta", "usage": {"output_tokens": 7}}\\n\\n')
+>>> reader.result()
+Usage(input=5, cache_read=90, cache_write=0, output=7)
+>>> UsageReader("chat").read_json(b'{"usage": {"prompt_tokens": 100, "completion_tokens": 3, '
+...     b'"prompt_tokens_details": {"cached_tokens": 64}}}')
+Usage(input=36, cache_read=64, cache_write=0, output=3)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MARKER = b'"usage"'
+"""Bytes a reply line holds only where usage may be (a quote inside a string is escaped)."""
+
+_DETAILS = ("prompt_tokens_details", "input_tokens_details")
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    """One reply's tokens, as the provider bills them."""
+
+    input: int
+    """Uncached input tokens."""
+    cache_read: int
+    """Input tokens read from the provider's prompt cache."""
+    cache_write: int
+    """Input tokens written to the provider's prompt cache."""
+    output: int
+    """Output tokens (reasoning included)."""
+
+    def to_dict(self) -> dict[str, int]:
+        """The report's `usage` object."""
+        return {
+            "input": self.input,
+            "cacheRead": self.cache_read,
+            "cacheWrite": self.cache_write,
+            "output": self.output,
+        }
+
+
+class UsageReader:
+    """Reads the usage of one reply of format `wire` (`chat`, `messages`, `responses`):
+    SSE bytes as relayed (`feed`, any chunking), or a whole JSON body (`read_json`)."""
+
+    def __init__(self, wire: str) -> None:
+        self._wire = wire
+        self._fields: dict[str, int] = {}
+        self._partial = b""
+        """The bytes after the last newline seen: a line not yet complete."""
+
+    def feed(self, chunk: bytes) -> None:
+        """The next bytes of an SSE reply."""
+        data = self._partial + chunk if self._partial else chunk
+        end = data.rfind(b"\n") + 1
+        self._partial = data[end:]
+        if MARKER not in data:
+            return
+        for line in data[:end].split(b"\n"):
+            if MARKER in line:
+                self._line(line)
+
+    def read_json(self, body: bytes) -> Usage | None:
+        """The usage of a whole JSON reply, or None."""
+        if MARKER in body:
+            self._event(body)
+        return self.result()
+
+    def result(self) -> Usage | None:
+        """The reply's usage so far, or None when it had none."""
+        if self._partial and MARKER in self._partial:  # a last line without its newline
+            self._line(self._partial)
+            self._partial = b""
+        f = self._fields
+        if not f:
+            return None
+        read = f.get("cache_read_input_tokens", f.get("cached_tokens", 0))
+        write = f.get("cache_creation_input_tokens", f.get("cache_write_tokens", 0))
+        if self._wire == "chat":
+            total = f.get("prompt_tokens", f.get("input_tokens", 0))
+            output = f.get("completion_tokens", f.get("output_tokens", 0))
+        else:
+            total = f.get("input_tokens", 0)
+            output = f.get("output_tokens", 0)
+        # Anthropic's input_tokens is the uncached part already; OpenAI's counts the cache in.
+        uncached = total if self._wire == "messages" else max(0, total - read - write)
+        return Usage(input=uncached, cache_read=read, cache_write=write, output=output)
+
+    def _line(self, line: bytes) -> None:
+        line = line.strip()
+        if line.startswith(b"data:"):
+            self._event(line[5:])
+
+    def _event(self, data: bytes) -> None:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        usage = event.get("usage")
+        if not isinstance(usage, dict):  # Messages' message_start, Responses' response.*
+            inner = event.get("message") or event.get("response")
+            usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return
+        for key, value in usage.items():
+            if key in _DETAILS and isinstance(value, dict):
+                for inner_key in ("cached_tokens", "cache_write_tokens"):
+                    if _count(value.get(inner_key)):
+                        self._fields[inner_key] = value[inner_key]
+            elif _count(value):
+                self._fields[key] = value
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class UsageChunkDropper:
+    """Removes the usage-only chunk (`"choices": []` with `usage`) from a chat SSE stream.
+
+    For a client that did not ask for usage when the proxy asked the upstream for it: the
+    client gets exactly the bytes it would have got otherwise. The upstream's chunks do not
+    align with SSE events, so bytes are passed on at event ends only (the rest of an event
+    waits for its end, which a client needs before it can act on the event anyway).
+
+    >>> drop = UsageChunkDropper()
+    >>> drop.feed(b'data: {"choices": [{"delta": {}}]}\\n\\ndata: {"choices": [], "us')
+    b'data: {"choices": [{"delta": {}}]}\\n\\n'
+    >>> drop.feed(b'age": {"prompt_tokens": 3}}\\n\\ndata: [DONE]\\n\\n')
+    b'data: [DONE]\\n\\n'
+    >>> drop.close()
+    b''
+    """
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What the client gets of the stream so far (possibly nothing yet)."""
+        data = self._held + chunk if self._held else chunk
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+        self._held = data[end:]
+        done = data[:end]
+        if MARKER not in done:
+            return done
+        return self._drop(done)
+
+    def close(self) -> bytes:
+        """The rest at the end of the stream (an event without its blank line)."""
+        held, self._held = self._held, b""
+        return b"" if _usage_only(held) else held
+
+    @staticmethod
+    def _drop(done: bytes) -> bytes:
+        kept: list[bytes] = []
+        start = 0
+        for match in _EVENT_END.finditer(done):
+            event = done[start : match.end()]
+            start = match.end()
+            if not (MARKER in event and _usage_only(event)):
+                kept.append(event)
+        kept.append(done[start:])
+        return b"".join(kept)
+
+
+def _usage_only(event: bytes) -> bool:
+    """Whether one SSE event is a chat chunk with no choices, only usage."""
+    if MARKER not in event:
+        return False
+    data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(chunk, dict)
+        and chunk.get("choices") == []
+        and isinstance(chunk.get("usage"), dict)
+    )

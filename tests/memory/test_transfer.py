@@ -1,0 +1,127 @@
+"""Memories in and out (issue 13, item 1): JSONL both ways, OpenClaw's Markdown in; a batch is
+all or nothing, and fast."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from memory import InvalidMemory, MemoryLimits, SQLiteMemoryStore
+from memory.transfer import export_jsonl, parse_jsonl, parse_markdown
+from tests.proxy.test_cli import Dirs, dirs, run, write_config  # noqa: F401 (a fixture)
+
+MEMORY_MD = """# MEMORY
+
+## People
+- Alice prefers green tea
+- Bob is on call
+  on Fridays
+1. Standup moved to 9:30
+
+<!-- private
+- not a memory
+-->
+```
+- nor this
+```
+The office is in Oslo.
+It opens at eight.
+
+---
+"""
+
+
+def test_markdown_gives_one_memory_per_bullet_or_paragraph() -> None:
+    texts = [m.text for m in parse_markdown(MEMORY_MD, "me", category="preference")]
+    assert texts == [
+        "Alice prefers green tea",
+        "Bob is on call on Fridays",
+        "Standup moved to 9:30",
+        "The office is in Oslo. It opens at eight.",
+    ]
+
+
+def test_jsonl_round_trips_through_a_store(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "m.db", limits=MemoryLimits(max_memories=1000))
+    lines = [
+        {"text": "Likes tea", "category": "preference", "created": "2024-03-01T08:00:00Z"},
+        {"text": "Deploys on Fridays", "scope": "agent:coder", "source": "inferred"},
+    ]
+    store.add_many(parse_jsonl("\n".join(json.dumps(x) for x in lines) + "\n\n", "me"))
+    exported = export_jsonl(store.all("me"))
+    again = SQLiteMemoryStore(tmp_path / "n.db", limits=MemoryLimits(max_memories=1000))
+    again.add_many(parse_jsonl(exported, "me"))
+    assert export_jsonl(again.all("me")) == exported
+    first = json.loads(exported.splitlines()[0])
+    assert first == {
+        "text": "Likes tea",
+        "category": "preference",
+        "source": "user_explicit",
+        "scope": "global",
+        "created": "2024-03-01T08:00:00+00:00",
+    }
+    store.close()
+    again.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"text": "ok"}\n{"text": "x", "category": "gossip"}\n', "line 2: unknown category"),
+        ('{"text": "ok"}\n\n{nope\n', "line 3: not JSON"),
+        ('["text"]\n', "line 1: expected an object with a text"),
+        ('{"text": "ok", "created": "yesterday"}\n', "line 1: created must be an ISO 8601"),
+        ('{"text": "ok", "colour": "red"}\n', "line 1: unknown field(s) colour"),
+    ],
+)
+def test_a_bad_line_is_named_and_nothing_is_written(
+    dirs: Dirs,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    message: str,
+) -> None:
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    (dirs.work / "in.jsonl").write_text(text)
+    code, out, err = run(capsys, "memory", "import", "in.jsonl", "--config", str(config))
+    assert code == 2 and message in err and "nothing imported from in.jsonl" in err
+    assert run(capsys, "memory", "export", "--config", str(config))[1] == ""
+
+
+def test_import_and_export_on_the_command_line(
+    dirs: Dirs,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs, {"memory": {"maxMemories": 20_000}})
+    (dirs.work / "MEMORY.md").write_text(MEMORY_MD)
+    code, out, _ = run(capsys, "memory", "import", "MEMORY.md", "--config", str(config))
+    assert code == 0 and out.startswith("imported 4 memories from MEMORY.md in ")
+    code, exported, _ = run(capsys, "memory", "export", "--config", str(config))
+    assert [json.loads(x)["text"] for x in exported.splitlines()][0] == "Alice prefers green tea"
+    batch = "".join(
+        json.dumps({"text": f"Note {i} about project {i % 97}"}) + "\n" for i in range(10_000)
+    )
+    (dirs.work / "big.jsonl").write_text(batch)
+    started = time.perf_counter()
+    code, out, _ = run(capsys, "memory", "import", "big.jsonl", "--json", "--config", str(config))
+    took = time.perf_counter() - started
+    assert code == 0 and json.loads(out) == {"imported": 10_000, "evicted": []}
+    assert took < 30  # a generous bound; the rate is measured in the note, not here
+    code, found, _ = run(capsys, "memory", "search", "project", "--json", "--config", str(config))
+    assert code == 0 and len(json.loads(found)) > 0
+
+
+def test_a_batch_larger_than_the_limit_is_refused_whole(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "m.db", limits=MemoryLimits(max_memories=3))
+    with pytest.raises(InvalidMemory, match="4 memories are more than memory.maxMemories"):
+        store.add_many(
+            parse_jsonl("".join(json.dumps({"text": f"m{i}"}) + "\n" for i in range(4)), "me")
+        )
+    store.add_many(parse_jsonl('{"text": "old"}\n', "me"))
+    added, evicted = store.add_many(
+        parse_jsonl('{"text": "a"}\n{"text": "b"}\n{"text": "c"}\n', "me")
+    )
+    assert [m.text for m in added] == ["a", "b", "c"] and [m.text for m in evicted] == ["old"]
+    store.close()

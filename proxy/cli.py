@@ -115,7 +115,17 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("query")
     remove = actions.add_parser("rm", help="remove a memory")
     remove.add_argument("id", type=int)
-    for each in (add, listing, search, remove):
+    imports = actions.add_parser(
+        "import", help="add memories from JSONL or Markdown (MEMORY.md): all or none"
+    )
+    imports.add_argument("file", help="a .jsonl export, or Markdown (- for stdin: JSONL)")
+    imports.add_argument(
+        "--format", choices=("auto", "jsonl", "md"), default="auto", help="default: by extension"
+    )
+    imports.add_argument("--category", default="fact", help="category of Markdown memories")
+    exports = actions.add_parser("export", help="print memories as JSONL (what import reads)")
+    exports.add_argument("--scope", help="only this scope")
+    for each in (add, listing, search, remove, imports, exports):
         each.add_argument("--config", metavar="PATH", help="config file (JSONC)")
         each.add_argument("--owner", default="default", help="whose memories (default: default)")
         each.add_argument("--json", action="store_true", help="print JSON only")
@@ -356,6 +366,12 @@ def _memory(args: argparse.Namespace) -> None:
                 if not rows:
                     # On stderr: a pipe reading the rows gets none, a person sees why.
                     print(_nothing_found(args, cfg.memory.store.path), file=sys.stderr)
+        elif args.action == "import":
+            _import(args, store)
+        elif args.action == "export":
+            from memory.transfer import export_jsonl
+
+            sys.stdout.write(export_jsonl(store.all(args.owner, scope=args.scope)))
         elif args.action == "rm":
             removed = store.remove(args.owner, args.id)
             if args.json:
@@ -370,6 +386,40 @@ def _memory(args: argparse.Namespace) -> None:
                 raise SystemExit(1)
     finally:
         store.close()
+
+
+def _import(args: argparse.Namespace, store: Any) -> None:
+    from memory import InvalidMemory
+    from memory.transfer import parse_jsonl, parse_markdown
+
+    name = args.file
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"ctxbudget: cannot read {name}: {exc}") from None
+    kind = args.format
+    if kind == "auto":
+        kind = "jsonl" if name == "-" or name.endswith((".jsonl", ".json")) else "md"
+    started = time.perf_counter()
+    try:
+        new = (
+            parse_jsonl(text, args.owner, store.limits)
+            if kind == "jsonl"
+            else parse_markdown(text, args.owner, category=args.category)
+        )
+        added, evicted = store.add_many(new)
+    except InvalidMemory as exc:
+        print(f"ctxbudget: nothing imported from {name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    took = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"imported": len(added), "evicted": [m.to_dict() for m in evicted]}))
+    else:
+        print(
+            f"imported {len(added)} memor{'y' if len(added) == 1 else 'ies'} from {name} "
+            f"in {took * 1000:.0f} ms"
+            + (f"; evicted {len(evicted)} least recently used" if evicted else "")
+        )
 
 
 def _nothing_found(args: argparse.Namespace, store: Path) -> str:

@@ -35,6 +35,16 @@ import orjson
 
 MARKER = b'"usage"'
 """Bytes a reply line holds only where usage may be (a quote inside a string is escaped)."""
+_NULLS = (b'"usage":null', b'"usage": null')
+"""OpenAI puts `"usage":null` in every chunk of a stream that asked for usage but the last."""
+
+
+def _has_usage(data: bytes) -> bool:
+    """Whether `data` may hold a usage object: a `"usage"` key not followed by null. Counting
+    runs in C: a stream of `"usage":null` chunks is not parsed chunk by chunk."""
+    found = data.count(MARKER)
+    return found > 0 and found > sum(data.count(null) for null in _NULLS)
+
 
 _DETAILS = ("prompt_tokens_details", "input_tokens_details")
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -78,10 +88,10 @@ class UsageReader:
         data = self._partial + chunk if self._partial else chunk
         end = data.rfind(b"\n") + 1
         self._partial = data[end:]
-        if MARKER not in data:
+        if not _has_usage(data):
             return
         for line in data[:end].split(b"\n"):
-            if MARKER in line:
+            if _has_usage(line):
                 self._line(line)
 
     def read_json(self, body: bytes) -> Usage | None:
@@ -92,7 +102,7 @@ class UsageReader:
 
     def result(self) -> Usage | None:
         """The reply's usage so far, or None when it had none."""
-        if self._partial and MARKER in self._partial:  # a last line without its newline
+        if self._partial and _has_usage(self._partial):  # a last line without its newline
             self._line(self._partial)
             self._partial = b""
         f = self._fields
@@ -168,7 +178,7 @@ class UsageChunkDropper:
         end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
         self._held = data[end:]
         done = data[:end]
-        if MARKER not in done:
+        if not _has_usage(done):
             return done
         return self._drop(done)
 
@@ -184,7 +194,7 @@ class UsageChunkDropper:
         for match in _EVENT_END.finditer(done):
             event = done[start : match.end()]
             start = match.end()
-            if not (MARKER in event and _usage_only(event)):
+            if not _usage_only(event):
                 kept.append(event)
         kept.append(done[start:])
         return b"".join(kept)
@@ -192,7 +202,7 @@ class UsageChunkDropper:
 
 def _usage_only(event: bytes) -> bool:
     """Whether one SSE event is a chat chunk with no choices, only usage."""
-    if MARKER not in event:
+    if not _has_usage(event):
         return False
     data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
     try:

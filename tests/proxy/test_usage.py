@@ -140,6 +140,19 @@ def test_dropper_removes_exactly_the_usage_chunk(data: st.DataObject) -> None:
     assert b"".join(out) == unasked
 
 
+def test_usage_null_in_every_chunk_is_not_parsed_and_not_dropped() -> None:
+    """OpenAI's stream with include_usage: `"usage":null` in every chunk but the last."""
+    chunks = [c.replace(b'"choices"', b'"usage":null,"choices"') for c in chat_chunks("a b")]
+    stream = chunks[:-1] + [sse(None, {"choices": [], "usage": CHAT_USAGE}), chunks[-1]]
+    reader, dropper = UsageReader("chat"), UsageChunkDropper()
+    out = b""
+    for chunk in stream:
+        reader.feed(chunk)
+        out += dropper.feed(chunk)
+    assert out + dropper.close() == b"".join(chunks)
+    assert reader.result() == EXPECTED["chat"]
+
+
 def test_dropper_keeps_chunks_with_choices_and_an_unfinished_tail() -> None:
     usage_with_choice = sse(None, {"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
     dropper = UsageChunkDropper()

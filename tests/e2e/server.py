@@ -11,18 +11,26 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import openai
 
 CTXBUDGET = str(Path(sys.executable).parent / "ctxbudget")
-CLIENTS: list[openai.OpenAI] = []
+_Client = TypeVar("_Client")
+CLIENTS: list[Any] = []
+"""SDK clients to close after the test (each holds a pool of sockets)."""
 
 
 def sdk(**kwargs: Any) -> openai.OpenAI:
     """An `openai.OpenAI` client, closed after the test (its pool holds sockets)."""
     client = openai.OpenAI(**kwargs)
+    CLIENTS.append(client)
+    return client
+
+
+def tracked(client: _Client) -> _Client:
+    """`client` (any SDK client with `close()`), closed after the test like `sdk()`'s."""
     CLIENTS.append(client)
     return client
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.checks import as_chat, check_received, skeleton
-from tests.e2e.server import ProxyServer, base_config, sdk, serve
+from tests.e2e.server import ProxyServer, base_config, sdk, serve, tracked
 from tests.openclaw import (
     INTERNAL_CONTEXT,
     format_fixtures,
@@ -42,10 +42,9 @@ def server(tmp_path: Path, standin: StandIn) -> Iterator[ProxyServer]:
 
 
 def claude(server: ProxyServer, **kwargs: Any) -> anthropic.Anthropic:
-    client = anthropic.Anthropic(
-        base_url=server.root, api_key="sk-ant-client", max_retries=0, **kwargs
+    return tracked(
+        anthropic.Anthropic(base_url=server.root, api_key="sk-ant-client", max_retries=0, **kwargs)
     )
-    return client
 
 
 def markers(body: Any) -> list[str]:

@@ -57,7 +57,14 @@ def import_litellm() -> Any:
 
 def preload_litellm() -> None:
     """Import litellm on a background thread so the first routed request does not wait 5 s."""
-    threading.Thread(target=import_litellm, name="ctxbudget-litellm-import", daemon=True).start()
+    threading.Thread(target=_preload, name="ctxbudget-litellm-import", daemon=True).start()
+
+
+def _preload() -> None:
+    try:
+        import_litellm()
+    except Exception:  # the first routed request imports it again, and says what failed
+        log.warning("preloading litellm failed; routed requests will try again", exc_info=True)
 
 
 async def litellm_reply(

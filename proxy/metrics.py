@@ -66,9 +66,6 @@ _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99}")
 class Metrics:
     """Prometheus counters and histograms of finished requests: a sink of the report store."""
 
-    reads_usage = False
-    """The report need not keep each reply's usage bytes for this sink (it reads figures)."""
-
     def __init__(self, *, max_models: int = MAX_MODELS) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 

@@ -40,7 +40,6 @@ from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamReply
 from proxy.usage import UsageChunkDropper, UsageReader
-from proxy.wire.chat import ChatCompletionsRequest
 from proxy.wire.types import WireFormat, WireRequest
 
 log = logging.getLogger("ctxbudget.proxy")
@@ -145,19 +144,13 @@ class Pipeline:
                 note=body.note,
             ),
             started=started,
-            keep_usage=self.state.reports.keeps_usage,
             record=wire.generates,
             usage=UsageReader(wire.name) if wire.generates else None,
         )
         # A chat stream carries usage only when asked: ask for it, and hide the answer from
         # a client that did not (litellm routes keep the client's own choice).
         dropper = None
-        if (
-            settings.request_usage
-            and route is None
-            and isinstance(body, ChatCompletionsRequest)
-            and body.ask_usage()
-        ):
+        if settings.request_usage and route is None and body.ask_usage():
             dropper = UsageChunkDropper()
         watcher = wire.watch_reply(body, owner)
         marks["upstream_start"] = time.time_ns()

@@ -34,7 +34,6 @@ class Recorder:
         draft: RequestRecord,
         *,
         started: float,
-        keep_usage: bool,
         record: bool = True,
         usage: UsageReader | None = None,
     ) -> None:
@@ -43,9 +42,6 @@ class Recorder:
         """False for requests the report does not count (token counting)."""
         self.draft = draft
         self._started = started
-        self.keep_usage = keep_usage
-        """Keep the upstream's usage-bearing bytes (a report sink reads them)."""
-        self.tail: bytes | None = None
         self.usage = usage
         """Reads the provider's usage from the reply (every relayed chunk, or the body)."""
         self.done = False
@@ -63,8 +59,9 @@ class Recorder:
             status=status,
             duration_ms=(time.perf_counter() - self._started) * 1000,
             upstream_error=upstream_error,
-            response_tail=self.tail,
             usage=self.usage.result() if self.usage is not None else None,
+            response_id=self.usage.response_id if self.usage is not None else None,
+            response_model=self.usage.response_model if self.usage is not None else None,
         )
         self._reports.add(record)
         if log.isEnabledFor(logging.INFO):
@@ -123,8 +120,6 @@ async def read_whole(
     if watcher is not None:
         watcher.feed(data)
         watcher.close()
-    if recorder.keep_usage:
-        recorder.tail = data
     if recorder.usage is not None:
         recorder.usage.read_json(data)
     recorder.finish(reply.status)
@@ -141,8 +136,6 @@ async def _pass_through(
             yield chunk
         head.clear()
         async for chunk in rest:
-            if recorder.keep_usage:
-                recorder.tail = chunk
             yield chunk
         completed, error = True, None
     except Exception as exc:  # the status line is sent: the client sees a cut-off body
@@ -173,10 +166,7 @@ async def relay(
     failure: UpstreamError | None = None
     usage = recorder.usage
     try:
-        keep, marker = recorder.keep_usage, wire.usage_marker
         async for chunk in reply.iter_chunks():
-            if keep and marker in chunk:
-                recorder.tail = chunk
             if usage is not None:
                 usage.feed(chunk)
             if watcher is not None:

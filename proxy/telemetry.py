@@ -24,8 +24,6 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from caps import SEGMENT_KINDS
 
 if TYPE_CHECKING:
@@ -218,7 +216,10 @@ class Telemetry:
             )
             if budget.get("boundBy"):
                 attrs["ctxbudget.memory.budget_bound_by"] = budget["boundBy"]
-        attrs.update(_response(r.response_tail))
+        if r.response_id is not None:
+            attrs["gen_ai.response.id"] = r.response_id
+        if r.response_model is not None:
+            attrs["gen_ai.response.model"] = r.response_model
         if r.usage is not None:
             u = r.usage
             # The semantic conventions count cache reads and writes inside input_tokens.
@@ -252,30 +253,3 @@ class Telemetry:
                 (marks["recall_end"] - marks["recall_start"]) / 1e6,
                 {"ctxbudget.budget_profile.applied": memory["applied"]},
             )
-
-
-def _response(tail: bytes | None) -> dict[str, Any]:
-    """`gen_ai.response.*` fields from the upstream's JSON body or last SSE event that
-    carries usage (the usage itself is the record's, read from every format)."""
-    if not tail:
-        return {}
-    data: Any = None
-    for chunk in reversed(tail.split(b"\n")):
-        chunk = chunk.strip()
-        if chunk.startswith(b"data:"):
-            chunk = chunk[5:].strip()
-        if b'"usage"' not in chunk:
-            continue
-        try:
-            data = orjson.loads(chunk)
-        except orjson.JSONDecodeError:
-            continue
-        break
-    if not isinstance(data, dict) or not isinstance(data.get("usage"), dict):
-        return {}
-    out: dict[str, Any] = {}
-    if isinstance(data.get("model"), str):
-        out["gen_ai.response.model"] = data["model"]
-    if isinstance(data.get("id"), str):
-        out["gen_ai.response.id"] = data["id"]
-    return out

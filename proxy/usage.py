@@ -80,6 +80,10 @@ class UsageReader:
     def __init__(self, wire: str) -> None:
         self._wire = wire
         self._fields: dict[str, int] = {}
+        self.response_id: str | None = None
+        """The reply's id, from the event that carries its usage."""
+        self.response_model: str | None = None
+        """The model that answered, from the same event."""
         self._partial = b""
         """The bytes after the last newline seen: a line not yet complete."""
 
@@ -132,12 +136,16 @@ class UsageReader:
             return
         if not isinstance(event, dict):
             return
+        holder: Any = event
         usage = event.get("usage")
         if not isinstance(usage, dict):  # Messages' message_start, Responses' response.*
-            inner = event.get("message") or event.get("response")
-            usage = inner.get("usage") if isinstance(inner, dict) else None
+            holder = event.get("message") or event.get("response")
+            usage = holder.get("usage") if isinstance(holder, dict) else None
         if not isinstance(usage, dict):
             return
+        for key, attr in (("id", "response_id"), ("model", "response_model")):
+            if isinstance(holder.get(key), str):
+                setattr(self, attr, holder[key])
         for key, value in usage.items():
             if key in _DETAILS and isinstance(value, dict):
                 for inner_key in ("cached_tokens", "cache_write_tokens"):

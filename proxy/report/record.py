@@ -47,8 +47,10 @@ class RequestRecord:
     """USD per input token of the request's model (litellm's map); None when unknown."""
     marks: dict[str, int] = field(default_factory=dict)
     """Wall-clock ns of the request's phases (start, parsed, clamped, recall_start, …, end)."""
-    response_tail: bytes | None = None
-    """The upstream's JSON body or last usage-bearing SSE event (kept only for sinks)."""
+    response_id: str | None = None
+    """The upstream's id for its reply, when its usage said."""
+    response_model: str | None = None
+    """The model that answered, when the reply's usage event said."""
     memory: dict[str, Any] | None = None
     """What recall did (`RecallReport.to_dict()`), or None when it had nothing to do."""
     worker: int = 0

@@ -216,12 +216,6 @@ class ReportStore:
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
         self._thread.start()
 
-    @property
-    def keeps_usage(self) -> bool:
-        """Whether records should carry the upstream's usage-bearing bytes (a sink reads them;
-        one with `reads_usage = False`, such as the Prometheus metrics, does not)."""
-        return any(getattr(sink, "reads_usage", True) for sink in self.sinks)
-
     # -- writing -------------------------------------------------------------------------
 
     def add(self, record: RequestRecord) -> None:

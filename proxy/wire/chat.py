@@ -104,7 +104,6 @@ class ChatCompletions:
     """The chat completions format (`WireFormat`)."""
 
     name = "chat"
-    usage_marker = b'"usage"'
     provider = "openai"
 
     def parse(self, raw: bytes, *, owner: str = "default") -> ChatCompletionsRequest:

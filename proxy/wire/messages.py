@@ -145,6 +145,9 @@ class MessagesRequest:
             changes["system"] = self.system
         return self._body.encode(changes)
 
+    def ask_usage(self) -> bool:
+        return False  # every reply of this format carries its usage
+
     def litellm_body(self) -> None:
         return None
 
@@ -153,7 +156,6 @@ class AnthropicMessages:
     """The Anthropic Messages format (`WireFormat`); `counting` for `/count_tokens`."""
 
     name = "messages"
-    usage_marker = b'"usage"'
     provider = "anthropic"
 
     def __init__(self, *, counting: bool = False) -> None:

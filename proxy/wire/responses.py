@@ -219,6 +219,9 @@ class ResponsesRequest:
             changes["instructions"] = self.instructions
         return self._body.encode(changes)
 
+    def ask_usage(self) -> bool:
+        return False  # every reply of this format carries its usage
+
     def litellm_body(self) -> None:
         return None
 
@@ -227,7 +230,6 @@ class OpenAIResponses:
     """The OpenAI Responses format (`WireFormat`), with the call names its replies made."""
 
     name = "responses"
-    usage_marker = b'"usage"'
     provider = "openai"
     generates = True
 

@@ -76,6 +76,12 @@ class WireRequest(Protocol):
         """The body to send upstream: `raw` itself when nothing changed."""
         ...
 
+    def ask_usage(self) -> bool:
+        """Make a stream that would carry no usage ask for it; True when the body changed for
+        that and the usage-only chunk must be dropped from what the client sees. (Only chat
+        completions needs it: the other formats always report usage.)"""
+        ...
+
     def litellm_body(self) -> dict[str, Any] | None:
         """The request as OpenAI chat values for a litellm route; None if the format has none."""
         ...
@@ -98,8 +104,6 @@ class WireFormat(Protocol):
 
     name: str
     """Short name, recorded with each request (`chat`, `messages`, `responses`)."""
-    usage_marker: bytes
-    """Bytes that appear in a reply chunk only where usage is (kept for telemetry)."""
     provider: str
     """Who the upstream speaks for, as the report's `route` names it (`openai`, `anthropic`)."""
     generates: bool

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from memory import NewMemory, SQLiteMemoryStore
 from proxy.errors import UpstreamError
 from proxy.metrics import MULTIPROCESS_ENV, Metrics, shared_between_workers
-from proxy.report import ReportStore
 from tests.fakes import chat_chunks
 from tests.inproc import InProcess, config_for, proxy_app, state_of
 from tests.openclaw import openclaw_request, web_fetch_result
@@ -197,20 +195,6 @@ def test_with_proxy_keys_and_no_reader_key_the_401_says_what_to_set(tmp_path: Pa
         "(proxy.metricsKeyEnv) or the admin key ($CTXBUDGET_ADMIN_KEY); neither is set, so "
         "nobody may: put a key in $CTXBUDGET_METRICS_KEY"
     )
-
-
-def test_the_metrics_sink_does_not_make_the_report_keep_reply_bytes(tmp_path: Path) -> None:
-    class ReadsUsage:
-        def record(self, r: Any, body: dict[str, Any]) -> None:
-            pass
-
-    store = ReportStore(tmp_path / "r.db", run="t", sinks=[Metrics()])
-    try:
-        assert store.keeps_usage is False
-        store.sinks.append(ReadsUsage())
-        assert store.keeps_usage is True
-    finally:
-        store.close()
 
 
 def test_one_worker_shares_nothing_and_drops_an_inherited_directory() -> None:

@@ -98,6 +98,28 @@ def test_json_usage_of_every_format() -> None:
         assert UsageReader(wire).read_json(pretty) == EXPECTED[wire], wire
 
 
+def test_the_replys_id_and_model_come_with_its_usage() -> None:
+    """What OpenTelemetry's gen_ai.response.* come from, in every format (they were read for
+    chat only, from a second copy of the reply's last usage-bearing bytes)."""
+    streams = {
+        "chat": (chat_stream_with(CHAT_USAGE), "chatcmpl-fake", "m"),
+        "messages": (messages_stream(), "msg_1", "claude-x"),
+        "responses": (
+            [
+                e.replace(b'"id":"resp_1"', b'"id":"resp_1","model":"gpt-x"')
+                for e in responses_stream()
+            ],
+            "resp_1",
+            "gpt-x",
+        ),
+    }
+    for wire, (events, response_id, model) in streams.items():
+        reader = UsageReader(wire)
+        for event in events:
+            reader.feed(event)
+        assert (reader.response_id, reader.response_model) == (response_id, model), wire
+
+
 def test_no_usage_is_none() -> None:
     assert UsageReader("chat").read_json(b'{"choices": []}') is None
     reader = UsageReader("chat")

@@ -29,7 +29,7 @@ from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.settings import Settings
 from proxy.upstream import forward_request_headers
 from proxy.wire.types import Reply, WireRequest
-from proxy.wire.view import ChatView, set_item, set_part
+from proxy.wire.view import ChatView, arguments_json, set_item, set_part
 
 _EXAMPLE = '{"model": ..., "max_tokens": ..., "messages": [...]}'
 _ERROR_TYPES = {
@@ -94,7 +94,7 @@ class MessagesRequest:
             elif role == "assistant" and isinstance(content, list):
                 view.calls(
                     [
-                        (b["id"], b["name"], orjson.dumps(b.get("input")).decode())
+                        (b["id"], b["name"], arguments_json(b.get("input")))
                         for b in content
                         if isinstance(b, dict)
                         and b.get("type") == "tool_use"

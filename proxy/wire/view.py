@@ -16,9 +16,12 @@ other key of a block (`cache_control`, `is_error`, ids) stays where it was.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames
 
@@ -79,6 +82,19 @@ class ChatView:
     def _real_index(self, index: int) -> int:
         place = self.places[index] if 0 <= index < len(self.places) else None
         return int(place[1]) if place is not None else -1
+
+
+def arguments_json(value: Any) -> str:
+    """A tool call's input as the JSON text a chat `tool_calls` entry carries (what names a
+    bridged tool and gives a fetch its URL); "" when it cannot be written (orjson stops at
+    254 levels, the stdlib at the interpreter's recursion limit)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        try:
+            return json.dumps(value)
+        except (RecursionError, TypeError, ValueError):
+            return ""
 
 
 def set_item(items: list[Any], index: int, key: str, value: Any) -> list[Any]:

@@ -4,6 +4,7 @@ client's own format."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,25 @@ def test_a_responses_continuation_is_clamped_with_the_remembered_tool_name(tmp_p
         assert entry["wire"] == "responses" and "resp_1" in entry["note"]
         detail = client.get(f"/context/budget/requests/{entry['id']}").json()
         assert "earlier reply" in detail["segments"][0]["note"]
+
+
+def test_a_deeply_nested_tool_input_does_not_cost_the_clamps(tmp_path: Path) -> None:
+    """A tool_use input 300 levels deep is valid JSON the API takes; writing it for the clamp
+    view failed (orjson stops at 254) and the whole request went unclamped."""
+    body = messages_body()
+    body["messages"][1]["content"].append(
+        {
+            "type": "tool_use",
+            "id": "tu2",
+            "name": "other",
+            "input": {"x": json.loads("[" * 300 + "]" * 300)},
+        }
+    )
+    body["messages"][2]["content"].append(
+        {"type": "tool_result", "tool_use_id": "tu2", "content": "ok"}
+    )
+    with proxy_app(tmp_path, config(tmp_path)) as (client, fake):
+        fake.answer_json(MESSAGE)
+        r = client.post("/v1/messages", json=body)
+    assert r.status_code == 200 and "x-context-budget-clamp-error" not in r.headers
+    assert r.headers["x-context-budget-clamped"] == "2"

@@ -3,14 +3,17 @@
 Deterministic and visible: the same query gives the same profile, rewrite and candidates, and
 `auto` always says why it chose.
 
-| profile  | query rewrite                                   | pool | scan   | trust pass | inject |
-|----------|-------------------------------------------------|------|--------|------------|--------|
-| lean     | none                                            | 10   | 2,000  | strict     | 3–5    |
-| balanced | one: stems, synonyms, split compound words      | 30   | 8,000  | standard   | 6–10   |
-| deep     | + relaxed OR, prefix matching, LLM rewrite (*)  | 100  | 25,000 | permissive | max    |
+| profile  | query rewrite                 | signals      | pool | scan   | trust pass | inject |
+|----------|-------------------------------|--------------|------|--------|------------|--------|
+| lean     | none                          | keywords     | 10   | 2,000  | strict     | 3–5    |
+| balanced | split compound words          | + context    | 30   | 8,000  | standard   | 6–10   |
+| deep     | + prefix matching, LLM (*)    | + second hop | 100  | 25,000 | permissive | ≤ 14   |
 
 scan: the most matching memories BM25 ranks; query words are taken rarest first and a word too
 common to fit is skipped (and reported). (*) when `memory.rewrite.model` is configured.
+context: neighbouring memories of one conversation share relevance (`memory/context.py`);
+second hop: pseudo-relevance feedback from the best first-hop memories (`memory/feedback.py`).
+Deep injects at most 1.4× what balanced does: its extra cost is in ranking, not in volume.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class RetrievalProfile:
     min_inject: int
     max_inject: int
     expand: bool
-    """Rewrite the query once: synonyms and compound-word splits."""
+    """Rewrite the query once: compound-word splits (`deployScript` → deploy, script)."""
     prefix: bool
     """Also match words by prefix (`deploy*`)."""
     min_chars: int
@@ -44,7 +47,11 @@ class RetrievalProfile:
     max_age_days: float | None
     """Trust pass: memories not used or added for longer are dropped (None: keep)."""
     min_relevance: float
-    """Trust pass: normalised keyword relevance below this is dropped."""
+    """Trust pass: normalised relevance (keywords + second hop + context) below this is dropped."""
+    context: float = 0.0
+    """Share of a neighbouring memory's keyword score a memory gets (0: off)."""
+    hop: bool = False
+    """Search a second time for the words the best first-hop memories share."""
 
 
 PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
@@ -71,18 +78,21 @@ PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
         min_chars=8,
         max_age_days=365,
         min_relevance=0.15,
+        context=0.2,
     ),
     "deep": RetrievalProfile(
         name="deep",
         pool=100,
         scan=25_000,
         min_inject=1,
-        max_inject=20,
+        max_inject=14,
         expand=True,
         prefix=True,
         min_chars=1,
         max_age_days=None,
         min_relevance=0.0,
+        context=0.2,
+        hop=True,
     ),
 }
 

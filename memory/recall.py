@@ -1,6 +1,12 @@
 """Recall: BM25 candidates, one explainable score, a trust pass, then packing into a budget.
 
-    score = 50 × relevance      keyword relevance: BM25, normalised to the best candidate
+    score = 50 × relevance      keyword relevance: BM25 of the query's words
+          + 50 × hop             deep's second hop: BM25 of the words the best memories share,
+                                 × 0.4 (memory/feedback.py)
+          + 50 × context         0.2 × the keyword relevance of the memories stored next to
+                                 it in one conversation (memory/context.py)
+                                 (the three are normalised together: the best candidate's sum
+                                 is 1)
           + recency              today 50, yesterday 40, this week 30, this month 15, older 5
           + 10 × category weight (memory.categories)
           + source               user_explicit 10, inferred 0
@@ -16,48 +22,31 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from memory import feedback
+from memory.context import context
 from memory.monitor import scope_of
 from memory.profiles import RetrievalProfile
 from memory.store import STOPWORDS, MemoryStore
 from memory.types import Memory, MemoryLimits
 
 DAY = 86_400.0
-_SYNONYMS = {
-    "deadline": ["due", "duedate"],
-    "due": ["deadline"],
-    "meeting": ["call", "sync"],
-    "call": ["meeting"],
-    "prefer": ["like", "favorite"],
-    "like": ["prefer", "favorite"],
-    "favorite": ["prefer", "like"],
-    "bug": ["error", "issue"],
-    "error": ["bug", "failure"],
-    "deploy": ["release", "ship"],
-    "release": ["deploy", "ship"],
-    "ship": ["deploy", "release"],
-    "doctor": ["appointment", "therapy"],
-    "therapy": ["appointment"],
-    "appointment": ["meeting", "therapy"],
-    "coffee": ["espresso"],
-    "test": ["tests", "pytest"],
-}
+CONTEXT_FROM = 30
+"""The best candidates (by keyword score) whose neighbours get context points."""
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
 def rewrite(query: str) -> list[str]:
-    """Words of `query` plus one offline expansion: compound splits and synonyms."""
+    """Words of `query` plus compound splits: `deployScript` → deploy, script, deployscript."""
     words: list[str] = []
     for token in re.findall(r"[\w-]+", query):
         parts = [p for p in re.split(r"[_-]", _CAMEL.sub("_", token)) if p]
         words.extend(p.lower() for p in parts)
         if len(parts) > 1:
             words.append("".join(parts).lower())
-    for word in list(words):
-        words.extend(_SYNONYMS.get(word, ()))
     return list(dict.fromkeys(w for w in words if len(w) > 1))
 
 
@@ -67,15 +56,27 @@ class Scored:
 
     memory: Memory
     relevance: float
+    """Keyword relevance, 0–1 (with `hop` and `context`, the best candidate sums to 1)."""
     recency: float
     category: float
     source: float
     access: float
     score: float
+    hop: float = 0.0
+    """Second-hop relevance, 0–1."""
+    context: float = 0.0
+    """Relevance lent by neighbouring memories, 0–1."""
+
+    @property
+    def total(self) -> float:
+        """All relevance, 0–1: what the trust pass checks."""
+        return self.relevance + self.hop + self.context
 
     def signals(self) -> dict[str, float]:
         return {
             "relevance": round(50 * self.relevance, 3),
+            "hop": round(50 * self.hop, 3),
+            "context": round(50 * self.context, 3),
             "recency": self.recency,
             "category": round(self.category, 3),
             "source": self.source,
@@ -94,6 +95,8 @@ class Recall:
     candidates: list[Scored] = field(default_factory=list)
     skipped: list[tuple[str, int]] = field(default_factory=list)
     """Query words too common to rank within the profile's scan, with their memory counts."""
+    hop_words: list[str] = field(default_factory=list)
+    """The second hop's words (deep), best first."""
     dropped: list[tuple[Scored, str]] = field(default_factory=list)
     chosen: list[Scored] = field(default_factory=list)
     scopes: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -118,13 +121,24 @@ def recency_points(age_seconds: float) -> float:
 
 
 def score(
-    found: Iterable[tuple[Memory, float]], limits: MemoryLimits, *, now: float
+    found: Iterable[tuple[Memory, float]],
+    limits: MemoryLimits,
+    *,
+    now: float,
+    hop: Mapping[int, float] | None = None,
+    context: Mapping[int, float] | None = None,
 ) -> list[Scored]:
+    """Score candidates: `found` with their keyword BM25, plus raw second-hop and context
+    scores by memory id (a memory only they found comes with keyword score 0)."""
     found = list(found)
-    best = max((r for _, r in found), default=0.0) or 1.0
+    hop, context = hop or {}, context or {}
+    raw = {m.id: r + hop.get(m.id, 0.0) + context.get(m.id, 0.0) for m, r in found}
+    best = max(raw.values(), default=0.0) or 1.0
     out = []
     for memory, relevance in found:
         rel = relevance / best
+        two = hop.get(memory.id, 0.0) / best
+        ctx = context.get(memory.id, 0.0) / best
         rec = recency_points(now - max(memory.created, memory.last_accessed))
         cat = 10 * limits.categories.get(memory.category, 1.0)
         src = 10.0 if memory.source == "user_explicit" else 0.0
@@ -133,11 +147,13 @@ def score(
             Scored(
                 memory=memory,
                 relevance=rel,
+                hop=two,
+                context=ctx,
                 recency=rec,
                 category=cat,
                 source=src,
                 access=acc,
-                score=50 * rel + rec + cat + src + acc,
+                score=50 * (rel + two + ctx) + rec + cat + src + acc,
             )
         )
     # Highest score first; ties by id, so the order is always the same.
@@ -178,7 +194,14 @@ def recall(
     )
     allowed = {"global", f"agent:{scope}"} if scope else {"global"}
     found = [(m, r) for m, r in found if m.scope in allowed]
-    result.candidates = score(found, limits, now=now)
+    hop: dict[int, float] = {}
+    if profile.hop and found:
+        hop = _second_hop(store, owner, found, words, profile, allowed, result)
+    near: dict[int, float] = {}
+    if profile.context and found:
+        near = _context(store, owner, found, hop, profile, allowed)
+    # the second hop and context add candidates: score them all, keep the profile's pool
+    result.candidates = score(found, limits, now=now, hop=hop, context=near)[: profile.pool]
     trusted = []
     for cand in result.candidates:
         why = _distrust(cand, profile, now)
@@ -195,6 +218,61 @@ def recall(
         else:
             result.bound_by = "no matching memories"
     return result
+
+
+def _second_hop(
+    store: MemoryStore,
+    owner: str,
+    found: list[tuple[Memory, float]],
+    words: list[str],
+    profile: RetrievalProfile,
+    allowed: set[str],
+    result: Recall,
+) -> dict[int, float]:
+    """Second-hop scores by memory id (`memory/feedback.py`); memories only the second hop
+    found are appended to `found` with keyword score 0."""
+    best = sorted(found, key=lambda pair: (-pair[1], pair[0].id))[: feedback.FROM]
+    texts = [m.text for m, _ in best]
+    exclude = set(words)
+    total, counts = store.frequencies(owner, feedback.candidate_words(texts, exclude))
+    chosen = feedback.second_hop(texts, counts, total=total, exclude=exclude)
+    # the same scan limit as the first hop: a word too common to rank is not searched
+    result.hop_words = _rankable(store, owner, chosen, profile, [])
+    if not result.hop_words:
+        return {}
+    have = {m.id for m, _ in found}
+    hop: dict[int, float] = {}
+    for memory, relevance in store.search(owner, " ".join(result.hop_words), limit=profile.pool):
+        if memory.scope not in allowed:
+            continue
+        hop[memory.id] = feedback.WEIGHT * relevance
+        if memory.id not in have:
+            found.append((memory, 0.0))
+    return hop
+
+
+def _context(
+    store: MemoryStore,
+    owner: str,
+    found: list[tuple[Memory, float]],
+    hop: dict[int, float],
+    profile: RetrievalProfile,
+    allowed: set[str],
+) -> dict[int, float]:
+    """Context scores by memory id (`memory/context.py`); neighbours that were no candidate
+    are appended to `found` with keyword score 0."""
+    keyword = {m.id: r + hop.get(m.id, 0.0) for m, r in found}
+    have = {m.id: m for m, _ in found}
+    # Only the best candidates lend relevance: a low one's share would not make the cut.
+    best = sorted((i for i, r in keyword.items() if r > 0), key=lambda i: (-keyword[i], i))
+    extra = [
+        m
+        for m in store.neighbours(owner, best[:CONTEXT_FROM])
+        if m.id not in have and m.scope in allowed
+    ]
+    near = context(keyword, [*have.values(), *extra], share=profile.context)
+    found.extend((m, 0.0) for m in extra if m.id in near)
+    return near
 
 
 def _rankable(
@@ -236,8 +314,8 @@ def _pack(
         weight = sum(scope_weights.values()) or 1.0
         shares = {k: int(max_tokens * w / weight) for k, w in scope_weights.items()}
     result.scopes = {k: {"share": v, "tokens": 0} for k, v in shares.items()}
-    lines = {c.memory.id: format_line(c.memory) for c in trusted}
-    tokens = {c.memory.id: count_tokens(lines[c.memory.id]) for c in trusted}
+    lines: dict[int, str] = {}
+    tokens: dict[int, int] = {}
     chosen: set[int] = set()
     # First pass: each scope within its share; second: what the shares left, best first.
     for within_share in (True, False) if shares else (False,):
@@ -247,6 +325,9 @@ def _pack(
             if len(chosen) >= profile.max_inject:
                 result.bound_by = f"profile {profile.name} injects at most {profile.max_inject}"
                 break
+            if cand.memory.id not in lines:  # formatted and counted once, when first met
+                lines[cand.memory.id] = format_line(cand.memory)
+                tokens[cand.memory.id] = count_tokens(lines[cand.memory.id])
             size, cost = len(lines[cand.memory.id]) + 1, tokens[cand.memory.id]
             key = scope_of(cand.memory.scope, cand.memory.category)
             if result.chars + size > max_chars:
@@ -275,6 +356,6 @@ def _distrust(cand: Scored, profile: RetrievalProfile, now: float) -> str | None
         age = (now - max(memory.created, memory.last_accessed)) / DAY
         if age > profile.max_age_days:
             return f"stale: unused for {age:.0f} days"
-    if cand.relevance < profile.min_relevance:
-        return f"relevance {cand.relevance:.2f} below the {profile.name} floor"
+    if cand.total < profile.min_relevance:
+        return f"relevance {cand.total:.2f} below the {profile.name} floor"
     return None

@@ -47,6 +47,10 @@ class MemoryStore(Protocol):
 
     def remove(self, owner: str, memory_id: int) -> bool: ...
 
+    def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
+        """The owner's memories stored right before or after each of `ids` (id ± 1)."""
+        ...
+
     def frequencies(
         self, owner: str, words: Iterable[str], *, prefix: bool = False
     ) -> tuple[int, dict[str, int]]:
@@ -430,6 +434,23 @@ class SQLiteMemoryStore:
             scored.append((memory, score))
         scored.sort(key=lambda pair: (-pair[1], pair[0].id))
         return scored[:limit]
+
+    def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
+        wanted = sorted({n for i in ids for n in (i - 1, i + 1)})
+        out: list[Memory] = []
+        # SQLite allows 32,766 parameters; recall asks for a few hundred at most.
+        for start in range(0, len(wanted), 900):
+            chunk = wanted[start : start + 900]
+            marks = ", ".join("?" * len(chunk))
+            out += [
+                _row(r)
+                for r in self._db.fetchall(
+                    f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id IN ({marks})"
+                    " ORDER BY id",
+                    (owner, *chunk),
+                )
+            ]
+        return out
 
     def _shared(self) -> bool:
         """Whether memories of more than one owner are stored."""

@@ -62,7 +62,15 @@ def test_recalls_a_relevant_memory_with_its_report(tmp_path: Path) -> None:
     recalled = _recall(store)
     assert recalled.lines == ("- Preference: Therapy Thursdays 3pm (today, you told me)",)
     tokens = _tokens(recalled.lines[0])  # 14
-    signals = {"relevance": 50.0, "recency": 50, "category": 10.0, "source": 10.0, "access": 0.0}
+    signals = {
+        "relevance": 50.0,
+        "hop": 0.0,
+        "context": 0.0,
+        "recency": 50,
+        "category": 10.0,
+        "source": 10.0,
+        "access": 0.0,
+    }
     assert recalled.report.to_dict() == {
         "requested": "auto",
         "applied": "lean",

@@ -1,0 +1,72 @@
+"""The second hop of deep recall: pseudo-relevance feedback from the best first-hop memories.
+
+A multi-hop question names one thing and needs another: "what did Melanie's kids make in
+pottery class?" finds the memories about pottery class, and the memory that answers it talks
+about the kids' clay bowls without the word "pottery". The words the best first-hop memories
+share, weighted by how rare they are among the owner's memories, are searched as a second
+query, worth `WEIGHT` of the first. Nothing is learned or stored: the same memories and the
+same query give the same words.
+
+    >>> second_hop(
+    ...     ["Melanie: the kids made clay bowls at the pottery class",
+    ...      "Melanie: pottery class again, clay everywhere"],
+    ...     {"melanie": 40, "kids": 9, "made": 12, "clay": 2, "bowls": 1, "pottery": 3,
+    ...      "class": 6, "again": 20, "everywhere": 4},
+    ...     total=100,
+    ...     exclude={"pottery", "kids"},
+    ...     terms=3,
+    ... )
+    ['clay', 'class', 'bowls']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+
+from memory.store import STOPWORDS, words_of
+
+FROM = 5
+"""First-hop memories the second hop's words are taken from (the best, by keyword score)."""
+TERMS = 10
+"""Most words the second hop searches for."""
+WEIGHT = 0.4
+"""What a second-hop match is worth against a first-hop match of the same BM25 score."""
+
+
+def candidate_words(texts: Sequence[str], exclude: Collection[str]) -> list[str]:
+    """The words of `texts` a second hop could search for, in a fixed order.
+
+    Stopwords, numbers, words shorter than 3 letters and the query's own words are left out.
+    """
+    found = {
+        w
+        for text in texts
+        for w in words_of(text)
+        if len(w) >= 3 and not w.isdigit() and w not in STOPWORDS and w not in exclude
+    }
+    return sorted(found)
+
+
+def second_hop(
+    texts: Sequence[str],
+    counts: Mapping[str, int],
+    *,
+    total: int,
+    exclude: Collection[str],
+    terms: int = TERMS,
+) -> list[str]:
+    """The `terms` words of `texts` that best say what they share, best first.
+
+    A word's weight is its inverse document frequency among the owner's `total` memories
+    (`counts`: how many hold each word), summed over the texts that hold it: a rare word the
+    best memories share beats a word common to every memory. Ties go alphabetically.
+    """
+    weight: dict[str, float] = {}
+    for text in texts:
+        for word in candidate_words([text], exclude):
+            count = max(counts.get(word, 0), 1)
+            idf = math.log(1 + (total - count + 0.5) / (count + 0.5))
+            weight[word] = weight.get(word, 0.0) + idf
+    ranked = sorted(weight.items(), key=lambda pair: (-pair[1], pair[0]))
+    return [word for word, _ in ranked[:terms]]

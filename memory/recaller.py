@@ -97,6 +97,8 @@ class RecallReport:
     scopes: dict[str, Any]
     too_common: tuple[tuple[str, int], ...]
     """Query words skipped as too common to rank, with how many memories hold each."""
+    hop_words: tuple[str, ...] = ()
+    """The words deep's second hop searched (taken from the owner's memories)."""
     placement: str
     memories: tuple[dict[str, Any], ...]
     """Each injected memory: its id and score signals."""
@@ -132,6 +134,9 @@ class RecallReport:
             "placement": self.placement,
             "memories": [dict(m) for m in self.memories],
         }
+        if self.hop_words:
+            # words of the owner's memories: the CLI's user sees them, the shared report a count
+            out["secondHopWords"] = list(self.hop_words) if self.dry_run else len(self.hop_words)
         if self.rewrite is not None:
             out["rewrite"] = self.rewrite
         return out
@@ -253,6 +258,7 @@ class Recaller:
             bound_by=result.bound_by,
             scopes=result.scopes,
             too_common=tuple(result.skipped),
+            hop_words=tuple(result.hop_words),
             placement=cfg.placement,
             memories=tuple({"id": c.memory.id, **c.signals()} for c in result.chosen),
             rewrite=request.rewrite_note,

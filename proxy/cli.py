@@ -494,9 +494,12 @@ def _recall(args: argparse.Namespace) -> None:
     for m in info["memories"]:
         print(f"  {m['score']:7.2f}  {m['text']}")
         print(
-            f"           relevance {m['relevance']}, recency {m['recency']}, category "
-            f"{m['category']}, source {m['source']}, access {m['access']}"
+            f"           relevance {m['relevance']}, second hop {m['hop']}, context "
+            f"{m['context']}, recency {m['recency']}, category {m['category']}, source "
+            f"{m['source']}, access {m['access']}"
         )
+    if info.get("secondHopWords"):
+        print(f"  second hop searched: {', '.join(info['secondHopWords'])}")
     for d in info["dropped"]:
         print(f"  dropped  {d['text']} ({d['why']})")
 

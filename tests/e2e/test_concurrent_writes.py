@@ -10,7 +10,9 @@ the old store.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -87,3 +89,80 @@ def test_concurrent_adds_and_chats_lose_nothing(tmp_path: Path, standin: StandIn
     for name in ("a", "b"):
         assert {f"cli {name} note {i} about deploys" for i in range(CLI_ADDS)} <= texts
     assert len(listed) == HTTP_ADDS + 2 * CLI_ADDS
+
+
+IMPORTS = 3
+IMPORTED = 5_000
+
+
+def test_chats_are_answered_while_memory_import_runs(tmp_path: Path, standin: StandIn) -> None:
+    """`ctxbudget memory import` writes a whole file in one transaction; chat requests (which
+    recall from the same database) keep being answered meanwhile, and every line lands."""
+    config = base_config(tmp_path, standin.base_url)
+    config["memory"]["maxMemories"] = IMPORTS * IMPORTED + 100
+    files = []
+    for n in range(IMPORTS):
+        path = tmp_path / f"import-{n}.jsonl"
+        path.write_text(
+            "".join(
+                json.dumps({"text": f"imported {n}-{i}: deploys happen on day {i % 7}"}) + "\n"
+                for i in range(IMPORTED)
+            )
+        )
+        files.append(path)
+    with serve(tmp_path, config) as server:
+        importing = threading.Event()
+        importing.set()
+
+        def imports() -> list[int]:
+            codes = []
+            try:
+                for path in files:
+                    done = subprocess.run(
+                        [
+                            CTXBUDGET,
+                            "memory",
+                            "import",
+                            str(path),
+                            "--config",
+                            str(server.config_path),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        timeout=120,
+                    )
+                    assert done.returncode == 0, done.stderr
+                    codes.append(done.returncode)
+            finally:
+                importing.clear()
+            return codes
+
+        def chats() -> list[int]:
+            statuses, i = [], 0
+            while importing.is_set() or i < 5:
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"when do deploys happen? ({i})"}],
+                }
+                statuses.append(
+                    httpx.post(
+                        f"{server.base_url}/chat/completions", json=body, timeout=60
+                    ).status_code
+                )
+                i += 1
+            return statuses
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            chatting = [pool.submit(chats) for _ in range(3)]
+            importer = pool.submit(imports)
+            codes = importer.result()
+            answered = [s for f in chatting for s in f.result()]
+        listed = httpx.get(f"{server.base_url}/memories", timeout=60).json()["data"]
+    assert codes == [0] * IMPORTS
+    assert answered and set(answered) == {200}, answered[:10]
+    texts = {m["text"] for m in listed}
+    assert len(texts) == IMPORTS * IMPORTED
+    assert (
+        f"imported {IMPORTS - 1}-{IMPORTED - 1}: deploys happen on day {(IMPORTED - 1) % 7}"
+        in texts
+    )

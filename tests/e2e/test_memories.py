@@ -128,6 +128,8 @@ def test_recall_cli_explains_every_signal(tmp_path: Path, standin: StandIn) -> N
         assert [m["text"] for m in lean["memories"]] == ["Deploys happen on Tuesdays after standup"]
         assert set(lean["memories"][0]) >= {
             "relevance",
+            "hop",
+            "context",
             "recency",
             "category",
             "source",

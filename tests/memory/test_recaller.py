@@ -178,3 +178,22 @@ def test_too_common_words_are_counted_and_listed_on_a_dry_run(tmp_path: Path) ->
     assert real.report.to_dict()["tooCommonWords"] == 1
     dry = _recall(store, turn, dry_run=True).report.to_dict()
     assert dry["tooCommonWords"] == [{"word": "coffee", "memories": 2001}]
+
+
+def test_deep_reports_its_second_hop_and_each_memorys_new_signals(tmp_path: Path) -> None:
+    store = _store(
+        tmp_path,
+        "Melanie took the kids to a pottery class",
+        "The pottery class made clay bowls",
+        *(f"Weather note {i}: rain again" for i in range(20)),
+        "The kids painted their clay bowls blue",
+    )
+    turn = _turn("what pottery did Melanie make")
+    looked = _recall(store, turn, profile="deep", dry_run=True).report.to_dict()
+    assert "clay" in looked["secondHopWords"]
+    assert all({"relevance", "hop", "context", "score"} <= set(m) for m in looked["memories"])
+    assert _recall(store, turn, profile="deep", dry_run=True).report.to_dict() == looked
+    # the shared report says how many words, not which: they are the owner's text
+    shared = _recall(store, turn, profile="deep").report.to_dict()
+    assert shared["secondHopWords"] == len(looked["secondHopWords"])
+    assert "secondHopWords" not in _recall(store, turn, profile="balanced").report.to_dict()

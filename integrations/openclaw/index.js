@@ -1,0 +1,147 @@
+// ctxbudget for OpenClaw: `/ctxbudget [json]` and `/context budget [json]` answered with the
+// ctxbudget proxy's report (GET <proxyUrl>/context/budget), in every chat surface that goes
+// through the gateway (Control UI, `openclaw tui`, channels).
+//
+// `context` is a reserved command name, so `/context budget` is caught by a `before_dispatch`
+// hook, which runs before OpenClaw's own `/context` handler; every other message (plain
+// `/context` included) is left alone. No dependencies: Node built-ins and `fetch`.
+
+export const DEFAULT_PROXY_URL = "http://127.0.0.1:4141";
+export const DEFAULT_TIMEOUT_MS = 3000;
+const CONFIG_KEY = "plugins.entries.ctxbudget.config";
+
+/** "text" or "json" when `text` is `/context budget [json]`, else null. */
+export function contextBudgetMode(text) {
+  const words = String(text ?? "").trim().toLowerCase().split(/\s+/);
+  if (words[0] !== "/context" || words[1] !== "budget") return null;
+  if (words.length === 2) return "text";
+  if (words.length === 3 && words[2] === "json") return "json";
+  return null;
+}
+
+/** "text" or "json" for the arguments of `/ctxbudget`, else null. */
+export function ctxbudgetMode(args) {
+  const words = String(args ?? "").trim().toLowerCase().split(/\s+/).filter(Boolean);
+  if (words.length === 0) return "text";
+  if (words.length === 1 && words[0] === "json") return "json";
+  return null;
+}
+
+/** The reply to the command: the proxy's report, or what went wrong and how to fix it. */
+export async function report(mode, config = {}, env = process.env) {
+  const base = String(config.proxyUrl || DEFAULT_PROXY_URL).replace(/\/+$/, "");
+  const timeoutMs = Number(config.timeoutMs) || DEFAULT_TIMEOUT_MS;
+  const headers = { accept: mode === "json" ? "application/json" : "text/plain" };
+  if (config.proxyKeyEnv) {
+    const key = env[config.proxyKeyEnv];
+    if (!key) {
+      return (
+        `ctxbudget: ${CONFIG_KEY}.proxyKeyEnv names $${config.proxyKeyEnv}, which is not set ` +
+        "in the OpenClaw gateway's environment. Set it there (then restart the gateway), or " +
+        `remove proxyKeyEnv if the proxy has no keys.`
+      );
+    }
+    headers.authorization = `Bearer ${key}`;
+  }
+  const url = `${base}/context/budget${mode === "json" ? "" : "?format=text"}`;
+  let status;
+  let body;
+  try {
+    // One deadline for connecting and reading the body: the chat never waits longer.
+    const response = await fetch(url, { headers, signal: AbortSignal.timeout(timeoutMs) });
+    status = response.status;
+    body = await response.text();
+  } catch (error) {
+    return unreachable(base, timeoutMs, error);
+  }
+  if (status !== 200) return refused(base, status, body, config);
+  if (mode !== "json") return body.trimEnd();
+  try {
+    return JSON.stringify(JSON.parse(body), null, 2);
+  } catch {
+    return body;
+  }
+}
+
+function unreachable(base, timeoutMs, error) {
+  const timedOut = error?.name === "TimeoutError" || error?.name === "AbortError";
+  const why = timedOut
+    ? `no answer within ${timeoutMs} ms`
+    : error?.cause?.code || error?.cause?.message || error?.message || String(error);
+  return (
+    `ctxbudget: cannot reach the proxy at ${base} (${why}).\n` +
+    "Fix: start it with `ctxbudget serve` (it listens on http://127.0.0.1:4141 by default), " +
+    "or point the plugin at where it runs:\n" +
+    `  openclaw config set ${CONFIG_KEY}.proxyUrl http://HOST:PORT`
+  );
+}
+
+function refused(base, status, body, config) {
+  let message = body.trim().slice(0, 300);
+  try {
+    message = JSON.parse(body).error?.message ?? message;
+  } catch {
+    // not JSON: keep the text
+  }
+  let fix = "";
+  if (status === 401 || status === 403) {
+    fix = config.proxyKeyEnv
+      ? `\nFix: $${config.proxyKeyEnv} must hold one of the proxy's keys.`
+      : `\nFix: the proxy has keys; put one in an environment variable of the gateway and name ` +
+        `it: openclaw config set ${CONFIG_KEY}.proxyKeyEnv CTXBUDGET_KEY`;
+  }
+  return `ctxbudget: the proxy at ${base} answered ${status}: ${message}${fix}`;
+}
+
+const USAGE = "Usage: /ctxbudget [json] (or /context budget [json])";
+const NOT_KEPT =
+  "OpenClaw shows this reply but does not keep it in the chat history, because this chat " +
+  "has no session yet; /ctxbudget is kept, and /context budget is once the chat has had " +
+  "any other message";
+
+/** Whether OpenClaw has created the session `sessionKey` (true when it cannot tell). */
+function hasSession(api, sessionKey) {
+  if (!sessionKey) return true;
+  try {
+    const entry = api.runtime.agent.session.getSessionEntry({
+      sessionKey,
+      readConsistency: "latest",
+    });
+    return Boolean(entry?.sessionId);
+  } catch {
+    return true;
+  }
+}
+
+export default {
+  id: "ctxbudget",
+  name: "ctxbudget",
+  description: "/context budget and /ctxbudget [json]: the ctxbudget proxy's report in chat",
+  register(api) {
+    const config = api.pluginConfig ?? {};
+
+    api.registerCommand({
+      name: "ctxbudget",
+      description: "What ctxbudget clamped and saved (add json for the raw report)",
+      acceptsArgs: true,
+      handler: async (ctx) => {
+        const mode = ctxbudgetMode(ctx.args);
+        return { text: mode ? await report(mode, config) : USAGE };
+      },
+    });
+
+    // A before_dispatch hook sees every inbound message; without it only /ctxbudget works.
+    if (config.contextBudgetCommand === false) return;
+    api.on("before_dispatch", async (event) => {
+      const mode = contextBudgetMode(event.content);
+      if (!mode) return undefined;
+      const text = await report(mode, config);
+      if (hasSession(api, event.sessionKey)) return { handled: true, text };
+      // OpenClaw 2026.9 keeps a before_dispatch reply in chat.history only once the session
+      // exists (a registered command or a model turn creates it): say so, rather than let the
+      // report vanish on reload unexplained. JSON stays bare, for scripts.
+      api.logger.info(`ctxbudget: ${event.sessionKey} has no session yet: ${NOT_KEPT}`);
+      return { handled: true, text: mode === "json" ? text : `${text}\n\n(${NOT_KEPT})` };
+    });
+  },
+};

@@ -324,7 +324,7 @@ def test_context_budget_is_answered_by_the_plugin(
     gateway: Gateway, standin: StandIn, report_relay: Relay
 ) -> None:
     gateway.send("ctx", "/ctxbudget")  # the session exists before /context budget
-    for message in ("/context budget", "/context budget json"):
+    for message in ("/context budget", "/Context  BUDGET json"):
         line = gateway.send("ctx", message)
         assert "reason=before_dispatch_handled" in line, line
     history = gateway.history("ctx")
@@ -332,7 +332,7 @@ def test_context_budget_is_answered_by_the_plugin(
     assert history[2:] == [
         ("user", "/context budget"),
         ("assistant", history[3][1]),
-        ("user", "/context budget json"),
+        ("user", "/Context  BUDGET json"),  # any case and spacing
         ("assistant", history[5][1]),
     ]
     assert history[3][1].startswith(REPORT_START)

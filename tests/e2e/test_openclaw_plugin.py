@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "integrations" / "openclaw"
 KEY_ENV = "CTXBUDGET_PLUGIN_TEST_KEY"
 KEY = "plugin-test-key"
+KEYS = "CTXBUDGET_PROXY_KEYS"  # the proxy's keysEnv (the default)
 TIMEOUT_MS = 1500
 REPORT_START = "📉 Context budget: ON"
 NOT_KEPT = "does not keep it in the chat history"
@@ -79,8 +80,9 @@ def _npm_reachable() -> bool:
 
 @dataclass
 class Relay:
-    """`GET /context/budget` forwarded to the proxy; `mode` "up", "down" (nothing listens:
-    connection refused) or "hang" (accepts and never answers)."""
+    """`GET /context/budget` forwarded to the proxy; `mode` "up", "keyless" (forwarded
+    without the plugin's `authorization`), "down" (nothing listens: connection refused) or
+    "hang" (accepts and never answers)."""
 
     target: str
     port: int = field(default_factory=free_port)
@@ -110,7 +112,8 @@ class Relay:
                 if relay.mode == "hang":
                     relay._released.wait(30)
                     return
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                dropped = {"host", "authorization"} if relay.mode == "keyless" else {"host"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
                 r = httpx.get(relay.target + self.path, headers=headers, timeout=10)
                 self.send_response(r.status_code)
                 self.send_header("content-type", r.headers["content-type"])
@@ -190,7 +193,8 @@ def proxy(
     tmp_path_factory: pytest.TempPathFactory, standin_server: StandIn
 ) -> Iterator[ProxyServer]:
     tmp = tmp_path_factory.mktemp("proxy")
-    with serve(tmp, _proxy_config(tmp, standin_server)) as server:
+    # With a proxy key, so that the plugin's key (proxyKeyEnv) is checked by the real proxy.
+    with serve(tmp, _proxy_config(tmp, standin_server), env={KEYS: f"openclaw={KEY}"}) as server:
         yield server
 
 
@@ -224,7 +228,7 @@ def gateway(
     provider = {
         "api": "openai-completions",
         "baseUrl": proxy.base_url,
-        "apiKey": "sk-test",
+        "apiKey": KEY,
         "models": [_openclaw_model("gpt-x")],
     }
     plugin = {"proxyUrl": relay.url, "proxyKeyEnv": KEY_ENV, "timeoutMs": TIMEOUT_MS}
@@ -367,9 +371,11 @@ def test_other_messages_stay_openclaws(
     assert "Unknown /context mode" in replies[2], replies[2]
 
 
-def test_an_unreachable_proxy_gets_a_clear_reply(
+def test_a_proxy_that_fails_gets_a_clear_reply(
     gateway: Gateway, standin: StandIn, report_relay: Relay
 ) -> None:
+    gateway.send("down", "/ctxbudget")
+    report_relay.set_mode("keyless")
     gateway.send("down", "/ctxbudget")
     report_relay.set_mode("down")
     gateway.send("down", "/context budget")
@@ -380,7 +386,11 @@ def test_an_unreachable_proxy_gets_a_clear_reply(
     replies = [text for role, text in gateway.history("down") if role == "assistant"]
 
     assert replies[0].startswith(REPORT_START)
-    refused, timed_out = replies[1:]
+    unauthorized, refused, timed_out = replies[1:]
+    assert unauthorized.startswith(
+        f"ctxbudget: the proxy at {report_relay.url} answered 401: missing or unknown proxy key"
+    )
+    assert unauthorized.endswith(f"Fix: ${KEY_ENV} must hold one of the proxy's keys.")
     assert refused.startswith(f"ctxbudget: cannot reach the proxy at {report_relay.url} (")
     assert "ECONNREFUSED" in refused
     assert "ctxbudget serve" in refused

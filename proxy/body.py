@@ -42,6 +42,7 @@ class JsonBody:
         self._fields = fields
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
+        self._raw: dict[str, bytes] = {}
 
     def __contains__(self, key: str) -> bool:
         return key in self._fields
@@ -55,6 +56,18 @@ class JsonBody:
             value = self._fields[key] if self._decoded else _loads(memoryview(self._fields[key]))
             self._cache[key] = value
         return value
+
+    def raw_field(self, key: str) -> Any:
+        """A top-level field as sent: its JSON bytes (its value on the fallback path), or
+        None when absent. For fields the proxy passes on without reading (`tools`)."""
+        if key not in self._fields:
+            return None
+        if self._decoded:
+            return self._fields[key]
+        found = self._raw.get(key)
+        if found is None:  # one copy per request: the blocks of a request compare by identity
+            found = self._raw[key] = bytes(self._fields[key])
+        return found
 
     def to_dict(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The whole request as Python values, with `changes` applied."""

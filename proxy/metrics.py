@@ -119,6 +119,28 @@ class Metrics:
             buckets=RECALL_BUCKETS,
             registry=into,
         )
+        self.busts = Counter(
+            "ctxbudget_cache_busts",
+            "Requests whose cached prefix broke where the previous request of the session had"
+            " it: by the client's own change, or by ctxbudget's (target: 0)",
+            ["by"],
+            registry=into,
+        )
+        self.usage = Counter(
+            "ctxbudget_provider_tokens",
+            "Tokens the provider billed, per class (input, cache_read, cache_write, output)",
+            ["model", "class"],
+            registry=into,
+        )
+        self.cost = Counter(
+            "ctxbudget_cost_usd",
+            "What the provider billed (actual), and the estimate had nothing been clamped or"
+            " injected (without_ctxbudget); priced models only",
+            ["model", "case"],
+            registry=into,
+        )
+        for by in ("client", "ctxbudget"):
+            self.busts.labels(by)
         # Every kind and action from the start, at 0, so rate() has a series before the
         # first clamp.
         for kind in SEGMENT_KINDS:
@@ -141,6 +163,22 @@ class Metrics:
             if r.input_price is not None:
                 usd = sum(s["savedUsd"] or 0 for s in acted)
                 self.money.labels(kind, action).inc(max(0.0, usd))
+        if body.get("clientCacheBust"):
+            self.busts.labels("client").inc()
+        if body.get("cacheBust"):
+            self.busts.labels("ctxbudget").inc()
+        model = self._model(r.model)
+        for key, name in (
+            ("input", "input"),
+            ("cacheRead", "cache_read"),
+            ("cacheWrite", "cache_write"),
+            ("output", "output"),
+        ):
+            if body.get("usage"):
+                self.usage.labels(model, name).inc(body["usage"][key])
+        if body.get("costUsd") is not None:
+            self.cost.labels(model, "actual").inc(max(0.0, body["costUsd"]))
+            self.cost.labels(model, "without_ctxbudget").inc(max(0.0, body["withoutCtxbudgetUsd"]))
         marks = r.marks
         if "start" in marks and "upstream_start" in marks:
             self.added.observe(max(0, marks["upstream_start"] - marks["start"]) / 1e9)

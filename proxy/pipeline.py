@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import orjson
@@ -25,17 +25,19 @@ from starlette.responses import Response, StreamingResponse
 
 from caps import Segment
 from memory.query import UserTurn
+from memory.recaller import RecallReport
 from proxy import command
 from proxy.auth import owner_for
 from proxy.body import read_body
 from proxy.config import RouteConfig
 from proxy.errors import BadRequest, ClampError, UpstreamError
 from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
-from proxy.price_map import input_price
+from proxy.price_map import input_price, prices
 from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord, segment_tokens_saved
 from proxy.report.render import render_text
 from proxy.reporting import Reporting
+from proxy.sessions import Block, ClientPrefix, PrefixChange, session_key
 from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamReply
@@ -102,8 +104,10 @@ class Pipeline:
         )
         marks["clamped"] = marks["recall_start"] = time.time_ns()
 
-        # recall and inject
-        recalled = await self.state.memory.inject(body, turn, owner, settings, options)
+        # recall and inject: memory blocks the session placed before go back where they were
+        # (the cached prefix holds), and recall runs once per user turn
+        memory = await self._memory(request, wire, body, turn, owner, settings, options, large)
+        recalled = memory.recalled
         marks["recall_end"] = time.time_ns()
 
         # forward
@@ -120,6 +124,12 @@ class Pipeline:
         if recalled is not None:
             headers[f"{PREFIX}-memories"] = str(recalled.injected)
             headers[f"{PREFIX}-profile"] = recalled.applied
+        elif memory.reused:
+            headers[f"{PREFIX}-memories"] = str(memory.reused)
+        if memory.change is not None:
+            headers[f"{PREFIX}-session"] = memory.change.session
+            if memory.change.bust is not None:
+                headers[f"{PREFIX}-cache-bust"] = memory.change.bust
         recorder = Recorder(
             self.state.reports,
             RequestRecord(
@@ -142,6 +152,11 @@ class Pipeline:
                 worker=os.getpid(),
                 owner=owner,
                 note=body.note,
+                session=memory.change.session if memory.change else None,
+                prefix=memory.change,
+                prices=prices(route.model if route else body.model),
+                memory_texts=memory.texts,
+                memory_reused=memory.reused,
             ),
             started=started,
             record=wire.generates,
@@ -188,6 +203,45 @@ class Pipeline:
         return Response(data, status_code=reply.status, headers=headers)
 
     # -- stages --------------------------------------------------------------------------
+
+    async def _memory(
+        self,
+        request: Request,
+        wire: WireFormat,
+        body: WireRequest,
+        turn: UserTurn | None,
+        owner: str,
+        settings: Settings,
+        options: RequestOptions,
+        large: bool,
+    ) -> _Memory:
+        """The session's memory blocks placed again where they were, recall for a new user
+        turn, and what the request did to the session's cached prefix."""
+        if not wire.generates:  # token counting: no session, recall as for any request
+            recalled = await self.state.memory.inject(body, turn, owner, settings, options)
+            return _Memory(recalled=recalled)
+        sessions = self.state.sessions
+        prefix = await _maybe_off_loop(large, lambda: ClientPrefix(body.blocks()))
+        session = session_key(request.headers, body.get, body.model, prefix)
+        placed: dict[int, str] = {}
+        if settings.recall.inject and options.memories:
+            placed = sessions.placed_memory(owner, session, prefix)
+        for at, text in placed.items():
+            body.place_memory(at, text)
+        turn_at = _block_of(prefix, turn)
+        recalled = None
+        reused = 0
+        if placed and turn_at is not None and max(placed) >= turn_at:
+            reused = placed[max(placed)].count("\n")  # a line a memory, after the header
+        else:
+            before = body.blocks()
+            recalled = await self.state.memory.inject(body, turn, owner, settings, options)
+            if recalled is not None:
+                placed.update(_new_memory(before, body.blocks()))
+        change = await _maybe_off_loop(
+            large, lambda: sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
+        )
+        return _Memory(recalled, change, tuple(placed.values()), reused)
 
     def _clamp(
         self, body: WireRequest, settings: Settings, enabled: bool
@@ -262,6 +316,48 @@ class Pipeline:
         if isinstance(reply.body, bytes):
             return Response(reply.body, media_type=reply.media_type, headers=headers)
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """What the memory stage did."""
+
+    recalled: RecallReport | None
+    change: PrefixChange | None = None
+    texts: tuple[str, ...] = ()
+    """Every memory block in the request (new or placed again)."""
+    reused: int = 0
+    """Memories of this user turn placed again (recall already ran for the turn)."""
+
+
+def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
+    """The prefix block holding the user turn."""
+    if prefix is None or turn is None:
+        return None
+    return next(
+        (i for i, b in enumerate(prefix.blocks) if b.label.endswith(f"[{turn.index}]")), None
+    )
+
+
+def _new_memory(before: list[Block], after: list[Block]) -> dict[int, str]:
+    """The block a new memory block went into, and its text (what the wire appended)."""
+    for i, (old, new) in enumerate(zip(before, after, strict=False)):
+        if new.forwarded is not old.forwarded:
+            return {i: _appended(old.forwarded, new.forwarded)}
+    return {}
+
+
+def _appended(old: Any, new: Any) -> str:
+    """The text `place_memory`-style appending added to a block: a string's tail after the
+    blank line, or the new last part's text."""
+    content_old = old.get("content") if isinstance(old, dict) else old
+    content_new = new.get("content") if isinstance(new, dict) else new
+    if isinstance(content_new, str) and isinstance(content_old, str):
+        return content_new[len(content_old) + 2 :]
+    if isinstance(content_new, list) and content_new and isinstance(content_new[-1], dict):
+        text = content_new[-1].get("text")
+        return text if isinstance(text, str) else ""
+    return ""
 
 
 def _parse(wire: WireFormat, raw: bytes, owner: str) -> tuple[WireRequest, UserTurn | None]:

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,46 @@ def input_price(model: str | None) -> float | None:
             if isinstance(price, int | float) and price >= 0:
                 return float(price)
     return None
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per token of each class a provider bills, from litellm's map."""
+
+    input: float
+    output: float
+    cache_read: float
+    """Cached input read; the input price when the map has none (billed as input)."""
+    cache_write: float
+    """Cached input written; the input price when the map has none (no write premium)."""
+
+
+@functools.lru_cache(maxsize=512)
+def prices(model: str | None) -> Prices | None:
+    """Every price of `model` from litellm's map; None when its input price is unknown."""
+    if not model:
+        return None
+    known = _model_map()
+    for name in (model, model.rsplit("/", 1)[-1]):
+        entry = known.get(name)
+        if not isinstance(entry, dict):
+            continue
+        price = _price(entry, "input_cost_per_token")
+        if price is None:
+            continue
+        return Prices(
+            input=price,
+            output=_price(entry, "output_cost_per_token") or 0.0,
+            cache_read=_or(_price(entry, "cache_read_input_token_cost"), price),
+            cache_write=_or(_price(entry, "cache_creation_input_token_cost"), price),
+        )
+    return None
+
+
+def _price(entry: Mapping[str, Any], key: str) -> float | None:
+    value = entry.get(key)
+    return float(value) if isinstance(value, int | float) and value >= 0 else None
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

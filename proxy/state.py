@@ -8,6 +8,7 @@ from caps import Clamp, clamp_request
 from proxy.config import ConfigSource
 from proxy.injection import MemoryInjection
 from proxy.report import ReportStore
+from proxy.sessions import SessionTracker
 from proxy.settings import Settings, settings_for
 from proxy.tokens import TokenCounter
 from proxy.upstream import UpstreamClient
@@ -32,6 +33,8 @@ class ProxyState:
         self.clamp = clamp
         self.tokens = TokenCounter()  # counts are cached per text, shared by every stage
         self.memory = MemoryInjection(self.tokens, env)
+        self.sessions = SessionTracker()
+        """Each recent session's previous request: cache busts, memory placed again."""
         self._settings: tuple[int, Settings] | None = None
 
     def settings(self) -> Settings:

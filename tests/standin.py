@@ -19,10 +19,12 @@ whose newest turn holds a tool result is answered with text that names the tool
 ("standin: done after tool read; result had 42 chars"). `StandIn.script_tool`,
 `tool_preference` and `tool_inputs` choose the call; `call_tools = False` turns scripting off.
 
-Usage is made up but consistent, so that reading it can be tested: input tokens are about a
-quarter of the request's characters, and prompt caching is imitated (Anthropic: prefixes up to a
-`cache_control` marker are written on first sight and read afterwards; Responses: the longest
-prefix of instructions, tools and input seen before counts as cached).
+Usage is billed as a provider would, so that the proxy's billing can be checked to the cent:
+the prompt is a run of blocks (tools, system blocks, messages or items), each counted with
+tiktoken's o200k_base over its canonical JSON (`tokens_of`), and prompt caching is imitated
+over those blocks (Anthropic: prefixes up to a `cache_control` marker are written on first
+sight and read afterwards; chat completions and Responses: the longest prefix of whole blocks
+seen before is read from the cache, as OpenAI's automatic caching does).
 
 In a test: `with run_standin() as s: ... s.base_url ... s.received`. As a process (for the
 benchmarks): `python -m tests.standin --port 0` prints `STANDIN_PORT=<port>`.
@@ -33,9 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import hashlib
+import importlib.util
 import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -43,6 +48,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -95,6 +101,8 @@ class StandIn:
         """Responses answers by id, for `previous_response_id` (not kept with `store: false`)."""
         self.cache_prefixes: set[str] = set()
         """Digests of the prompt prefixes seen so far (imitated prompt caching)."""
+        self.billed: list[dict[str, Any]] = []
+        """The usage of each answer, in its format's own fields, in order."""
         self.call_tools = True
         """Answer a Messages/Responses request that offers tools, and holds no tool result in
         its newest turn, with a tool call. False: always text (unless `x_standin` says so)."""
@@ -130,6 +138,7 @@ class StandIn:
         self.replies.clear()
         self.responses.clear()
         self.cache_prefixes.clear()
+        self.billed.clear()
         self.call_tools = True
         self.script_tool = None
         self.tool_preference = list(DEFAULT_TOOL_PREFERENCE)
@@ -222,7 +231,17 @@ def create_standin(state: StandIn) -> Starlette:
         cid = "chatcmpl-" + uuid.uuid4().hex[:12]
         created = int(time.time())
         tool = bool(control.get("tool_calls"))
-        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        parts = [("tool", t) for t in data.get("tools") or []]
+        parts += [("message", m) for m in data.get("messages") or []]
+        prompt, cached = _automatic_cache(state, parts)
+        completion = tokens_of(text)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        state.billed.append(usage)
         if not data.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": None if tool else text}
             if tool:
@@ -332,13 +351,14 @@ def create_standin(state: StandIn) -> Starlette:
             kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
             return _anthropic_error(status, kind, "standin error", control.get("retry_after"))
         answer = _messages_answer(state, data, control)
-        read, written = _anthropic_cache(state, data)
+        total, read, written = _anthropic_cache(state, data)
         usage = {
-            "input_tokens": max(1, len(body) // 4 - read - written),
+            "input_tokens": total - read - written,
             "cache_creation_input_tokens": written,
             "cache_read_input_tokens": read,
             "output_tokens": _tokens(answer),
         }
+        state.billed.append(usage)
         mid = "msg_" + uuid.uuid4().hex[:24]
         headers = {"request-id": "req_" + uuid.uuid4().hex[:24]}
         message = {
@@ -357,12 +377,12 @@ def create_standin(state: StandIn) -> Starlette:
         return StreamingResponse(counted(events), media_type="text/event-stream", headers=headers)
 
     async def count_tokens(request: Request) -> Response:
-        """Anthropic's token counter: about a quarter of the body's characters."""
-        body, data = await record(request)
+        """Anthropic's token counter: the prompt's tokens, as a request would bill them."""
+        _, data = await record(request)
         problem = _anthropic_auth(request) or _anthropic_invalid(data, count_only=True)
         if problem:
             return problem
-        return JSONResponse({"input_tokens": _count(body)})
+        return JSONResponse({"input_tokens": sum(_sizes(_anthropic_blocks(data)))})
 
     async def responses(request: Request) -> Response:
         """OpenAI Responses API."""
@@ -397,6 +417,7 @@ def create_standin(state: StandIn) -> Starlette:
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": total + out_tokens,
         }
+        state.billed.append(usage)
         response = _response_object(rid, data, output, usage)
         headers = {"x-request-id": "req_" + uuid.uuid4().hex[:24]}
         if not data.get("stream"):
@@ -457,11 +478,6 @@ def _pieces(text: str, n: int) -> list[str]:
         return []
     step = -(-len(text) // max(1, n))
     return [text[i : i + step] for i in range(0, len(text), step)]
-
-
-def _count(body: bytes) -> int:
-    """A rough token count: a quarter of the characters, at least 1."""
-    return max(1, len(body.decode(errors="replace")) // 4)
 
 
 def _tokens(value: Any) -> int:
@@ -698,16 +714,8 @@ def _messages_answer(
     return blocks
 
 
-def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int]:
-    """(tokens read from cache, tokens written to it), as Anthropic's prompt caching counts.
-
-    The prompt is a run of blocks in the API's order, tools → system → messages. A request
-    writes the prefix ending at each `cache_control` marker; it reads the longest prefix
-    written before that ends at a marker or up to 20 blocks before one (the API's lookback).
-    Markers are not part of a prefix: OpenClaw moves its tool_result marker to the newest
-    result on every request, and the older prefix still hits. The rest up to the last marker
-    is written. The real API's minimum cacheable length (1,024+ tokens) is not imitated.
-    """
+def _anthropic_blocks(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A Messages prompt as blocks in the API's order, tools → system → messages."""
     blocks: list[tuple[str, Any]] = [("tool", t) for t in data.get("tools") or []]
     system = data.get("system")
     if isinstance(system, list):
@@ -720,25 +728,36 @@ def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int]:
             blocks += [(m["role"], b) for b in content]
         else:
             blocks.append((m["role"], content))
-    digest = hashlib.sha256()
-    size = 0
-    prefixes: list[tuple[str, int]] = []
-    marked: list[int] = []
-    for kind, block in blocks:
-        text = _canonical(kind, block)
-        digest.update(text.encode())
-        size += len(text)
-        if isinstance(block, dict) and block.get("cache_control"):
-            marked.append(len(prefixes))
-        prefixes.append((digest.hexdigest(), size // 4))
+    return blocks
+
+
+def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int, int]:
+    """(prompt tokens, of which read from cache, of which written to it), as Anthropic's
+    prompt caching counts.
+
+    The prompt is a run of blocks in the API's order, tools → system → messages. A request
+    writes the prefix ending at each `cache_control` marker; it reads the longest prefix
+    written before that ends at a marker or up to 20 blocks before one (the API's lookback).
+    Markers are not part of a prefix: OpenClaw moves its tool_result marker to the newest
+    result on every request, and the older prefix still hits. The rest up to the last marker
+    is written. The real API's minimum cacheable length (1,024+ tokens) is not imitated.
+    """
+    blocks = _anthropic_blocks(data)
+    prefixes = _prefixes(blocks)
+    total = prefixes[-1][1] if prefixes else 0
+    marked = [
+        i
+        for i, (_, block) in enumerate(blocks)
+        if isinstance(block, dict) and block.get("cache_control")
+    ]
     if not marked:
-        return 0, 0
+        return total, 0, 0
     looked = {i for m in marked for i in range(max(0, m - 19), m + 1)}
     read = max(
         (prefixes[i][1] for i in looked if prefixes[i][0] in state.cache_prefixes), default=0
     )
     _remember(state, (prefixes[m][0] for m in marked))
-    return read, prefixes[marked[-1]][1] - read
+    return total, read, prefixes[marked[-1]][1] - read
 
 
 async def _messages_events(
@@ -928,20 +947,65 @@ def _responses_cache(
         parts.append(("instructions", data["instructions"]))
     parts += [("tool", t) for t in data.get("tools") or []]
     parts += [("input", item) for item in conversation]
+    return _automatic_cache(state, parts)
+
+
+def _automatic_cache(state: StandIn, parts: list[tuple[str, Any]]) -> tuple[int, int]:
+    """(prompt tokens, of which cached): the longest prefix of whole parts seen before is
+    read from the cache, as OpenAI's automatic prompt caching does (its 1,024-token minimum
+    and 128-token steps are not imitated)."""
+    prefixes = _prefixes(parts)
+    cached = max((size for digest, size in prefixes if digest in state.cache_prefixes), default=0)
+    _remember(state, (digest for digest, _ in prefixes))
+    return max(1, prefixes[-1][1] if prefixes else 0), cached
+
+
+def _prefixes(parts: list[tuple[str, Any]]) -> list[tuple[str, int]]:
+    """For each part, the digest of the prompt up to and including it, and its tokens."""
     digest = hashlib.sha256()
     size = 0
-    cached = 0
-    seen: list[str] = []
+    out: list[tuple[str, int]] = []
     for kind, part in parts:
         text = _canonical(kind, part)
-        digest.update(text.encode())
-        size += len(text)
-        seen.append(digest.hexdigest())
-        if seen[-1] in state.cache_prefixes:
-            cached = size // 4
-    _remember(state, seen)
-    total = max(1, size // 4)
-    return total, min(cached, total)
+        digest.update(text.encode(errors="surrogatepass"))
+        size += tokens_of(text)
+        out.append((digest.hexdigest(), size))
+    return out
+
+
+def _sizes(parts: list[tuple[str, Any]]) -> list[int]:
+    return [tokens_of(_canonical(kind, part)) for kind, part in parts]
+
+
+_TOKEN_COUNTS: dict[str, int] = {}
+
+
+def tokens_of(text: str) -> int:
+    """Tokens of `text` as the stand-in bills them: tiktoken's o200k_base (remembered, as a
+    long run resends the same blocks)."""
+    found = _TOKEN_COUNTS.get(text)
+    if found is None:
+        if len(_TOKEN_COUNTS) > 50_000:
+            _TOKEN_COUNTS.clear()
+        try:
+            found = len(_encoding().encode_ordinary(text))
+        except ValueError:  # a lone surrogate (hostile-input tests): not UTF-8
+            found = len(text) // 4
+        _TOKEN_COUNTS[text] = found
+    return found
+
+
+@functools.cache
+def _encoding() -> Any:
+    """tiktoken's o200k_base, from the BPE file litellm's wheel ships (offline)."""
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        spec = importlib.util.find_spec("litellm")
+        if spec is not None and spec.submodule_search_locations:
+            package = Path(next(iter(spec.submodule_search_locations)))
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(package / "litellm_core_utils" / "tokenizers")
+    import tiktoken
+
+    return tiktoken.get_encoding("o200k_base")
 
 
 def _response_object(

@@ -21,7 +21,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.openclaw import fixture_dir
-from tests.standin import StandIn, StoredResponse, run_standin
+from tests.standin import StandIn, StoredResponse, run_standin, tokens_of
 
 pytestmark = pytest.mark.e2e
 
@@ -146,7 +146,7 @@ def test_messages_stream_is_anthropics_event_sequence(standin: StandIn) -> None:
     ]
     start = events[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None
-    assert start["usage"]["input_tokens"] == len(r.request.content) // 4
+    assert start["usage"]["input_tokens"] == _prompt_tokens(json.loads(r.request.content))
     assert start["usage"]["cache_read_input_tokens"] == 0
     use = events[7][1]["content_block"]
     assert use["type"] == "tool_use" and use["input"] == {} and use["name"] == "Read"
@@ -196,7 +196,11 @@ def test_messages_cache_usage_follows_cache_control_prefixes(standin: StandIn) -
     result["content"][0]["cache_control"] = marker
     later = request(plain_ask, {"role": "assistant", "content": [use]}, result)
     assert later["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
-    assert later["cache_creation_input_tokens"] > 200
+    # written: the new blocks (the assistant's call and the result) up to the moved marker
+    new_blocks = _prompt_tokens(
+        _messages(plain_ask, {"role": "assistant", "content": [use]}, result)
+    )
+    assert later["cache_creation_input_tokens"] == new_blocks - _prompt_tokens(_messages(plain_ask))
 
 
 def test_messages_without_cache_control_report_no_cache(standin: StandIn) -> None:
@@ -322,10 +326,10 @@ def test_messages_endless_stream_is_counted_when_cancelled(standin: StandIn) -> 
     assert standin.streams_cancelled == before + 1
 
 
-def test_count_tokens_is_a_quarter_of_the_body(standin: StandIn) -> None:
+def test_count_tokens_counts_the_prompt_blocks(standin: StandIn) -> None:
     body = {"model": "claude-x", "messages": [_user("count me " * 40)]}
     r = _post(standin, "/v1/messages/count_tokens", body)
-    assert r.json() == {"input_tokens": len(r.request.content) // 4}
+    assert r.json() == {"input_tokens": _prompt_tokens(body)}
     assert standin.received[-1].path == "/v1/messages/count_tokens"
 
 
@@ -478,7 +482,7 @@ def test_anthropic_sdk_completes_a_tool_turn(standin: StandIn) -> None:
         assert streamed.content[-1].input == {"file_path": "README.md"}
 
         count = sdk.messages.count_tokens(model="claude-x", messages=ask)
-        assert count.input_tokens == len(standin.received[-1].body) // 4
+        assert count.input_tokens == _prompt_tokens(standin.received[-1].json)
 
 
 # --- the SDKs' own types, validated (their clients build models without validating) ---------
@@ -561,3 +565,22 @@ def test_openclaw_responses_captures_are_answered(standin: StandIn, path: Any) -
     assert completed["type"] == "response.completed"
     [message] = completed["response"]["output"]
     assert message["content"][0]["text"].startswith("standin: done after tool memory_")
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    """A Messages prompt's tokens, counted here: the stand-in's tokenizer over each block's
+    canonical JSON (without its cache marker): tools, then system blocks, then content blocks."""
+    blocks: list[tuple[str, Any]] = [("tool", t) for t in body.get("tools") or []]
+    system = body.get("system")
+    blocks += [("system", b) for b in system] if isinstance(system, list) else []
+    blocks += [("system", system)] if isinstance(system, str) else []
+    for m in body["messages"]:
+        content = m["content"]
+        parts = content if isinstance(content, list) else [content]
+        blocks += [(m["role"], part) for part in parts]
+    total = 0
+    for kind, block in blocks:
+        if isinstance(block, dict):
+            block = {k: v for k, v in block.items() if k != "cache_control"}
+        total += tokens_of(json.dumps([kind, block], sort_keys=True, ensure_ascii=False))
+    return total

@@ -14,6 +14,9 @@ from typing import Any
 import orjson
 
 from caps import Segment
+from proxy.billing import Shift, cost, without
+from proxy.price_map import Prices
+from proxy.sessions import PrefixChange
 from proxy.tokens import TokenCounter
 from proxy.usage import Usage
 
@@ -61,6 +64,16 @@ class RequestRecord:
     """What the wire adapter said about the request as a whole (e.g. a continuation)."""
     usage: Usage | None = None
     """The provider's usage from the reply; None when the reply had none."""
+    session: str | None = None
+    """The session it was counted in (`proxy/sessions.py`)."""
+    prefix: PrefixChange | None = None
+    """What it did to the session's cached prefix: busts, and the blocks ctxbudget changed."""
+    prices: Prices | None = None
+    """The model's prices (litellm's map); None when it is not priced."""
+    memory_texts: tuple[str, ...] = ()
+    """The memory blocks placed in it (new or placed again), for their token cost."""
+    memory_reused: int = 0
+    """Memories placed again from an earlier request of the session (recall did not run)."""
 
 
 def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
@@ -119,7 +132,8 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "status": r.status,
         "durationMs": round(r.duration_ms, 3),
         "encoding": r.encoding,
-        "memories": (r.memory or {}).get("injected", 0),
+        "memories": (r.memory or {}).get("injected", r.memory_reused),
+        "memoriesReused": r.memory_reused,
         "clampError": r.clamp_error,
         "upstreamError": r.upstream_error,
         "segmentsSeen": len(segments),
@@ -137,6 +151,38 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "owner": r.owner,
         "memory": r.memory,
         "usage": r.usage.to_dict() if r.usage is not None else None,
+        **billing(r, tokens),
+    }
+
+
+def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
+    """The request's session, cache busts and money: its cost from the provider's usage, and
+    what it would have cost with nothing clamped or injected (`proxy/billing.py`)."""
+    prefix = r.prefix
+    shifts = [
+        Shift(
+            client=tokens.count(m.client.decode(errors="replace"), r.encoding),
+            forwarded=tokens.count(m.forwarded.decode(errors="replace"), r.encoding),
+            client_cached=m.client_cached,
+            forwarded_cached=m.forwarded_cached,
+        )
+        for m in (prefix.moved if prefix is not None else ())
+    ]
+    usage_without = actual = would = None
+    if r.usage is not None:
+        usage_without = without(r.usage, shifts)
+        if r.prices is not None:
+            actual, would = cost(r.usage, r.prices), cost(usage_without, r.prices)
+    return {
+        "session": r.session,
+        "cacheBust": prefix.bust if prefix is not None else None,
+        "clientCacheBust": bool(prefix is not None and prefix.client_cache_bust),
+        "sharedPrefixBlocks": prefix.shared_forwarded if prefix is not None else None,
+        "memoryTokens": sum(tokens.count(t, r.encoding) for t in r.memory_texts),
+        "withoutUsage": usage_without.to_dict() if usage_without is not None else None,
+        "costUsd": actual,
+        "withoutCtxbudgetUsd": would,
+        "netSavedUsd": None if actual is None or would is None else would - actual,
     }
 
 

@@ -38,12 +38,17 @@ def build_report(
         },
         "totals": summary["totals"],
         "recent": [_recent(r) for r in summary["recent"]],
+        "sessions": [_session(s) for s in summary["sessions"]],
         **({"requestId": request_id} if request_id else {}),
     }
 
 
 def _recent(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "at": _iso(r["at"])}
+
+
+def _session(s: dict[str, Any]) -> dict[str, Any]:
+    return {**s, "first": _iso(s["first"]), "last": _iso(s["last"])}
 
 
 def _iso(ts: float) -> str:
@@ -190,6 +195,11 @@ def render_text(report: dict[str, Any]) -> str:
                 f"{_plural(memory['candidates'], 'candidate')}, {memory['injected']} injected "
                 f"({_n(memory['chars'])} of {_n(memory['maxChars'])} chars), "
                 f"bound by {memory['boundBy']}"
+            )
+        elif r.get("memoriesReused"):
+            lines.append(
+                f"  memories: {r['memoriesReused']} placed again where this session had them "
+                "(recall runs once per user turn; the cached prefix holds)"
             )
         if r.get("clampError"):
             lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")

@@ -32,7 +32,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -48,6 +48,20 @@ _COUNTS = "requests, clamp_errors, upstream_errors, unpriced"
 
 def _columns(names: str) -> list[str]:
     return [c.strip() for c in names.split(",")]
+
+
+SESSION_SUMS = (
+    "requests", "billed", "priced", "input", "cache_read", "cache_write", "output",
+    "without_input", "without_cache_read", "without_cache_write", "cost_usd", "without_usd",
+    "saved_tokens", "memory_tokens", "busts_client", "busts_ctxbudget",
+)  # fmt: skip
+"""Per-session sums: requests, those with usage (`billed`) and with a price (`priced`), the
+provider's usage, the usage without ctxbudget, money both ways, clamp savings, memory tokens,
+cache busts by the client and by ctxbudget."""
+_REAL = ("cost_usd", "without_usd")
+_SESSION_SUMS_DDL = ", ".join(
+    f"{c} {'REAL' if c in _REAL else 'INTEGER'} NOT NULL DEFAULT 0" for c in SESSION_SUMS
+)
 
 
 _SCHEMA = """
@@ -135,6 +149,11 @@ _UPGRADES = (
     f" FROM run_counts c LEFT JOIN runs r ON r.run = c.run GROUP BY 1, 2;"
     f"DROP TABLE run_counts;"
     f"CREATE INDEX requests_time ON requests (ts)",
+    # 5: sessions, with the provider's usage and the money with and without ctxbudget.
+    f"CREATE TABLE sessions (owner TEXT NOT NULL, id TEXT NOT NULL, format TEXT NOT NULL,"
+    f" model TEXT, first REAL NOT NULL, last REAL NOT NULL, {_SESSION_SUMS_DDL},"
+    f" last_bust TEXT, PRIMARY KEY (owner, id));"
+    f"CREATE INDEX sessions_last ON sessions (owner, last)",
 )
 
 
@@ -292,6 +311,7 @@ class ReportStore:
                 rows,
             )
             self._add_totals(conn, bodies)
+            self._add_sessions(conn, bodies)
             self._writes += len(records)
             if self._writes >= min(200, self._keep) or not self._pruned:
                 self._writes, self._pruned = 0, True
@@ -353,6 +373,48 @@ class ReportStore:
                 ),
             )
 
+    def _add_sessions(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
+        for b in bodies:
+            if b.get("session") is None:
+                continue
+            usage, would = b["usage"] or {}, b["withoutUsage"] or {}
+            sums = {
+                "requests": 1,
+                "billed": int(b["usage"] is not None),
+                "priced": int(b["costUsd"] is not None),
+                "input": usage.get("input", 0),
+                "cache_read": usage.get("cacheRead", 0),
+                "cache_write": usage.get("cacheWrite", 0),
+                "output": usage.get("output", 0),
+                "without_input": would.get("input", 0),
+                "without_cache_read": would.get("cacheRead", 0),
+                "without_cache_write": would.get("cacheWrite", 0),
+                "cost_usd": b["costUsd"] or 0.0,
+                "without_usd": b["withoutCtxbudgetUsd"] or 0.0,
+                "saved_tokens": b["savedTokens"],
+                "memory_tokens": b["memoryTokens"],
+                "busts_client": int(b["clientCacheBust"]),
+                "busts_ctxbudget": int(b["cacheBust"] is not None),
+            }
+            conn.execute(
+                f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
+                f"{', '.join(SESSION_SUMS)}) VALUES ({', '.join('?' * (7 + len(SESSION_SUMS)))}) "
+                "ON CONFLICT (owner, id) DO UPDATE SET last = max(last, excluded.last), "
+                "format = excluded.format, model = coalesce(excluded.model, model), "
+                "last_bust = coalesce(excluded.last_bust, last_bust), "
+                + ", ".join(f"{c} = {c} + excluded.{c}" for c in SESSION_SUMS),
+                (
+                    b["owner"],
+                    b["session"],
+                    b["wire"],
+                    b["model"],
+                    b["at"],
+                    b["at"],
+                    b["cacheBust"],
+                    *(sums[c] for c in SESSION_SUMS),
+                ),
+            )
+
     def _prune(self, conn: sqlite3.Connection) -> None:
         """Requests past the per-owner cap, and everything older than `keep_days`."""
         # per owner: one key's traffic must not push another's records out
@@ -366,6 +428,7 @@ class ReportStore:
         conn.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
         conn.execute("DELETE FROM totals_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
         conn.execute("DELETE FROM counts_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
+        conn.execute("DELETE FROM sessions WHERE last < ?", (cutoff,))
 
     # -- reading -------------------------------------------------------------------------
 

@@ -21,7 +21,12 @@ Read = Callable[[str, Iterable[Any]], list[Any]]
 
 
 def read_summary(
-    read: Read, *, recent: int, owner: str | None = None, since: float | None = None
+    read: Read,
+    *,
+    recent: int,
+    owner: str | None = None,
+    since: float | None = None,
+    sessions_shown: int = 20,
 ) -> dict[str, Any]:
     """Totals and recent requests of every run that used the file, through
     `read(sql, args) -> rows`: since `since` (counted by the hour: the hour it falls in is
@@ -70,13 +75,98 @@ def read_summary(
         "SELECT count(*) FROM runs" + (" WHERE started >= ?" if since else ""),
         ([since] if since else []),
     )
+    sessions, money = _sessions(read, where, args, since, sessions_shown)
+    totals["money"] = money
     return {
         "since": since if since is not None else (first_hour * HOUR if first_hour else None),
         "window": "since" if since is not None else "all",
         "runs": runs[0][0] if runs else 0,
         "totals": totals,
         "recent": [loads_entry(r[0]) for r in rows],
+        "sessions": sessions,
     }
+
+
+_SESSION_COLUMNS = (
+    "id, format, model, first, last, last_bust, requests, billed, priced, input, cache_read,"
+    " cache_write, output, without_input, without_cache_read, without_cache_write, cost_usd,"
+    " without_usd, saved_tokens, memory_tokens, busts_client, busts_ctxbudget"
+)
+
+
+def _sessions(
+    read: Read, where: str, args: list[Any], since: float | None, shown: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The newest `shown` sessions active since `since`, and the sums over all of them."""
+    active = " AND last >= ?" if since is not None else ""
+    active_args = [*args, *([since] if since is not None else [])]
+    rows = read(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions {where}{active} ORDER BY last DESC LIMIT ?",
+        [*active_args, shown],
+    )
+    sums = read(
+        "SELECT count(*), sum(requests), sum(billed), sum(priced), sum(input), sum(cache_read),"
+        " sum(cache_write), sum(output), sum(without_input), sum(without_cache_read),"
+        " sum(without_cache_write), sum(cost_usd), sum(without_usd), sum(saved_tokens),"
+        " sum(memory_tokens), sum(busts_client), sum(busts_ctxbudget),"
+        " sum(priced = 0 AND billed > 0)"
+        f" FROM sessions {where}{active}",
+        active_args,
+    )
+    (count, requests, billed, priced, *rest) = [v or 0 for v in sums[0]] if sums else [0] * 18
+    usage = dict(zip(("input", "cacheRead", "cacheWrite", "output"), rest[:4], strict=True))
+    without = dict(zip(("input", "cacheRead", "cacheWrite"), rest[4:7], strict=True))
+    cost, would, saved_tokens, memory_tokens, client_busts, our_busts, unpriced = rest[7:]
+    money = {
+        "sessions": count,
+        "requests": requests,
+        "billedRequests": billed,
+        "pricedRequests": priced,
+        "unpricedSessions": unpriced,
+        "usage": usage,
+        "withoutUsage": without,
+        "cacheHitRatio": _hit_ratio(usage),
+        "costUsd": cost if priced else None,
+        "withoutCtxbudgetUsd": would if priced else None,
+        "savedUsd": would - cost if priced else None,
+        "savedTokens": saved_tokens,
+        "memoryTokens": memory_tokens,
+        "cacheBusts": {"client": client_busts, "ctxbudget": our_busts},
+    }
+    return [_session(row) for row in rows], money
+
+
+def _session(row: Any) -> dict[str, Any]:
+    (sid, wire, model, first, last, last_bust, requests, billed, priced) = row[:9]
+    (inp, read, write, out, w_inp, w_read, w_write, cost, would) = row[9:18]
+    (saved_tokens, memory_tokens, client_busts, our_busts) = row[18:]
+    usage = {"input": inp, "cacheRead": read, "cacheWrite": write, "output": out}
+    return {
+        "id": sid,
+        "format": wire,
+        "model": model,
+        "first": first,
+        "last": last,
+        "requests": requests,
+        "billedRequests": billed,
+        "usage": usage,
+        "withoutUsage": {"input": w_inp, "cacheRead": w_read, "cacheWrite": w_write},
+        "cacheHitRatio": _hit_ratio(usage),
+        # money only when every billed request of the session had a price
+        "costUsd": cost if billed and priced == billed else None,
+        "withoutCtxbudgetUsd": would if billed and priced == billed else None,
+        "savedUsd": would - cost if billed and priced == billed else None,
+        "savedTokens": saved_tokens,
+        "memoryTokens": memory_tokens,
+        "cacheBusts": {"client": client_busts, "ctxbudget": our_busts},
+        "lastCacheBust": last_bust,
+    }
+
+
+def _hit_ratio(usage: dict[str, int]) -> float | None:
+    """Cached input read over all input (uncached, read, written); None with no input."""
+    total = usage["input"] + usage["cacheRead"] + usage["cacheWrite"]
+    return usage["cacheRead"] / total if total else None
 
 
 _KIND_FIELDS = (

@@ -19,9 +19,11 @@ from memory.inject import Placement, inject
 from memory.query import UserTurn, user_turn
 from proxy.body import ChatBody, parse_chat_body
 from proxy.errors import CtxBudgetError
+from proxy.sessions import Block
 from proxy.settings import Settings
 from proxy.upstream import forward_request_headers
 from proxy.wire.types import Reply, WireRequest
+from proxy.wire.view import paired, with_text
 
 _SYSTEM_ROLES = ("system", "developer")
 
@@ -85,6 +87,16 @@ class ChatCompletionsRequest:
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         self.messages = inject(self.messages, list(lines), placement)
+
+    def blocks(self) -> list[Block]:
+        tools = self._body.raw_field("tools")
+        head = [Block("tools", tools, tools)] if tools is not None else []
+        return head + paired("messages", self._body.messages, self.messages)
+
+    def place_memory(self, index: int, text: str) -> None:
+        at = index - (self._body.raw_field("tools") is not None)
+        if 0 <= at < len(self.messages):
+            self.messages = with_text(self.messages, at, text, "text")
 
     def encode(self) -> bytes:
         if not self.changed:

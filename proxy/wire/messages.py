@@ -26,10 +26,11 @@ from memory.inject import Placement, block, inject
 from memory.query import UserTurn, user_turn
 from proxy.body import JsonBody, check_model, parse_object, type_name
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
+from proxy.sessions import Block
 from proxy.settings import Settings
 from proxy.upstream import forward_request_headers
 from proxy.wire.types import Reply, WireRequest
-from proxy.wire.view import ChatView, arguments_json, set_item, set_part
+from proxy.wire.view import ChatView, arguments_json, paired, set_item, set_part, with_text
 
 _EXAMPLE = '{"model": ..., "max_tokens": ..., "messages": [...]}'
 _ERROR_TYPES = {
@@ -134,6 +135,28 @@ class MessagesRequest:
                 self.system = [*self.system, {"type": "text", "text": text}]
             else:
                 self.system = f"{self.system}\n\n{text}" if self.system else text
+
+    def get(self, key: str) -> Any:
+        """A top-level field as a Python value."""
+        return self._body.get(key)
+
+    def blocks(self) -> list[Block]:
+        tools = self._body.raw_field("tools")
+        head = [Block("tools", tools, tools)] if tools is not None else []
+        if self._system is not None:
+            head.append(Block("system", self._system, self.system))
+        return head + paired("messages", self._messages, self.messages)
+
+    def place_memory(self, index: int, text: str) -> None:
+        blocks = self.blocks()
+        label = blocks[index].label if 0 <= index < len(blocks) else ""
+        if label == "system":
+            if isinstance(self.system, list):
+                self.system = [*self.system, {"type": "text", "text": text}]
+            elif isinstance(self.system, str):
+                self.system = f"{self.system}\n\n{text}"
+        elif label.startswith("messages["):
+            self.messages = with_text(self.messages, int(label[9:-1]), text, "text")
 
     def encode(self) -> bytes:
         if not self.changed:

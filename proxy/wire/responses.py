@@ -34,10 +34,11 @@ from memory.inject import Placement, block
 from memory.query import UserTurn, user_turn
 from proxy.body import JsonBody, check_model, parse_object, type_name
 from proxy.errors import BadRequest, CtxBudgetError
+from proxy.sessions import Block
 from proxy.settings import Settings
 from proxy.wire.chat import openai_headers
 from proxy.wire.types import Reply, WireRequest
-from proxy.wire.view import ChatView, set_item, set_part
+from proxy.wire.view import ChatView, paired, set_item, set_part, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
 _SYSTEM_ROLES = ("system", "developer")
@@ -208,6 +209,29 @@ class ResponsesRequest:
         elif isinstance(content, list):
             part = {"type": "input_text", "text": text}
             self.input = set_item(self.input, index, "content", [*content, part])
+
+    def get(self, key: str) -> Any:
+        """A top-level field as a Python value."""
+        return self._body.get(key)
+
+    def blocks(self) -> list[Block]:
+        tools = self._body.raw_field("tools")
+        head = [Block("tools", tools, tools)] if tools is not None else []
+        if self._instructions is not None:
+            head.append(Block("instructions", self._instructions, self.instructions))
+        if isinstance(self._input, list) and isinstance(self.input, list):
+            return head + paired("input", self._input, self.input)
+        return [*head, Block("input", self._input, self.input)]
+
+    def place_memory(self, index: int, text: str) -> None:
+        blocks = self.blocks()
+        label = blocks[index].label if 0 <= index < len(blocks) else ""
+        if label == "instructions" and isinstance(self.instructions, str):
+            self.instructions = f"{self.instructions}\n\n{text}"
+        elif label == "input" and isinstance(self.input, str):
+            self.input = f"{self.input}\n\n{text}"
+        elif label.startswith("input[") and isinstance(self.input, list):
+            self.input = with_text(self.input, int(label[6:-1]), text, "input_text")
 
     def encode(self) -> bytes:
         if not self.changed:

@@ -23,6 +23,7 @@ from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement
 from memory.query import UserTurn
 from proxy.errors import CtxBudgetError
+from proxy.sessions import Block
 from proxy.settings import Settings
 
 
@@ -70,6 +71,20 @@ class WireRequest(Protocol):
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         """Place a memory block of `lines` (cache-safe: `user` appends to the latest turn)."""
+        ...
+
+    def get(self, key: str) -> Any:
+        """A top-level field of the body as a Python value (None when absent)."""
+        ...
+
+    def blocks(self) -> list[Block]:
+        """The body's cached prefix in the provider's order (tools, system, each message or
+        item), each block as the client sent it and as it would be forwarded now."""
+        ...
+
+    def place_memory(self, index: int, text: str) -> None:
+        """Append a memory block's `text` to block `index` of `blocks()` (placing a block
+        again where an earlier request of the session had it)."""
         ...
 
     def encode(self) -> bytes:

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames
+from proxy.sessions import Block
 
 Place = tuple[Any, ...]
 """Where a view message's text lives in the real request: `(kind, real index, ...)`; the
@@ -109,3 +110,24 @@ def set_part(items: list[Any], index: int, part: int, key: str, value: Any) -> l
     way down; everything else shared)."""
     parts = set_item(items[index]["content"], part, key, value)
     return set_item(items, index, "content", parts)
+
+
+def with_text(items: list[Any], index: int, text: str, part_type: str) -> list[Any]:
+    """A copy of `items` whose `items[index]` has `text` appended to its content: after a
+    blank line to a string, as a new `part_type` part to a list (the memory block)."""
+    item = items[index]
+    content = item.get("content") if isinstance(item, dict) else None
+    if isinstance(content, str):
+        return set_item(items, index, "content", f"{content}\n\n{text}")
+    if isinstance(content, list):
+        return set_item(items, index, "content", [*content, {"type": part_type, "text": text}])
+    return items
+
+
+def paired(label: str, client: list[Any], forwarded: list[Any]) -> list[Block]:
+    """One block per item, as sent and as forwarded (`label[i]`)."""
+    if len(client) != len(forwarded):  # nothing adds or removes items; be safe if it does
+        return [Block(f"{label}[{i}]", c, c) for i, c in enumerate(client)]
+    return [
+        Block(f"{label}[{i}]", c, f) for i, (c, f) in enumerate(zip(client, forwarded, strict=True))
+    ]

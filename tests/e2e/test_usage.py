@@ -4,6 +4,7 @@ what each official SDK itself received."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from tests.e2e.server import ProxyServer, base_config, sdk, serve
 from tests.openclaw import system_prompt
-from tests.standin import StandIn
+from tests.standin import StandIn, tokens_of
 
 
 @pytest.fixture
@@ -45,7 +46,15 @@ def test_chat_stream_gets_usage_the_client_did_not_ask_for(
     assert events[-1] == b"data: [DONE]"
     assert all(orjson.loads(e[6:])["choices"] for e in events[:-1])  # no usage-only chunk
     assert b'"usage"' not in raw
-    assert latest_usage(server) == {"input": 10, "cacheRead": 0, "cacheWrite": 0, "output": 5}
+    # the stand-in bills o200k_base tokens of each block's canonical JSON
+    prompt = tokens_of(json.dumps(["message", body["messages"][0]], sort_keys=True))
+    output = tokens_of("standin: received 1 messages")
+    assert latest_usage(server) == {
+        "input": prompt,
+        "cacheRead": 0,
+        "cacheWrite": 0,
+        "output": output,
+    }
 
     client = sdk(base_url=server.base_url, api_key="sk-client", max_retries=0)
     chunks = list(
@@ -53,8 +62,14 @@ def test_chat_stream_gets_usage_the_client_did_not_ask_for(
             **{**body, "stream_options": {"include_usage": True}}  # type: ignore[arg-type]
         )
     )
-    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 10
-    assert latest_usage(server) == {"input": 10, "cacheRead": 0, "cacheWrite": 0, "output": 5}
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == prompt
+    # the same prompt again: read from the (imitated) cache
+    assert latest_usage(server) == {
+        "input": 0,
+        "cacheRead": prompt,
+        "cacheWrite": 0,
+        "output": output,
+    }
 
 
 def test_messages_usage_with_cache_reads_and_writes(server: ProxyServer) -> None:

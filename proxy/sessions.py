@@ -1,0 +1,339 @@
+"""Sessions, and what each request did to its session's cached prefix.
+
+A provider caches a prompt by its prefix: tools, then the system prompt, then the messages in
+order. An agent resends the whole prefix every turn and pays a fraction for the part the
+provider has seen. ctxbudget changes some of those blocks (clamps, the memory block); if a
+change is not the same every turn, the cached prefix breaks there and everything after it is
+billed again. That is a cache bust *caused by ctxbudget*, and it can cost more than the clamps
+save.
+
+**Which session a request belongs to**, first that applies (`session_key`):
+
+1. the client's `x-context-budget-session` header;
+2. the session header of Claude Code (`x-claude-code-session-id`) or Codex (`session-id`);
+3. the body's `prompt_cache_key` (Codex; OpenClaw's Responses continuations);
+4. the session in the body's `metadata.user_id` (Claude Code's `{"session_id": …}`);
+5. else the hash of the stable prefix: the model, the tools, and the first system text up to
+   OpenClaw's cache boundary (`prefix:` + 16 hex digits). Requests that share that prefix
+   share a provider cache, so counting them together is what the cache itself does.
+
+**The prefix of a request** is its blocks in the provider's cache order (`Block`): tools, the
+system prompt, then each message or input item, each as the client sent it and as forwarded.
+`SessionTracker.observe` compares them with the session's previous request: the client's own
+blocks that are unchanged (`shared_client`), the forwarded ones that are (`shared_forwarded`),
+and — the point — the first block the client left unchanged but ctxbudget forwarded differently
+(`bust`). A client that changed its own earlier blocks (dropped a thinking block, edited
+history) is a client bust, not ours.
+
+Sessions are kept per worker process, newest 10,000 (an LRU): a session whose requests go to
+different workers of one server is compared within each worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+HEADER = "x-context-budget-session"
+CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
+"""Session headers real clients send: Claude Code, Codex CLI."""
+MAX_ID = 128
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+_BOUNDARIES = ("<!-- OPENCLAW_CACHE_BOUNDARY -->", "<!-- /openclaw:attempt:STABLE -->")
+_STABLE_CHARS = 65_536
+"""At most this much of the system text goes into a prefix hash."""
+_MARKER = b'"cache_control"'
+_MARKERS = re.compile(
+    rb',\s*"cache_control"\s*:\s*\{[^{}]*\}|"cache_control"\s*:\s*\{[^{}]*\}\s*,?'
+)
+KEEP_SESSIONS = 10_000
+KEEP_MEMORY_BLOCKS = 16
+"""Memory blocks remembered per session, to be placed again where they were."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a request's cached prefix, as the client sent it and as forwarded.
+
+    Values are Python JSON values, or the raw JSON bytes of a field the proxy never parses
+    (`tools`). `forwarded is client` when ctxbudget left the block alone.
+    """
+
+    label: str
+    """Where it is: `tools`, `system`, `messages[3]`, `input[5]`."""
+    client: Any
+    forwarded: Any
+
+
+def serial(value: Any) -> bytes:
+    """A block's bytes for hashing and counting: compact JSON, or the raw bytes as sent,
+    without `cache_control` markers (a marker is not part of the cached prefix: OpenClaw
+    moves its marker to the newest tool result every turn, and the older prefix still hits)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+    else:
+        try:
+            data = orjson.dumps(value)
+        except TypeError:  # 64-bit overflow, a lone surrogate, nesting past orjson's 254
+            data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(
+                errors="surrogatepass"
+            )
+    if _MARKER in data:  # a key, never string content: a quote inside a string is escaped
+        data = _MARKERS.sub(b"", data)
+    return data
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _safe(value: str) -> str:
+    """An id fit for a header and a log line: as given when plain, else its hash."""
+    if _SAFE_ID.match(value):
+        return value
+    return "h:" + hashlib.sha256(value.encode(errors="surrogatepass")).hexdigest()[:16]
+
+
+def session_key(
+    headers: Mapping[str, str], field_of: Any, model: str | None, prefix: ClientPrefix
+) -> str:
+    """The session a request belongs to (the rule in this module's docstring).
+
+    `field_of(name)` reads a top-level body field; `prefix` is the request's as sent.
+    """
+    explicit = headers.get(HEADER)
+    if explicit and explicit.strip():
+        return _safe(explicit.strip())
+    for name in CLIENT_HEADERS:
+        value = headers.get(name)
+        if value and value.strip():
+            return _safe(value.strip())
+    key = field_of("prompt_cache_key")
+    if isinstance(key, str) and key.strip():
+        return _safe(key.strip())
+    metadata = field_of("metadata")
+    if isinstance(metadata, dict):
+        session = _metadata_session(metadata.get("user_id"))
+        if session:
+            return _safe(session)
+    return "prefix:" + _stable_hash(model, prefix)
+
+
+def _metadata_session(user_id: Any) -> str | None:
+    """Claude Code's `metadata.user_id`: JSON with `session_id` (2.x), or
+    `user_…_account_…_session_<uuid>` (1.x)."""
+    if not isinstance(user_id, str):
+        return None
+    if user_id.startswith("{"):
+        try:
+            found = json.loads(user_id)
+        except ValueError:
+            return None
+        session = found.get("session_id") if isinstance(found, dict) else None
+        return session if isinstance(session, str) and session else None
+    _, sep, tail = user_id.rpartition("_session_")
+    return tail if sep and tail else None
+
+
+def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
+    digest = hashlib.sha256((model or "").encode(errors="surrogatepass") + b"\0")
+    for block, data in zip(prefix.blocks, prefix.data, strict=True):
+        if block.label == "tools":
+            digest.update(data)
+            continue
+        digest.update(_stable_text(block.client).encode(errors="surrogatepass"))
+        break  # the first block after the tools: the system prompt (or the first message)
+    return digest.hexdigest()[:16]
+
+
+def _stable_text(value: Any) -> str:
+    """A system prompt's text up to OpenClaw's cache boundary (what stays put every turn)."""
+    text = _first_text(value)[:_STABLE_CHARS]
+    for marker in _BOUNDARIES:
+        at = text.find(marker)
+        if at >= 0:
+            text = text[:at]
+    return text
+
+
+def _first_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for key in ("content", "text"):
+            if key in value:
+                return _first_text(value[key])
+        return ""
+    if isinstance(value, list):
+        return "".join(_first_text(v) for v in value[:4])
+    return ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Moved:
+    """A block whose bytes or cache tier differ between the request as sent and as the client
+    sent it: what the report needs to price the request without ctxbudget."""
+
+    label: str
+    client: bytes
+    """The block as the client sent it."""
+    forwarded: bytes
+    """As ctxbudget forwarded it (the same bytes when only its cache tier moved)."""
+    client_cached: bool
+    """Whether the client's block was inside the prefix the client shared with the session's
+    previous request (a cache read without ctxbudget)."""
+    forwarded_cached: bool
+    """Whether the forwarded block was inside the prefix forwarded last time (a read now)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixChange:
+    """What one request did to its session's cached prefix (`SessionTracker.observe`)."""
+
+    session: str
+    first: bool
+    """The session's first request seen (by this worker): nothing to compare with."""
+    blocks: int
+    shared_client: int
+    """Leading blocks the client sent exactly as in the session's previous request."""
+    shared_forwarded: int
+    """Leading blocks forwarded exactly as in the previous request."""
+    client_cache_bust: bool
+    """The client changed a block of its previous request before that request's last block
+    (not only appended, or moved its last block)."""
+    bust: str | None
+    """The first block the client kept but ctxbudget forwarded differently, and why
+    (`messages[3] memory`, `system clamp`); None when ctxbudget kept the cache."""
+    moved: tuple[Moved, ...] = ()
+
+
+@dataclass
+class _Session:
+    client: list[bytes]
+    forwarded: list[bytes]
+    memory: OrderedDict[bytes, str] = field(default_factory=OrderedDict)
+    """Memory block text by the digest of the client block it was placed in."""
+
+
+class ClientPrefix:
+    """A request's blocks as the client sent them, serialised and hashed once."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self.blocks = list(blocks)
+        self.data = [serial(b.client) for b in self.blocks]
+        self.digests = [_digest(data) for data in self.data]
+
+    def index_of(self, label: str) -> int | None:
+        for i, block in enumerate(self.blocks):
+            if block.label == label:
+                return i
+        return None
+
+
+class SessionTracker:
+    """The previous request of each recent session, to compare the next one with."""
+
+    def __init__(self, *, keep: int = KEEP_SESSIONS) -> None:
+        self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
+        self._keep = keep
+
+    def placed_memory(self, owner: str, session: str, prefix: ClientPrefix) -> dict[int, str]:
+        """Memory blocks this session placed before in blocks the client sent again
+        unchanged, by block index: placing them again keeps the cached prefix."""
+        state = self._sessions.get((owner, session))
+        if state is None or not state.memory:
+            return {}
+        found: dict[int, str] = {}
+        for i, digest in enumerate(prefix.digests):
+            text = state.memory.get(digest)
+            if text is not None:
+                found[i] = text
+        return found
+
+    def observe(
+        self,
+        owner: str,
+        session: str,
+        prefix: ClientPrefix,
+        forwarded_blocks: Sequence[Block],
+        *,
+        memory: Mapping[int, str] | None = None,
+    ) -> PrefixChange:
+        """Compare the request (`prefix` as sent, `forwarded_blocks` clamped and injected)
+        with the session's previous request, and keep it as the new previous one.
+
+        `memory`: the memory block text placed in each block, by index.
+        """
+        client = prefix.digests
+        if len(forwarded_blocks) != len(client):  # no stage adds blocks; be safe if one does
+            forwarded_blocks = prefix.blocks
+        forwarded_bytes = [
+            data if b.forwarded is b.client else serial(b.forwarded)
+            for b, data in zip(forwarded_blocks, prefix.data, strict=True)
+        ]
+        forwarded = [
+            digest if b.forwarded is b.client else _digest(data)
+            for b, digest, data in zip(forwarded_blocks, client, forwarded_bytes, strict=True)
+        ]
+        memory = memory or {}
+        key = (owner, session)
+        previous = self._sessions.pop(key, None)
+        state = _Session(client, forwarded, previous.memory if previous else OrderedDict())
+        for i, text in memory.items():
+            state.memory[client[i]] = text
+            state.memory.move_to_end(client[i])
+        while len(state.memory) > KEEP_MEMORY_BLOCKS:
+            state.memory.popitem(last=False)
+        self._sessions[key] = state
+        while len(self._sessions) > self._keep:
+            self._sessions.popitem(last=False)
+
+        shared_client = shared_forwarded = 0
+        bust = None
+        if previous is not None:
+            shared_client = _common(previous.client, client)
+            shared_forwarded = _common(previous.forwarded, forwarded)
+            if shared_forwarded < shared_client:
+                i = shared_forwarded
+                # only the memory block and the clamps change a block the client kept
+                had_memory = i in memory or client[i] in state.memory
+                bust = f"{prefix.blocks[i].label} {'memory' if had_memory else 'clamp'}"
+        moved = tuple(
+            Moved(
+                label=prefix.blocks[i].label,
+                client=prefix.data[i],
+                forwarded=forwarded_bytes[i],
+                client_cached=i < shared_client,
+                forwarded_cached=i < shared_forwarded,
+            )
+            for i in range(len(client))
+            if client[i] != forwarded[i] or (i < shared_client) != (i < shared_forwarded)
+        )
+        return PrefixChange(
+            session=session,
+            first=previous is None,
+            blocks=len(client),
+            shared_client=shared_client,
+            shared_forwarded=shared_forwarded,
+            # the client's own last block may move (OpenClaw re-appends its internal-context
+            # message every turn): only a change before it is a bust
+            client_cache_bust=previous is not None and shared_client < len(previous.client) - 1,
+            bust=bust,
+            moved=moved,
+        )
+
+
+def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,144 @@
+"""Money a user can bill (issue 11): the report's per-session usage, cost, cost without
+ctxbudget and cache busts, checked against an independent recomputation.
+
+The real OpenClaw sessions captured in `../shared/fixtures` are replayed twice to the stand-in,
+which bills as a provider does (o200k_base tokens per block, prompt caching imitated over the
+blocks, usage in each format's own fields):
+
+- through the real proxy, caps at their defaults and a memory that recall injects: what the
+  user pays with ctxbudget. The report must say exactly what the stand-in billed, priced here
+  from the prices written below (litellm's map, read by hand);
+- straight to a fresh stand-in, unchanged: what the user would have paid without ctxbudget.
+  The report's estimate of that must be right to the cent, and ctxbudget must have caused no
+  cache bust.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.server import ProxyServer, base_config, serve
+from tests.openclaw import format_fixtures
+from tests.standin import StandIn
+
+# USD per token (litellm's model_prices_and_context_window_backup.json, 1.106.2)
+PRICES = {
+    "gpt-4o": {"input": 2.5e-6, "cacheRead": 1.25e-6, "cacheWrite": 2.5e-6, "output": 10e-6},
+    "claude-sonnet-4-5": {
+        "input": 3e-6,
+        "cacheRead": 0.3e-6,
+        "cacheWrite": 3.75e-6,
+        "output": 15e-6,
+    },
+}
+SESSIONS = [  # (fixture folder, route, model): each folder's requests are one session
+    ("openclaw", "/v1/chat/completions", "gpt-4o"),
+    ("openclaw-messages", "/v1/messages", "claude-sonnet-4-5"),
+]
+MEMORY = "The zebra project ships on Friday the 28th, after the design review"
+
+
+def _sessions() -> list[tuple[str, str, str, list[dict[str, Any]]]]:
+    found = []
+    for folder, route, model in SESSIONS:
+        bodies = [json.loads(raw) for _, raw in format_fixtures(folder)]
+        if bodies:
+            found.append((folder, route, model, [{**b, "model": model} for b in bodies]))
+    return found
+
+
+@pytest.fixture
+def server(tmp_path: Path, standin: StandIn) -> Iterator[ProxyServer]:
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["anthropic"] = {"baseUrl": standin.root, "apiKeyEnv": None}
+    config["proxy"]["upstream"]["apiKeyEnv"] = None
+    with serve(tmp_path, config) as running:
+        r = httpx.post(f"{running.base_url}/memories", json={"text": MEMORY})
+        assert r.status_code == 201, r.text
+        yield running
+
+
+HEADERS = {"x-api-key": "sk-test", "authorization": "Bearer sk-test"}
+
+
+def _post(base: str, route: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    r = httpx.post(base + route, json=body, headers={**HEADERS, **headers}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _billed(usage: dict[str, Any], wire: str) -> dict[str, int]:
+    """The stand-in's usage in the report's terms (input = uncached input, as billed)."""
+    if wire == "/v1/messages":
+        return {
+            "input": usage["input_tokens"],
+            "cacheRead": usage["cache_read_input_tokens"],
+            "cacheWrite": usage["cache_creation_input_tokens"],
+            "output": usage["output_tokens"],
+        }
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return {
+        "input": usage["prompt_tokens"] - cached,
+        "cacheRead": cached,
+        "cacheWrite": 0,
+        "output": usage["completion_tokens"],
+    }
+
+
+def _usd(usage: dict[str, int], model: str) -> float:
+    return sum(usage[k] * PRICES[model][k] for k in usage)
+
+
+def _sum(usages: list[dict[str, int]]) -> dict[str, int]:
+    return {k: sum(u[k] for u in usages) for k in ("input", "cacheRead", "cacheWrite", "output")}
+
+
+@pytest.mark.skipif(not _sessions(), reason="../shared/fixtures (captured sessions) is absent")
+def test_the_report_bills_each_real_session_to_the_cent(
+    server: ProxyServer, standin: StandIn
+) -> None:
+    with_proxy: dict[str, list[dict[str, int]]] = {}
+    for folder, route, _, bodies in _sessions():
+        standin.billed.clear()
+        for body in bodies:
+            r = _post(server.base_url.removesuffix("/v1"), route, {**body, "stream": False})
+            assert "x-context-budget-cache-bust" not in r.headers, r.headers
+        with_proxy[folder] = [_billed(u, route) for u in standin.billed]
+    report = server.report()
+
+    # the same sessions, unchanged, straight to a stand-in with nothing cached
+    standin.reset()
+    without: dict[str, list[dict[str, int]]] = {}
+    for folder, route, _, bodies in _sessions():
+        standin.billed.clear()
+        for body in bodies:
+            _post(standin.root, route, {**body, "stream": False})
+        without[folder] = [_billed(u, route) for u in standin.billed]
+
+    sessions = {s["model"]: s for s in report["sessions"]}
+    assert len(report["sessions"]) == len(with_proxy)
+    for folder, _, model, bodies in _sessions():
+        got = sessions[model]
+        assert got["requests"] == len(bodies)
+        # token for token: what the provider billed
+        assert got["usage"] == _sum(with_proxy[folder])
+        # to the cent (and closer): that usage at the model's prices
+        cost = sum(_usd(u, model) for u in with_proxy[folder])
+        assert got["costUsd"] == pytest.approx(cost, abs=1e-9)
+        # what it would have cost unchanged: estimated from the clamps, right to the cent
+        would = sum(_usd(u, model) for u in without[folder])
+        assert abs(got["withoutCtxbudgetUsd"] - would) < 0.005, (got, would)
+        assert got["savedUsd"] == pytest.approx(got["withoutCtxbudgetUsd"] - got["costUsd"])
+        assert got["savedUsd"] > 0, "the default caps save money on these sessions"
+        assert got["cacheBusts"]["ctxbudget"] == 0
+        assert got["memoryTokens"] > 0, "the memory was injected, and is a cost"
+    money = report["totals"]["money"]
+    assert money["sessions"] == len(with_proxy)
+    assert money["costUsd"] == pytest.approx(sum(s["costUsd"] for s in report["sessions"]))
+    assert money["cacheBusts"] == {"client": 0, "ctxbudget": 0}

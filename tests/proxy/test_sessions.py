@@ -1,0 +1,256 @@
+"""Sessions, cache busts and money (issue 11), in-process: which session a request is counted
+in, that ctxbudget's own changes keep the cached prefix (and a clamp that does not is caught),
+that memory blocks stay where they were placed, and that each key sees its own sessions."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from caps import Caps, ClampResult, ToolNames, clamp_request
+from proxy.billing import Shift, cost, without
+from proxy.price_map import Prices, prices
+from proxy.sessions import ClientPrefix, SessionTracker, serial, session_key
+from proxy.usage import Usage
+from proxy.wire.chat import ChatCompletions
+from tests.fakes import chat_completion
+from tests.inproc import config_for, proxy_app, state_of
+from tests.openclaw import openclaw_request, tool_call
+
+ROUTE = "/v1/chat/completions"
+
+
+def _key(body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
+    parsed = ChatCompletions().parse(json.dumps(body).encode())
+    return session_key(headers or {}, parsed.get, parsed.model, ClientPrefix(parsed.blocks()))
+
+
+def test_the_session_comes_from_the_client_where_it_says_one() -> None:
+    body = {"model": "m", "messages": [{"role": "system", "content": "S"}]}
+    assert _key(body, {"x-context-budget-session": "build-42"}) == "build-42"
+    assert _key(body, {"x-claude-code-session-id": "0b6c-11"}) == "0b6c-11"
+    assert _key(body, {"session-id": "codex-7"}) == "codex-7"  # Codex CLI
+    assert _key({**body, "prompt_cache_key": "sess:0"}) == "sess:0"
+    user_id = json.dumps({"device_id": "d", "session_id": "cc-5"})
+    assert _key({**body, "metadata": {"user_id": user_id}}) == "cc-5"
+    assert _key({**body, "metadata": {"user_id": "user_ab_account_cd_session_ef-1"}}) == "ef-1"
+    # the explicit header wins over everything the client sends
+    both = {**body, "prompt_cache_key": "sess:0"}
+    assert _key(both, {"x-context-budget-session": "mine"}) == "mine"
+    # an id that could not go in a header or a log line is hashed
+    odd = _key(body, {"x-context-budget-session": "a b\x1b[31m"})
+    assert odd.startswith("h:") and len(odd) == 18
+
+
+def test_without_a_session_id_the_stable_prefix_names_the_session() -> None:
+    system = "You are an agent.\n<!-- OPENCLAW_CACHE_BOUNDARY -->\n"
+    a = {"model": "m", "messages": [{"role": "system", "content": system + "now 10:00"}]}
+    b = {"model": "m", "messages": [{"role": "system", "content": system + "now 10:05"}]}
+    b["messages"].append({"role": "user", "content": "another turn"})
+    assert _key(a) == _key(b), "what follows the cache boundary does not change the session"
+    assert _key(a).startswith("prefix:")
+    other = {"model": "m", "messages": [{"role": "system", "content": "Another agent."}]}
+    assert _key(other) != _key(a)
+    assert _key({**a, "model": "m2"}) != _key(a)
+
+
+def test_a_cache_marker_is_not_part_of_a_block() -> None:
+    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    assert serial(marked) == serial({"type": "text", "text": "x"})
+    assert serial({"cache_control": {"type": "ephemeral"}, "text": "x"}) == b'{"text":"x"}'
+
+
+def _turns() -> list[dict[str, Any]]:
+    """Three requests of one OpenClaw session: a tool loop, then a new user turn."""
+    first = openclaw_request(stream=False, model="gpt-4o")
+    second = {**first, "messages": [*first["messages"], tool_call("c9", "read", {"p": "a"})]}
+    second["messages"].append({"role": "tool", "tool_call_id": "c9", "content": "file a"})
+    third = {**second, "messages": [*second["messages"]]}
+    third["messages"] += [
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "[Sun 2026-11-22 11:30 UTC] And the zebra deadline?"},
+    ]
+    return [first, second, third]
+
+
+def test_deterministic_clamps_and_memories_keep_the_cached_prefix(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        client.post("/v1/memories", json={"text": "Fetch the page from the staging mirror"})
+        client.post("/v1/memories", json={"text": "The zebra deadline is Friday the 28th"})
+        replies = [client.post(ROUTE, json=body) for body in _turns()]
+        sent = [s.json["messages"] for s in fake.sent]
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+    assert all(r.status_code == 200 for r in replies)
+    assert {r.headers["x-context-budget-session"] for r in replies} == {report["sessions"][0]["id"]}
+    assert not [r for r in replies if "x-context-budget-cache-bust" in r.headers]
+    # every request forwards the previous one's messages byte for byte, memory block included
+    for before, after in itertools.pairwise(sent):
+        assert after[: len(before)] == before
+    memory_texts = [
+        m["content"] for m in sent[-1] if "User context:" in json.dumps(m.get("content"))
+    ]
+    assert len(memory_texts) == 2, "the first turn's block stayed; the new turn got its own"
+    # recall ran once per user turn: the tool loop's second request placed the block again
+    counts = [r.headers["x-context-budget-memories"] for r in replies]
+    assert counts[0] == counts[1] != "0" and counts[2] != "0", counts
+    assert [r["memory"] is not None for r in report["recent"][::-1]] == [True, False, True]
+    (session,) = report["sessions"]
+    assert session["requests"] == 3
+    assert session["cacheBusts"] == {"client": 0, "ctxbudget": 0}
+    assert session["memoryTokens"] > 0
+
+
+def _unstable_clamp() -> Any:
+    """A clamp that is not a pure function of its input: it stamps each call differently."""
+    calls = itertools.count()
+
+    def clamp(request: dict[str, Any], caps: Caps, *, tools: ToolNames) -> ClampResult:
+        result = clamp_request(request, caps, tools=tools)
+        messages = result.request["messages"]
+        system = dict(messages[0])
+        system["content"] = f"{system['content']} #{next(calls)}"
+        return ClampResult(
+            request={**result.request, "messages": [system, *messages[1:]]},
+            segments=result.segments,
+            changed=True,
+        )
+
+    return clamp
+
+
+def test_a_clamp_that_is_not_deterministic_is_caught_as_a_cache_bust(tmp_path: Path) -> None:
+    with proxy_app(tmp_path, clamp=_unstable_clamp()) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        replies = [client.post(ROUTE, json=body) for body in _turns()[:2]]
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+        metrics = client.get("/metrics").text
+    assert "x-context-budget-cache-bust" not in replies[0].headers  # nothing to compare with
+    assert replies[1].headers["x-context-budget-cache-bust"] == "messages[0] clamp"
+    (session,) = report["sessions"]
+    assert session["cacheBusts"] == {"client": 0, "ctxbudget": 1}
+    assert session["lastCacheBust"] == "messages[0] clamp"
+    assert report["recent"][0]["cacheBust"] == "messages[0] clamp"
+    assert report["totals"]["money"]["cacheBusts"]["ctxbudget"] == 1
+    assert 'ctxbudget_cache_busts_total{by="ctxbudget"} 1.0' in metrics
+
+
+def test_a_client_that_rewrites_its_history_busts_its_own_cache(tmp_path: Path) -> None:
+    first, second, _ = _turns()
+    edited = json.loads(json.dumps(second))
+    edited["messages"][1]["content"] += " (edited)"
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for body in (first, second, edited):
+            r = client.post(ROUTE, json=body)
+            assert "x-context-budget-cache-bust" not in r.headers
+        state_of(client).reports.flush()
+        (session,) = client.get("/context/budget").json()["sessions"]
+    assert session["cacheBusts"] == {"client": 1, "ctxbudget": 0}
+
+
+def test_money_is_the_providers_usage_at_the_models_prices(tmp_path: Path) -> None:
+    usage = {
+        "prompt_tokens": 50_000,
+        "completion_tokens": 300,
+        "prompt_tokens_details": {"cached_tokens": 40_000},
+    }
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json({**chat_completion(model="gpt-4o"), "usage": usage})
+        for body in _turns()[:2]:
+            client.post(ROUTE, json=body)
+        fake.answer_json({**chat_completion(model="gpt-4o"), "usage": None})
+        client.post(ROUTE, json=_turns()[2])  # a reply without usage is counted, not billed
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+    (session,) = report["sessions"]
+    p = prices("gpt-4o")
+    assert p is not None
+    one = 10_000 * p.input + 40_000 * p.cache_read + 300 * p.output
+    assert session["requests"] == 3 and session["billedRequests"] == 2
+    assert session["usage"] == {
+        "input": 20_000,
+        "cacheRead": 80_000,
+        "cacheWrite": 0,
+        "output": 600,
+    }
+    assert session["costUsd"] == pytest.approx(2 * one)
+    # the first request's clamps saved full-price input, the second's cached reads
+    first, second = report["recent"][:0:-1]
+    assert first["withoutUsage"]["input"] > 10_000 and first["withoutUsage"]["cacheRead"] == 40_000
+    assert second["withoutUsage"]["cacheRead"] > 40_000
+    assert session["savedUsd"] == pytest.approx(session["withoutCtxbudgetUsd"] - session["costUsd"])
+    assert session["savedUsd"] > 0
+    assert report["totals"]["money"]["costUsd"] == pytest.approx(2 * one)
+
+
+def test_an_unpriced_model_reports_tokens_and_says_money_is_unknown(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion(model="no-such-model"))
+        body = {**_turns()[0], "model": "no-such-model"}
+        client.post(ROUTE, json=body)
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+        text = client.get("/context/budget?format=text").text
+    (session,) = report["sessions"]
+    assert session["usage"]["input"] == 10 and session["costUsd"] is None
+    assert session["savedUsd"] is None
+    assert report["totals"]["money"]["unpricedSessions"] == 1
+    assert "price unknown" in text
+
+
+def test_each_key_sees_only_its_own_sessions(tmp_path: Path) -> None:
+    env = {"KEYS": "alice=ka-1,bob=kb-2", "ADMIN": "adm-1"}
+    config = config_for(tmp_path, proxy={"keysEnv": "KEYS", "adminKeyEnv": "ADMIN"})
+    with proxy_app(tmp_path, config, env=env) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for key, session in (("ka-1", "alice-1"), ("kb-2", "bob-1")):
+            headers = {"authorization": f"Bearer {key}", "x-context-budget-session": session}
+            assert client.post(ROUTE, json=_turns()[0], headers=headers).status_code == 200
+        state_of(client).reports.flush()
+
+        def seen(key: str) -> list[str]:
+            r = client.get("/context/budget", headers={"authorization": f"Bearer {key}"})
+            return [s["id"] for s in r.json()["sessions"]]
+
+        assert seen("ka-1") == ["alice-1"]
+        assert seen("kb-2") == ["bob-1"]
+        assert sorted(seen("adm-1")) == ["alice-1", "bob-1"]
+
+
+def test_the_same_session_id_under_two_keys_is_two_sessions() -> None:
+    tracker = SessionTracker()
+    body = ChatCompletions().parse(
+        b'{"model": "m", "messages": [{"role": "user", "content": "a"}]}'
+    )
+    prefix = ClientPrefix(body.blocks())
+    assert tracker.observe("alice", "s", prefix, body.blocks()).first
+    assert tracker.observe("bob", "s", prefix, body.blocks()).first
+    assert not tracker.observe("alice", "s", prefix, body.blocks()).first
+
+
+def test_without_moves_a_busts_tokens_back_to_cache_reads() -> None:
+    used = Usage(input=9_000, cache_read=1_000, cache_write=0, output=10)
+    # ctxbudget changed block 1 (500 → 400 tokens) so the 8,000 tokens after it were billed
+    # again; without ctxbudget all of it would have been read from the cache
+    shifts = [
+        Shift(client=500, forwarded=400, client_cached=True, forwarded_cached=False),
+        Shift(client=8_000, forwarded=8_000, client_cached=True, forwarded_cached=False),
+    ]
+    assert without(used, shifts) == Usage(input=600, cache_read=9_500, cache_write=0, output=10)
+    p = Prices(input=2e-6, output=8e-6, cache_read=0.5e-6, cache_write=2e-6)
+    assert cost(without(used, shifts), p) < cost(used, p), "the bust cost more than it saved"
+
+
+def test_without_a_cache_read_nothing_was_cached_either_way() -> None:
+    used = Usage(input=900, cache_read=0, cache_write=0, output=1)
+    shift = Shift(client=300, forwarded=100, client_cached=True, forwarded_cached=True)
+    assert without(used, [shift]) == Usage(input=1_100, cache_read=0, cache_write=0, output=1)
+    written = Usage(input=10, cache_read=0, cache_write=900, output=1)
+    assert without(written, [shift]).cache_write == 1_100, "new blocks are billed as writes"

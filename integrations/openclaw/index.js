@@ -29,7 +29,10 @@ export function ctxbudgetMode(args) {
 
 /** The reply to the command: the proxy's report, or what went wrong and how to fix it. */
 export async function report(mode, config = {}, env = process.env) {
-  const base = String(config.proxyUrl || DEFAULT_PROXY_URL).replace(/\/+$/, "");
+  // The models' baseUrl (…/v1) works too: the report is at the proxy's root.
+  const base = String(config.proxyUrl || DEFAULT_PROXY_URL)
+    .replace(/\/+$/, "")
+    .replace(/\/v1$/, "");
   const timeoutMs = Number(config.timeoutMs) || DEFAULT_TIMEOUT_MS;
   const headers = { accept: mode === "json" ? "application/json" : "text/plain" };
   if (config.proxyKeyEnv) {

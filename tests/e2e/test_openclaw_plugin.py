@@ -231,7 +231,8 @@ def gateway(
         "apiKey": KEY,
         "models": [_openclaw_model("gpt-x")],
     }
-    plugin = {"proxyUrl": relay.url, "proxyKeyEnv": KEY_ENV, "timeoutMs": TIMEOUT_MS}
+    # The models' baseUrl form (…/v1): the plugin finds the report at the root.
+    plugin = {"proxyUrl": f"{relay.url}/v1", "proxyKeyEnv": KEY_ENV, "timeoutMs": TIMEOUT_MS}
     config = {
         "gateway": {"mode": "local", "auth": {"mode": "token", "token": token}},
         "agents": {"defaults": {"workspace": str(ws), "model": {"primary": "viaproxy/gpt-x"}}},
@@ -343,6 +344,14 @@ def test_context_budget_is_answered_by_the_plugin(
     assert NOT_KEPT not in history[3][1]
     assert json.loads(history[5][1])["object"] == "context_budget.report"
     assert standin.received == []
+
+    # The next model turn carries the commands' text but not the reports: they cost no context.
+    gateway.send("ctx", "and now a question for the model")
+    (sent,) = standin.received
+    body = json.dumps(sent.json["messages"])
+    assert "/Context  BUDGET json" in body
+    assert "and now a question for the model" in body
+    assert "Context budget:" not in body and "context_budget.report" not in body
     assert [path for path, _ in report_relay.asked][1:] == [
         "/context/budget?format=text",
         "/context/budget",

@@ -86,6 +86,18 @@ class Telemetry:
         self.recall = meter.create_histogram(
             "ctxbudget.recall.duration", unit="ms", description="Memory recall time"
         )
+        self.busts = meter.create_counter(
+            "ctxbudget.cache_busts",
+            unit="{request}",
+            description="Requests whose session's cached prefix broke, by the client's change or"
+            " ctxbudget's (ctxbudget.cache_bust.by)",
+        )
+        self.cost = meter.create_counter(
+            "ctxbudget.session.cost",
+            unit="USD",
+            description="What the provider billed (ctxbudget.cost.case=actual) and the estimate"
+            " with nothing clamped or injected (without_ctxbudget); priced models only",
+        )
 
     @classmethod
     def from_config(cls, cfg: TelemetryConfig, env: Mapping[str, str]) -> Telemetry | None:
@@ -227,6 +239,17 @@ class Telemetry:
             attrs["gen_ai.usage.output_tokens"] = u.output
             attrs["gen_ai.usage.cache_read.input_tokens"] = u.cache_read
             attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_write
+        if r.session is not None:
+            attrs["ctxbudget.session.id"] = r.session
+            attrs["ctxbudget.session.cache_bust"] = body["cacheBust"] or ""
+            attrs["ctxbudget.session.client_cache_bust"] = body["clientCacheBust"]
+            attrs["ctxbudget.session.memory_tokens"] = body["memoryTokens"]
+            if body["sharedPrefixBlocks"] is not None:
+                attrs["ctxbudget.session.shared_prefix_blocks"] = body["sharedPrefixBlocks"]
+        if body.get("costUsd") is not None:
+            attrs["ctxbudget.session.cost_usd"] = body["costUsd"]
+            attrs["ctxbudget.session.without_ctxbudget_usd"] = body["withoutCtxbudgetUsd"]
+            attrs["ctxbudget.session.saved_usd"] = body["netSavedUsd"]
         return attrs
 
     def _metrics(
@@ -245,6 +268,15 @@ class Telemetry:
             self.tokens.add(sum(s["savedTokens"] for s in acted), labels)
             if r.input_price is not None:
                 self.money.add(sum(s["savedUsd"] or 0 for s in acted), labels)
+        for by, busted in (("client", body["clientCacheBust"]), ("ctxbudget", body["cacheBust"])):
+            if busted:
+                self.busts.add(1, {"ctxbudget.cache_bust.by": by})
+        if body.get("costUsd") is not None:
+            labels = {"gen_ai.request.model": model}
+            self.cost.add(body["costUsd"], {**labels, "ctxbudget.cost.case": "actual"})
+            self.cost.add(
+                body["withoutCtxbudgetUsd"], {**labels, "ctxbudget.cost.case": "without_ctxbudget"}
+            )
         marks = r.marks
         if "upstream_start" in marks:
             self.added.record((marks["upstream_start"] - marks["start"]) / 1e6, {})

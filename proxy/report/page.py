@@ -14,6 +14,7 @@ from proxy.report.render import (
     KIND_TITLES,
     change_text,
     money,
+    net_text,
     profile_of,
     window_text,
     wire_label,
@@ -74,6 +75,7 @@ def render_html(report: dict[str, Any]) -> str:
     parts.append(_cards(totals))
     parts.append(_caps(report["caps"]))
     parts.append(_kinds(totals))
+    parts.append(_sessions(totals.get("money"), report.get("sessions") or []))
     parts.append(_over_time(report["recent"]))
     parts.append(_requests(report["recent"]))
     parts.append(_memory(report["recent"]))
@@ -195,6 +197,85 @@ def _kinds(t: dict[str, Any]) -> str:
         "</th><th class='n'>tokens saved</th><th class='n'>money saved</th>"
         "<th class='n'>would save with the budget on (chars)</th></tr>"
         f"{rows}</table>"
+    )
+
+
+def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> str:
+    """The money net of cache effects, and a cost bar per session: with ctxbudget (what the
+    provider billed) against without (the estimate with nothing clamped or injected)."""
+    head = "<h2>Sessions: what the provider billed, with and without ctxbudget</h2>"
+    if not money_totals or not sessions:
+        return head + "<p class='sub' id='sessions'>No sessions yet.</p>"
+    ratio = money_totals["cacheHitRatio"]
+    busts = money_totals["cacheBusts"]
+    headline = net_text(money_totals)
+    summary = (
+        f"<p id='net'>{_figure('totals.money.savedUsd', money_totals['savedUsd'], '')}"
+        f"{escape(headline[:1].upper() + headline[1:])} · billed "
+        + _figure("totals.money.costUsd", money_totals["costUsd"], money(money_totals["costUsd"]))
+        + " · without ctxbudget "
+        + _figure(
+            "totals.money.withoutCtxbudgetUsd",
+            money_totals["withoutCtxbudgetUsd"],
+            money(money_totals["withoutCtxbudgetUsd"]),
+        )
+        + "</p><p class='sub' id='cache-line'>Prompt cache: "
+        + _figure("totals.money.cacheHitRatio", ratio, "n/a" if ratio is None else f"{ratio:.0%}")
+        + " of input read from the provider's cache · cache busts caused by ctxbudget: "
+        + _count("totals.money.cacheBusts.ctxbudget", busts["ctxbudget"])
+        + ", by clients: "
+        + _count("totals.money.cacheBusts.client", busts["client"])
+        + f" · memories injected ~{_n(money_totals['memoryTokens'])} tokens (a cost)</p>"
+    )
+    top = max(
+        [s["withoutCtxbudgetUsd"] or 0 for s in sessions]
+        + [s["costUsd"] or 0 for s in sessions]
+        + [1e-12]
+    )
+    width, label_w, row_h = 720, 190, 46
+    bars, rows = [], []
+    for i, s in enumerate(sessions):
+        y = 10 + i * row_h
+        cost, would = s["costUsd"], s["withoutCtxbudgetUsd"]
+        name = f"{s['id'][:24]} ({wire_label(s['format'])})"
+        with_w = (cost or 0) / top * (width - label_w - 110)
+        without_w = (would or 0) / top * (width - label_w - 110)
+        bars.append(
+            f"<text x='0' y='{y + 17}'>{escape(name)}</text>"
+            f"<rect x='{label_w}' y='{y}' width='{without_w:.1f}' height='16' "
+            f"fill='var(--before)'><title>without ctxbudget: {escape(money(would))}</title></rect>"
+            f"<text x='{label_w + without_w + 6:.1f}' y='{y + 13}'>{escape(money(would))}</text>"
+            f"<rect x='{label_w}' y='{y + 18}' width='{with_w:.1f}' height='16' "
+            f"fill='var(--after)'><title>billed: {escape(money(cost))}</title></rect>"
+            f"<text x='{label_w + with_w + 6:.1f}' y='{y + 31}'>{escape(money(cost))}</text>"
+        )
+        hit = s["cacheHitRatio"]
+        at = f"sessions.{i}"
+        rows.append(
+            f"<tr><td><code>{escape(s['id'])}</code><br><span class='sub'>"
+            f"{escape(wire_label(s['format']))}, {escape(s['model'] or '?')}</span></td>"
+            f"<td class='n'>{_count(f'{at}.requests', s['requests'])}</td>"
+            f"<td class='n'>{_figure(f'{at}.costUsd', cost, money(cost))}</td>"
+            f"<td class='n'>{_figure(f'{at}.withoutCtxbudgetUsd', would, money(would))}</td>"
+            f"<td class='n'>{_figure(f'{at}.savedUsd', s['savedUsd'], money(s['savedUsd']))}</td>"
+            f"<td class='n'>{'n/a' if hit is None else f'{hit:.0%}'}</td>"
+            f"<td class='n'>{_count(f'{at}.cacheBusts.ctxbudget', s['cacheBusts']['ctxbudget'])}"
+            f" / {_n(s['cacheBusts']['client'])}</td></tr>"
+        )
+    height = 10 + len(sessions) * row_h
+    return (
+        head
+        + summary
+        + "<div class='panel'><svg id='sessions-chart' role='img' aria-label='cost per session "
+        f"with and without ctxbudget' width='100%' viewBox='0 0 {width} {height}'>"
+        + "".join(bars)
+        + "</svg><div class='legend sub'><span style='background:var(--before)'></span>without "
+        "ctxbudget (estimate)<span style='background:var(--after)'></span>billed</div></div>"
+        "<table id='sessions'><tr><th>session</th><th class='n'>requests</th>"
+        "<th class='n'>billed</th><th class='n'>without ctxbudget</th><th class='n'>saved</th>"
+        "<th class='n'>cache hits</th><th class='n'>busts: ctxbudget / client</th></tr>"
+        + "".join(rows)
+        + "</table>"
     )
 
 

@@ -110,6 +110,52 @@ def wire_label(wire: str | None) -> str:
     return WIRE_LABELS.get(wire or "chat", wire or "chat")
 
 
+def net_text(money_totals: dict[str, Any]) -> str:
+    """`saved $0.123456 net of cache effects over 3 sessions`: the headline, honest sign."""
+    count = _plural(money_totals["sessions"], "session")
+    saved = money_totals["savedUsd"]
+    if saved is None:
+        return f"money unknown over {count} (no priced model): tokens only"
+    if saved < 0:
+        return f"cost {money(-saved)} more net of cache effects over {count}"
+    return f"saved {money(saved)} net of cache effects over {count}"
+
+
+def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> list[str]:
+    """What the provider billed, what it would have without ctxbudget, and the sessions."""
+    if not money_totals or not money_totals["sessions"]:
+        return []
+    usage = money_totals["usage"]
+    if not money_totals["billedRequests"]:
+        count = _plural(money_totals["sessions"], "session")
+        return [f"Billing: no provider usage read yet over {count}"]
+    ratio = money_totals["cacheHitRatio"]
+    busts = money_totals["cacheBusts"]
+    lines = [
+        f"Billed: {money(money_totals['costUsd'])} for {_n(usage['input'])} input, "
+        f"{_n(usage['cacheRead'])} cache-read, {_n(usage['cacheWrite'])} cache-write and "
+        f"{_n(usage['output'])} output tokens; without ctxbudget "
+        f"{money(money_totals['withoutCtxbudgetUsd'])} — {net_text(money_totals)}",
+        f"Prompt cache: {'n/a' if ratio is None else f'{ratio:.0%}'} of input read from cache; "
+        f"cache busts caused by ctxbudget: {busts['ctxbudget']}, by the clients: "
+        f"{busts['client']}; memories injected: ~{_n(money_totals['memoryTokens'])} tokens "
+        "(a cost, counted above)",
+    ]
+    if sessions:
+        lines.append("Sessions (newest first):")
+    for s in sessions[:5]:
+        hit = s["cacheHitRatio"]
+        lines.append(
+            f"- {s['id']} ({wire_label(s['format'])}, {s['model'] or '?'}): "
+            f"{_plural(s['requests'], 'request')}, {money(s['costUsd'])} "
+            f"vs {money(s['withoutCtxbudgetUsd'])} without ctxbudget; "
+            f"cache hits {'n/a' if hit is None else f'{hit:.0%}'}, busts by ctxbudget "
+            f"{s['cacheBusts']['ctxbudget']}"
+            + (f" (last: {s['lastCacheBust']})" if s.get("lastCacheBust") else "")
+        )
+    return lines
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command."""
     lines: list[str] = []
@@ -143,6 +189,7 @@ def render_text(report: dict[str, Any]) -> str:
             f"Would save with the budget on: {_n(totals['wouldSaveChars'])} chars "
             f"(~{_n(totals['wouldSaveTokens'])} tokens) = {money(totals['wouldSaveUsd'])}"
         )
+    lines.extend(net_lines(totals.get("money"), report.get("sessions") or []))
     if totals["unpricedRequests"]:
         lines.append(
             f"{_n(totals['unpricedRequests'])} request(s) for models without a price in "
@@ -203,6 +250,8 @@ def render_text(report: dict[str, Any]) -> str:
             )
         if r.get("clampError"):
             lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")
+        if r.get("cacheBust"):
+            lines.append(f"  ⚠ cache bust caused by ctxbudget: {r['cacheBust']}")
         for s in r["segments"]:
             label = s["label"]
             note = f" ({s['note']})" if s.get("note") else ""

@@ -254,3 +254,31 @@ def test_without_a_cache_read_nothing_was_cached_either_way() -> None:
     assert without(used, [shift]) == Usage(input=1_100, cache_read=0, cache_write=0, output=1)
     written = Usage(input=10, cache_read=0, cache_write=900, output=1)
     assert without(written, [shift]).cache_write == 1_100, "new blocks are billed as writes"
+
+
+def test_text_page_and_chat_command_say_the_net_saving(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for body in _turns()[:2]:
+            client.post(ROUTE, json=body)
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+        text = client.get("/context/budget?format=text").text
+        page = client.get("/context/budget?format=html").text
+        ask = {"model": "gpt-4o", "messages": [{"role": "user", "content": "/context budget"}]}
+        command = client.post(ROUTE, json=ask).json()["choices"][0]["message"]["content"]
+    money = report["totals"]["money"]
+    assert money["savedUsd"] > 0
+    headline = f"saved ${money['savedUsd']:,.6f} net of cache effects over 1 session"
+    assert headline in text and headline in command
+    assert "cache busts caused by ctxbudget: 0" in text
+    (session,) = report["sessions"]
+    assert session["id"] in text
+    # the page: a cost bar per session, and the figures the JSON has
+    assert "id='sessions-chart'" in page and "id='cache-line'" in page
+    for path, value in (
+        ("sessions.0.costUsd", session["costUsd"]),
+        ("sessions.0.withoutCtxbudgetUsd", session["withoutCtxbudgetUsd"]),
+        ("totals.money.cacheHitRatio", money["cacheHitRatio"]),
+    ):
+        assert f"data-figure='{path}' data-value='{value}'" in page

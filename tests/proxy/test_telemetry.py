@@ -76,14 +76,21 @@ def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn
 
     roots = [s for s in spans.get_finished_spans() if s.parent is None]
     assert [s.name for s in roots] == ["chat gpt-4o", "chat gpt-4o"]
-    for root, entry in zip(roots, reversed(report["recent"]), strict=True):
+    billed = list(standin.billed)
+    for root, entry, usage in zip(roots, reversed(report["recent"]), billed, strict=True):
         attrs = dict(root.attributes or {})
         assert attrs["gen_ai.operation.name"] == "chat"
         assert attrs["gen_ai.request.model"] == "gpt-4o"
-        assert attrs["gen_ai.usage.input_tokens"] == 10  # the stand-in's usage figures
-        assert attrs["gen_ai.usage.output_tokens"] == 5
-        assert attrs["gen_ai.usage.cache_read.input_tokens"] == 0
+        # what the stand-in billed, cache reads counted inside the input as the conventions say
+        assert attrs["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+        assert attrs["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        assert attrs["gen_ai.usage.cache_read.input_tokens"] == cached
         assert attrs["gen_ai.usage.cache_creation.input_tokens"] == 0
+        assert attrs["ctxbudget.session.id"] == entry["session"]
+        assert attrs["ctxbudget.session.cost_usd"] == pytest.approx(entry["costUsd"])
+        assert attrs["ctxbudget.session.saved_usd"] == pytest.approx(entry["netSavedUsd"])
+        assert attrs["ctxbudget.session.cache_bust"] == ""
         assert attrs["ctxbudget.request_id"] == entry["id"]
         assert attrs["ctxbudget.budget.enabled"] is True
         for kind in ("bootstrap", "web_fetch", "memory"):
@@ -118,6 +125,9 @@ def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn
     )
     assert metrics[("ctxbudget.added_latency", ())] == 2  # histogram: count
     assert metrics[("ctxbudget.recall.duration", ())] == 2
+    actual = sum(r["costUsd"] for r in report["recent"])
+    assert metrics[("ctxbudget.session.cost", ("actual",))] == pytest.approx(actual)
+    assert ("ctxbudget.cache_busts", ()) not in metrics, "no cache bust: nothing counted"
 
 
 def _children(spans: tuple[ReadableSpan, ...], root: ReadableSpan) -> dict[str, ReadableSpan]:
@@ -143,7 +153,9 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[str, ...]], f
                 for point in metric.data.data_points:
                     attrs = dict(point.attributes or {})
                     labels = tuple(
-                        str(attrs[k]) for k in ("ctxbudget.kind", "ctxbudget.action") if k in attrs
+                        str(attrs[k])
+                        for k in ("ctxbudget.kind", "ctxbudget.action", "ctxbudget.cost.case")
+                        if k in attrs
                     )
                     value = getattr(point, "value", None)
                     if value is None:

@@ -1,0 +1,191 @@
+"""What ctxbudget saves in money, net of prompt-cache effects, on the captured OpenClaw sessions.
+
+Every captured session in ../shared/fixtures (chat completions, Anthropic Messages, OpenAI
+Responses) is replayed twice to the stand-in upstream, which bills as a provider does
+(o200k_base tokens per block, prompt caching imitated; `tests/standin.py`):
+
+- through the real proxy (`ctxbudget serve`) with the caps at their defaults: what the user
+  pays with ctxbudget, and the report's own estimate of what they would have paid without;
+- straight to the stand-in with its cache emptied: what they pay without ctxbudget.
+
+It prints, per session and in total: prompt tokens, cost with and without ctxbudget at
+litellm's prices (cache reads and writes at their own prices), the net saving, the report's
+estimate next to the replayed truth, the naive saving (tokens removed at the full input
+price, what a proxy that ignores caching would claim), and cache busts.
+
+    .venv/bin/python bench/savings.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.openclaw import format_fixtures  # noqa: E402
+from tests.standin import run_standin  # noqa: E402
+
+SESSIONS = [  # folder, route, model, which captures (a continuation needs its stored turn)
+    ("openclaw", "/v1/chat/completions", "gpt-4o", "*-v1_*.json"),
+    ("openclaw-messages", "/v1/messages", "claude-sonnet-4-5", "*-v1_*.json"),
+    ("openclaw-responses", "/v1/responses", "gpt-4o", "store-false-*-v1_*.json"),
+]
+HEADERS = {"x-api-key": "sk-bench", "authorization": "Bearer sk-bench"}
+CLASSES = ("input", "cacheRead", "cacheWrite", "output")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _billed(usage: dict[str, Any], route: str) -> dict[str, int]:
+    """The stand-in's usage in the report's terms (input = uncached input)."""
+    if route == "/v1/messages":
+        return {
+            "input": usage["input_tokens"],
+            "cacheRead": usage["cache_read_input_tokens"],
+            "cacheWrite": usage["cache_creation_input_tokens"],
+            "output": usage["output_tokens"],
+        }
+    if route == "/v1/responses":
+        cached = usage["input_tokens_details"]["cached_tokens"]
+        total, out = usage["input_tokens"], usage["output_tokens"]
+    else:
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        total, out = usage["prompt_tokens"], usage["completion_tokens"]
+    return {"input": total - cached, "cacheRead": cached, "cacheWrite": 0, "output": out}
+
+
+def _prices(model: str) -> dict[str, float]:
+    from proxy.price_map import prices
+
+    p = prices(model)
+    assert p is not None, model
+    return {
+        "input": p.input,
+        "cacheRead": p.cache_read,
+        "cacheWrite": p.cache_write,
+        "output": p.output,
+    }
+
+
+def _usd(usages: list[dict[str, int]], model: str) -> float:
+    p = _prices(model)
+    return sum(u[k] * p[k] for u in usages for k in CLASSES)
+
+
+def _sessions() -> list[tuple[str, str, str, list[dict[str, Any]]]]:
+    found = []
+    for folder, route, model, pattern in SESSIONS:
+        bodies = [json.loads(raw) for _, raw in format_fixtures(folder, pattern)]
+        if bodies:
+            found.append((folder, route, model, [{**b, "model": model} for b in bodies]))
+    return found
+
+
+def main() -> None:
+    sessions = _sessions()
+    if not sessions:
+        sys.exit("no captured sessions: ../shared/fixtures is absent")
+    with run_standin(record=False) as standin, tempfile.TemporaryDirectory() as tmp:
+        port = _free_port()
+        config = {
+            "proxy": {
+                "upstream": {"baseUrl": standin.base_url, "apiKeyEnv": None},
+                "anthropic": {"baseUrl": standin.root, "apiKeyEnv": None},
+            },
+            "agents": {"defaults": {"contextBudget": {"enabled": True}}},
+            "report": {"path": f"{tmp}/report.db"},
+            "memory": {"store": {"path": f"{tmp}/memory.db"}},
+        }
+        Path(tmp, "config.json").write_text(json.dumps(config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUDGET")}
+        proxy = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ctxbudget"), "serve", "--config",
+             f"{tmp}/config.json", "--port", str(port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(200):
+                try:
+                    if httpx.get(f"{base}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+            with_proxy, busts = {}, {}
+            for folder, route, _, bodies in sessions:
+                standin.billed.clear()
+                headers = {**HEADERS, "x-context-budget-session": f"bench-{folder}"}
+                replies = [
+                    httpx.post(base + route, json={**b, "stream": False}, headers=headers,
+                               timeout=60)
+                    for b in bodies
+                ]  # fmt: skip
+                assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+                busts[folder] = [r.headers.get("x-context-budget-cache-bust") for r in replies]
+                with_proxy[folder] = [_billed(u, route) for u in standin.billed]
+            report = httpx.get(f"{base}/context/budget", timeout=30).json()
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=15)
+        standin.reset()
+        without = {}
+        for folder, route, _, bodies in sessions:
+            standin.billed.clear()
+            for b in bodies:
+                r = httpx.post(standin.root + route, json={**b, "stream": False}, headers=HEADERS)
+                assert r.status_code == 200, r.text
+            without[folder] = [_billed(u, route) for u in standin.billed]
+
+    by_id = {s["id"]: s for s in report["sessions"]}
+    rows, totals = [], {"with": 0.0, "without": 0.0, "estimate": 0.0, "naive": 0.0}
+    for folder, _, model, bodies in sessions:
+        s = by_id[f"bench-{folder}"]
+        cost, truth = _usd(with_proxy[folder], model), _usd(without[folder], model)
+        naive = s["savedTokens"] * _prices(model)["input"]
+        prompt_with = sum(u[k] for u in with_proxy[folder] for k in CLASSES[:3])
+        prompt_without = sum(u[k] for u in without[folder] for k in CLASSES[:3])
+        rows.append(
+            (folder, model, len(bodies), prompt_without, prompt_with, truth, cost,
+             s["withoutCtxbudgetUsd"], naive, s["cacheBusts"]["ctxbudget"],
+             sum(b is not None for b in busts[folder]))
+        )  # fmt: skip
+        totals["with"] += cost
+        totals["without"] += truth
+        totals["estimate"] += s["withoutCtxbudgetUsd"]
+        totals["naive"] += naive
+
+    print("session            model              reqs  prompt tokens        cost without → with"
+          "        net saved  report's estimate  naive claim  busts")  # fmt: skip
+    for folder, model, n, pw, pc, truth, cost, est, naive, b, hb in rows:
+        saved = truth - cost
+        print(
+            f"{folder:18} {model:18} {n:4}  {pw:8,} → {pc:8,} ({(pc - pw) / pw:+.1%})  "
+            f"${truth:.4f} → ${cost:.4f}  ${saved:.4f} ({saved / truth:.1%})  "
+            f"${est:.4f} ({est - truth:+.5f})  ${naive:.4f}      {b}/{hb}"
+        )
+    saved = totals["without"] - totals["with"]
+    print(
+        f"total: ${totals['without']:.4f} → ${totals['with']:.4f}, saved ${saved:.4f} net of "
+        f"cache effects ({saved / totals['without']:.1%}); the report estimated "
+        f"${totals['estimate'] - totals['with']:.4f}; a cache-blind count of the removed tokens "
+        f"at full input price would claim ${totals['naive']:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

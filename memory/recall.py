@@ -20,6 +20,7 @@ prompt cache) except when it crosses a day boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -236,8 +237,10 @@ def _second_hop(
     exclude = set(words)
     total, counts = store.frequencies(owner, feedback.candidate_words(texts, exclude))
     chosen = feedback.second_hop(texts, counts, total=total, exclude=exclude)
-    # the same scan limit as the first hop: a word too common to rank is not searched
-    result.hop_words = _rankable(store, owner, chosen, profile, [])
+    # rarest first, within the second hop's own (smaller) scan: a word too common to rank
+    # cheaply is not searched
+    narrow = dataclasses.replace(profile, scan=feedback.SCAN, prefix=False)
+    result.hop_words = _rankable(store, owner, chosen, narrow, [])
     if not result.hop_words:
         return {}
     have = {m.id for m, _ in found}

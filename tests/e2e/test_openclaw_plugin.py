@@ -1,13 +1,14 @@
 """The OpenClaw plugin (`integrations/openclaw`, id `ctxbudget`) in the real OpenClaw gateway.
 
-One `openclaw gateway run` for the module, with the plugin loaded from the repo
-(`plugins.load.paths`), its model pointed at the real proxy, and the proxy in front of the
-stand-in. Messages go in through `openclaw gateway call chat.send`, as the Control UI and
-`openclaw tui` send them, and come back through `chat.history`.
+One `openclaw gateway run` for the module, with the plugin linked from the repo by the
+documented `openclaw plugins install --link` (which sets `plugins.load.paths`), its model
+pointed at the real proxy, and the proxy in front of the stand-in. Messages go in through
+`openclaw gateway call chat.send`, as the Control UI and `openclaw tui` send them, and come
+back through `chat.history`.
 
 The plugin reads the report through a relay on 127.0.0.1 that forwards to the proxy and can be
-switched off (connection refused) or made to hang, so that one gateway also shows the
-unreachable-proxy replies; the relay also records what the plugin asked for.
+switched off (connection refused), made to hang, or made to drop the plugin's key, so that one
+gateway also shows the failure replies; the relay also records what the plugin asked for.
 """
 
 from __future__ import annotations
@@ -239,14 +240,12 @@ def gateway(
         "models": {"mode": "merge", "providers": {"viaproxy": provider}},
         "memory": {"search": {"provider": "none"}},
         "logging": {"file": str(tmp / "openclaw.log")},
-        "plugins": {
-            "load": {"paths": [str(PLUGIN)]},
-            "entries": {"ctxbudget": {"enabled": True, "config": plugin}},
-        },
+        "plugins": {"entries": {"ctxbudget": {"config": plugin}}},
     }
-    (tmp / "openclaw.json").write_text(json.dumps(config))
+    config_path = tmp / "openclaw.json"
+    config_path.write_text(json.dumps(config))
     env = _env(openclaw, home) | {
-        "OPENCLAW_CONFIG_PATH": str(tmp / "openclaw.json"),
+        "OPENCLAW_CONFIG_PATH": str(config_path),
         "OPENCLAW_STATE_DIR": str(tmp / "state"),
         "OPENCLAW_GATEWAY_TOKEN": token,
         "OPENCLAW_NO_AUTO_UPDATE": "1",
@@ -254,6 +253,14 @@ def gateway(
         "DO_NOT_TRACK": "1",
         KEY_ENV: KEY,
     }
+    # The one-command install of docs/openclaw.md: it links the checkout into the config.
+    argv = [openclaw["OPENCLAW"], "plugins", "install", "--link", "--force"]
+    done = _run([*argv, "--accept-capabilities", str(PLUGIN)], env=env, cwd=tmp, timeout=120)
+    assert done.returncode == 0, _describe(done)
+    plugins = json.loads(config_path.read_text())["plugins"]
+    assert plugins["load"]["paths"] == [str(PLUGIN)]
+    assert plugins["entries"]["ctxbudget"] == {"enabled": True, "config": plugin}
+
     port = free_port()
     log_path = tmp / "gateway.out"
     with log_path.open("wb") as out:
@@ -299,8 +306,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def test_the_plugin_loads_from_the_repo(gateway: Gateway) -> None:
     log = gateway.log()
     assert "Registered plugin command: /ctxbudget (plugin: ctxbudget)" in log
-    # A plugin from a local path is loaded with a warning, never refused.
-    assert "can't verify where this plugin came from" in log
+    # A managed install (capabilities accepted) loads without the "can't verify where this
+    # plugin came from" warning that a bare plugins.load.paths entry gets.
+    assert "can't verify where this plugin came from" not in log
 
 
 def test_ctxbudget_command_answers_with_the_report(

@@ -25,8 +25,9 @@ and — the point — the first block the client left unchanged but ctxbudget fo
 (`bust`). A client that changed its own earlier blocks (dropped a thinking block, edited
 history) is a client bust, not ours.
 
-Sessions are kept per worker process, newest 10,000 (an LRU): a session whose requests go to
-different workers of one server is compared within each worker.
+Sessions are kept per worker process, the newest 2,048 (an LRU), each with its previous
+request's first 1,024 block digests and its last 8 memory blocks: a session whose requests go
+to different workers of one server is compared within each worker.
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ _MARKER = b'"cache_control"'
 _MARKERS = re.compile(
     rb',\s*"cache_control"\s*:\s*\{[^{}]*\}|"cache_control"\s*:\s*\{[^{}]*\}\s*,?'
 )
-KEEP_SESSIONS = 10_000
-KEEP_MEMORY_BLOCKS = 16
+KEEP_SESSIONS = 2048
+KEEP_BLOCKS = 1024
+"""Blocks of a request compared with the next one (later blocks count as new). With the
+sessions kept, this bounds the digests at 64 MB in the worst case (~13 MB for 200-block agent
+sessions)."""
+DIGEST = 16
+KEEP_MEMORY_BLOCKS = 8
 """Memory blocks remembered per session, to be placed again where they were."""
 
 
@@ -91,7 +97,7 @@ def serial(value: Any) -> bytes:
 
 
 def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return hashlib.blake2b(data, digest_size=DIGEST).digest()
 
 
 def _safe(value: str) -> str:
@@ -216,8 +222,10 @@ class PrefixChange:
 
 @dataclass
 class _Session:
-    client: list[bytes]
-    forwarded: list[bytes]
+    client: bytes
+    """The previous request's block digests, as sent, joined (16 bytes a block)."""
+    forwarded: bytes
+    """The same, as forwarded."""
     memory: OrderedDict[bytes, str] = field(default_factory=OrderedDict)
     """Memory block text by the digest of the client block it was placed in."""
 
@@ -285,7 +293,11 @@ class SessionTracker:
         memory = memory or {}
         key = (owner, session)
         previous = self._sessions.pop(key, None)
-        state = _Session(client, forwarded, previous.memory if previous else OrderedDict())
+        state = _Session(
+            b"".join(client[:KEEP_BLOCKS]),
+            b"".join(forwarded[:KEEP_BLOCKS]),
+            previous.memory if previous else OrderedDict(),
+        )
         for i, text in memory.items():
             state.memory[client[i]] = text
             state.memory.move_to_end(client[i])
@@ -298,8 +310,8 @@ class SessionTracker:
         shared_client = shared_forwarded = 0
         bust = None
         if previous is not None:
-            shared_client = _common(previous.client, client)
-            shared_forwarded = _common(previous.forwarded, forwarded)
+            shared_client = _common(previous.client, state.client)
+            shared_forwarded = _common(previous.forwarded, state.forwarded)
             if shared_forwarded < shared_client:
                 i = shared_forwarded
                 # only the memory block and the clamps change a block the client kept
@@ -324,16 +336,21 @@ class SessionTracker:
             shared_forwarded=shared_forwarded,
             # the client's own last block may move (OpenClaw re-appends its internal-context
             # message every turn): only a change before it is a bust
-            client_cache_bust=previous is not None and shared_client < len(previous.client) - 1,
+            client_cache_bust=previous is not None
+            and shared_client < len(previous.client) // DIGEST - 1,
             bust=bust,
             moved=moved,
         )
 
 
-def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common(a: bytes, b: bytes) -> int:
+    """How many leading blocks two joined digest lists share (a binary search of slice
+    comparisons, which run in C)."""
+    low, high = 0, min(len(a), len(b)) // DIGEST
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[: mid * DIGEST] == b[: mid * DIGEST]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

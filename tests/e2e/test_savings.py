@@ -30,6 +30,7 @@ from tests.standin import StandIn
 # USD per token (litellm's model_prices_and_context_window_backup.json, 1.106.2)
 PRICES = {
     "gpt-4o": {"input": 2.5e-6, "cacheRead": 1.25e-6, "cacheWrite": 2.5e-6, "output": 10e-6},
+    "gpt-4.1": {"input": 2e-6, "cacheRead": 0.5e-6, "cacheWrite": 2e-6, "output": 8e-6},
     "claude-sonnet-4-5": {
         "input": 3e-6,
         "cacheRead": 0.3e-6,
@@ -37,17 +38,19 @@ PRICES = {
         "output": 15e-6,
     },
 }
-SESSIONS = [  # (fixture folder, route, model): each folder's requests are one session
-    ("openclaw", "/v1/chat/completions", "gpt-4o"),
-    ("openclaw-messages", "/v1/messages", "claude-sonnet-4-5"),
+SESSIONS = [  # (fixture folder, route, model, captures): each folder's requests are one session
+    ("openclaw", "/v1/chat/completions", "gpt-4o", "*-v1_*.json"),
+    ("openclaw-messages", "/v1/messages", "claude-sonnet-4-5", "*-v1_*.json"),
+    # a continuation refers to a turn stored upstream: only the full request replays
+    ("openclaw-responses", "/v1/responses", "gpt-4.1", "store-false-*-v1_*.json"),
 ]
 MEMORY = "The zebra project ships on Friday the 28th, after the design review"
 
 
 def _sessions() -> list[tuple[str, str, str, list[dict[str, Any]]]]:
     found = []
-    for folder, route, model in SESSIONS:
-        bodies = [json.loads(raw) for _, raw in format_fixtures(folder)]
+    for folder, route, model, pattern in SESSIONS:
+        bodies = [json.loads(raw) for _, raw in format_fixtures(folder, pattern)]
         if bodies:
             found.append((folder, route, model, [{**b, "model": model} for b in bodies]))
     return found
@@ -82,13 +85,13 @@ def _billed(usage: dict[str, Any], wire: str) -> dict[str, int]:
             "cacheWrite": usage["cache_creation_input_tokens"],
             "output": usage["output_tokens"],
         }
-    cached = usage["prompt_tokens_details"]["cached_tokens"]
-    return {
-        "input": usage["prompt_tokens"] - cached,
-        "cacheRead": cached,
-        "cacheWrite": 0,
-        "output": usage["completion_tokens"],
-    }
+    if wire == "/v1/responses":
+        cached = usage["input_tokens_details"]["cached_tokens"]
+        total, output = usage["input_tokens"], usage["output_tokens"]
+    else:
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        total, output = usage["prompt_tokens"], usage["completion_tokens"]
+    return {"input": total - cached, "cacheRead": cached, "cacheWrite": 0, "output": output}
 
 
 def _usd(usage: dict[str, int], model: str) -> float:
@@ -100,14 +103,15 @@ def _sum(usages: list[dict[str, int]]) -> dict[str, int]:
 
 
 @pytest.mark.skipif(not _sessions(), reason="../shared/fixtures (captured sessions) is absent")
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_the_report_bills_each_real_session_to_the_cent(
-    server: ProxyServer, standin: StandIn
+    server: ProxyServer, standin: StandIn, stream: bool
 ) -> None:
     with_proxy: dict[str, list[dict[str, int]]] = {}
     for folder, route, _, bodies in _sessions():
         standin.billed.clear()
         for body in bodies:
-            r = _post(server.base_url.removesuffix("/v1"), route, {**body, "stream": False})
+            r = _post(server.base_url.removesuffix("/v1"), route, {**body, "stream": stream})
             assert "x-context-budget-cache-bust" not in r.headers, r.headers
         with_proxy[folder] = [_billed(u, route) for u in standin.billed]
     report = server.report()
@@ -118,13 +122,14 @@ def test_the_report_bills_each_real_session_to_the_cent(
     for folder, route, _, bodies in _sessions():
         standin.billed.clear()
         for body in bodies:
-            _post(standin.root, route, {**body, "stream": False})
+            _post(standin.root, route, {**body, "stream": stream})
         without[folder] = [_billed(u, route) for u in standin.billed]
 
     sessions = {s["model"]: s for s in report["sessions"]}
     assert len(report["sessions"]) == len(with_proxy)
-    for folder, _, model, bodies in _sessions():
+    for folder, route, model, bodies in _sessions():
         got = sessions[model]
+        assert got["format"] == {"/v1/chat/completions": "chat"}.get(route, route[4:])
         assert got["requests"] == len(bodies)
         # token for token: what the provider billed
         assert got["usage"] == _sum(with_proxy[folder])

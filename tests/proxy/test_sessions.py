@@ -282,3 +282,21 @@ def test_text_page_and_chat_command_say_the_net_saving(tmp_path: Path) -> None:
         ("totals.money.cacheHitRatio", money["cacheHitRatio"]),
     ):
         assert f"data-figure='{path}' data-value='{value}'" in page
+
+
+def _request(*texts: str) -> ClientPrefix:
+    body = {"model": "m", "messages": [{"role": "user", "content": t} for t in texts]}
+    return ClientPrefix(ChatCompletions().parse(json.dumps(body).encode()).blocks())
+
+
+def test_the_tracker_counts_the_shared_prefix_and_forgets_the_oldest_session() -> None:
+    tracker = SessionTracker(keep=2)
+    first = _request("a", "b", "c", "d", "e")
+    tracker.observe("o", "s1", first, first.blocks)
+    later = _request("a", "b", "c", "x", "e", "f")
+    change = tracker.observe("o", "s1", later, later.blocks)
+    assert (change.shared_client, change.shared_forwarded) == (3, 3)
+    assert change.client_cache_bust and change.bust is None  # the client edited block 3
+    for session in ("s2", "s3"):  # two more sessions push s1 out
+        tracker.observe("o", session, first, first.blocks)
+    assert tracker.observe("o", "s1", later, later.blocks).first

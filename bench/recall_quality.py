@@ -12,7 +12,7 @@ more cannot pass for ranking better), beside plain BM25 (SQLite FTS5, the questi
 the same N and at the count balanced injected.
 
     .venv/bin/python bench/recall_quality.py          # ~1 minute
-    .venv/bin/python bench/recall_quality.py --n 5 10 20
+    .venv/bin/python bench/recall_quality.py --n 5 10 20   # default: 5 10 14 (deep injects ≤ 14)
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def load_store(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[5, 10], help="equal-count cuts")
+    parser.add_argument("--n", type=int, nargs="+", default=[5, 10, 14], help="equal-count cuts")
     args = parser.parse_args()
     folder = fixture_dir()
     files = sorted(folder.glob("*.json"))

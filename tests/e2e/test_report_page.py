@@ -77,14 +77,15 @@ def _traffic(server: Any) -> None:
 
 
 def _at(report: dict[str, Any], path: str) -> Any:
-    """The JSON value at a page figure's path (`recent.<id>.x` looks the request up by id)."""
+    """The JSON value at a page figure's path (`recent.<id>.x` looks the request up by id,
+    `sessions.<i>.x` takes the list's i-th)."""
     node: Any = report
     parts = path.split(".")
     if parts[0] == "recent":
         node = {r["id"]: r for r in report["recent"]}
         node, parts = node[parts[1]], parts[2:]
     for part in parts:
-        node = node[part]
+        node = node[int(part)] if isinstance(node, list) else node[part]
     return node
 
 

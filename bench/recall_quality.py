@@ -1,8 +1,9 @@
 """Recall quality on real, labelled conversations: LoCoMo (snap-research/locomo).
 
 The three conversations in `../shared/fixtures/locomo/` (not in this repository: CC BY-NC,
-evaluation only). Each dialogue turn becomes a memory `[date] Speaker: text`; each question
-(categories 1–4; 5, adversarial, has no evidence) is recalled for as the proxy would
+evaluation only). Each dialogue turn becomes a memory `[date] Speaker: text` (a conversation
+is one import batch); each question (categories 1–4; 5, adversarial, has no evidence) is
+recalled for as the proxy would
 (`Recaller`, dry run, the memory feature limit of 4,000 chars, o200k tokens). A question is a
 *hit* when a turn labelled as its evidence is among the memories injected.
 
@@ -55,7 +56,8 @@ def load_store(
 ) -> tuple[SQLiteMemoryStore, dict[int, str]]:
     """A store holding every turn of `conversation`; memory id → the turn's `dia_id`."""
     store = SQLiteMemoryStore(path, limits=MemoryLimits(max_memories=100_000))
-    ids: dict[int, str] = {}
+    new: list[NewMemory] = []
+    dia: list[str] = []
     session = 1
     while f"session_{session}" in conversation:
         date = conversation[f"session_{session}_date_time"]
@@ -63,12 +65,14 @@ def load_store(
             text = turn["text"]
             if turn.get("blip_caption"):
                 text += f" [shares a photo: {turn['blip_caption']}]"
-            memory, _ = store.add(
+            new.append(
                 NewMemory(owner="default", text=f"[{date}] {turn['speaker']}: {text}"[:2000])
             )
-            ids[memory.id] = turn["dia_id"]
+            dia.append(turn["dia_id"])
         session += 1
-    return store, ids
+    # one batch, as `ctxbudget memory import` of the conversation would add it
+    added, _ = store.add_many(new)
+    return store, {memory.id: d for memory, d in zip(added, dia, strict=True)}
 
 
 def main() -> None:

@@ -2,17 +2,18 @@
 
 Memories imported from a conversation (`ctxbudget memory import`, one turn each) answer each
 other: "You play any instruments?" is followed by "Yeah, I play clarinet!", which shares no word
-with "what instruments does Melanie play?". A memory whose neighbour (the owner's memory with
-the id just before or after it, in the same scope, created within `WINDOW` seconds of it) is a
-candidate gets `share` × that neighbour's keyword score, and a neighbour that was no candidate
-becomes one. Memories added at different times are never neighbours, so separately added
-facts do not lend each other relevance.
+with "what instruments does Melanie play?". A memory whose neighbour (the memory with the id
+just before or after it, added in the same batch, in the same scope) is a candidate gets
+`share` × that neighbour's keyword score, and a neighbour that was no candidate becomes one.
+Memories added one at a time (`memory add`, a chat agent's notes) are each their own batch:
+separately added facts never lend each other relevance.
 
     >>> from memory.types import Memory
-    >>> def m(i, t):
+    >>> def m(i, batch):
     ...     return Memory(id=i, owner="o", text="", category="fact", source="inferred",
-    ...                   scope="global", created=t, last_accessed=t, access_count=0)
-    >>> context({2: 10.0}, [m(1, 0.0), m(2, 60.0), m(3, 9_999.0)], share=0.2)
+    ...                   scope="global", created=0.0, last_accessed=0.0, access_count=0,
+    ...                   batch=batch)
+    >>> context({2: 10.0}, [m(1, 1), m(2, 1), m(3, 3)], share=0.2)
     {1: 2.0}
 """
 
@@ -24,8 +25,6 @@ from memory.types import Memory
 
 SHARE = 0.2
 """Share of a neighbour's keyword score a memory gets (deep and balanced)."""
-WINDOW = 3_600.0
-"""Most seconds between two memories' creation for them to count as one conversation."""
 
 
 def context(
@@ -39,14 +38,16 @@ def context(
     by_id = {m.id: m for m in memories}
     out: dict[int, float] = {}
     for memory in sorted(by_id.values(), key=lambda m: m.id):
+        if memory.batch is None:
+            continue
         points = 0.0
         for other_id in (memory.id - 1, memory.id + 1):
             other = by_id.get(other_id)
             if (
                 other is not None
                 and scores.get(other_id)
+                and other.batch == memory.batch
                 and other.scope == memory.scope
-                and abs(other.created - memory.created) <= WINDOW
             ):
                 points += share * scores[other_id]
         if points:

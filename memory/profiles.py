@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from memory import context
+
 RetrievalProfileName = Literal["lean", "balanced", "deep"]
 RequestedProfile = Literal["lean", "balanced", "deep", "auto"]
 """A retrieval profile, or `auto` to let `choose` pick one (config, header, CLI)."""
@@ -78,7 +80,7 @@ PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
         min_chars=8,
         max_age_days=365,
         min_relevance=0.15,
-        context=0.2,
+        context=context.SHARE,
     ),
     "deep": RetrievalProfile(
         name="deep",
@@ -92,7 +94,7 @@ PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
         min_chars=1,
         max_age_days=None,
         min_relevance=0.0,
-        context=0.2,
+        context=context.SHARE,
         hop=True,
     ),
 }

@@ -171,10 +171,17 @@ def words_of(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
 
 
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2, _v3, _v4, _v5)
+def _v6(conn: sqlite3.Connection) -> None:
+    # Memories added in one batch (an import, a POST of a list) share its first id: recall's
+    # conversation context links neighbours of one batch only (memory/context.py). Older
+    # memories have none: each stands alone.
+    conn.execute("ALTER TABLE memories ADD COLUMN batch INTEGER")
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2, _v3, _v4, _v5, _v6)
 """Schema version N is reached by running MIGRATIONS[N-1]; append, never edit."""
 
-_COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count"
+_COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count, batch"
 # Words that say nothing about which memory is meant, yet match most of them.
 STOPWORDS = frozenset(
     "a an and are as at be but by can could did do does for from had has have how i if in is it"
@@ -195,6 +202,7 @@ def _row(row: tuple[object, ...]) -> Memory:
         created=float(row[6]),  # type: ignore[arg-type]
         last_accessed=float(row[7]),  # type: ignore[arg-type]
         access_count=int(row[8]),  # type: ignore[call-overload]
+        batch=None if row[9] is None else int(row[9]),  # type: ignore[call-overload]
     )
 
 
@@ -303,11 +311,12 @@ class SQLiteMemoryStore:
         # instead of losing writes, and the eviction sees the count it is correcting.
         with self._db.transaction() as conn:
             first = conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchone()[0]
+            # ids are max(id) + 1, + 2, …: the batch is named by its first
             conn.executemany(
                 "INSERT INTO memories (owner, text, category, source, scope, created,"
-                " last_accessed, access_count) VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+                " last_accessed, access_count, batch) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
                 [
-                    (m.owner, m.text, m.category, m.source, m.scope, when, when)
+                    (m.owner, m.text, m.category, m.source, m.scope, when, when, first + 1)
                     for m in checked
                     for when in (now if m.created is None else m.created,)
                 ],
@@ -398,7 +407,7 @@ class SQLiteMemoryStore:
             (match, limit, owner),
         )
         # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
-        return [(_row(r[:9]), -float(r[9])) for r in rows]
+        return [(_row(r[:10]), -float(r[10])) for r in rows]
 
     def _search_own(
         self, owner: str, query: str, match: str, *, limit: int, prefix: bool

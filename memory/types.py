@@ -32,6 +32,9 @@ class Memory:
     created: float
     last_accessed: float
     access_count: int
+    batch: int | None = None
+    """The first id of the batch it was added in (an import, a list POST); None: stored
+    before batches were recorded."""
 
     def to_dict(self) -> dict[str, object]:
         return {

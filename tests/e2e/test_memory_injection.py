@@ -79,7 +79,7 @@ def test_a_tool_loop_keeps_an_identical_prefix_and_counts_one_access(
 def test_profiles_change_what_is_retrieved(tmp_path: Path, standin: StandIn) -> None:
     with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
         _add(server.config_path, "Deploy releases happen on Tuesdays after standup")
-        body = _turn("when do we ship?")  # 'ship' only matches through a synonym
+        body = _turn("when is the stand meeting?")  # 'stand' matches only as deep's prefix
         for profile, expected in (("lean", "0"), ("deep", "1")):
             r = httpx.post(
                 f"{server.base_url}/chat/completions",
@@ -211,7 +211,7 @@ def test_a_failing_rewrite_costs_only_the_rewrite(tmp_path: Path, standin: Stand
         _add(server.config_path, "Deploy releases happen on Tuesdays after standup")
         r = httpx.post(
             f"{server.base_url}/chat/completions",
-            json=_turn("when do we ship?"),
+            json=_turn("when is the stand meeting?"),  # deep's prefix matching finds it
             headers={"x-context-budget-profile": "deep"},
             timeout=60,
         )

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
 from memory import context as context_module
-from memory.context import WINDOW, context
+from memory.context import context
 from memory.profiles import PROFILES
 from memory.recall import recall
 from memory.types import Memory
@@ -13,7 +13,7 @@ from memory.types import Memory
 NOW = 2_000_000_000.0
 
 
-def _memory(i: int, created: float, scope: str = "global") -> Memory:
+def _memory(i: int, batch: int | None, scope: str = "global") -> Memory:
     return Memory(
         id=i,
         owner="o",
@@ -21,9 +21,10 @@ def _memory(i: int, created: float, scope: str = "global") -> Memory:
         category="fact",
         source="inferred",
         scope=scope,
-        created=created,
-        last_accessed=created,
+        created=NOW,
+        last_accessed=NOW,
         access_count=0,
+        batch=batch,
     )
 
 
@@ -31,21 +32,23 @@ def test_the_docstring_example_holds() -> None:
     assert doctest.testmod(context_module).failed == 0
 
 
-def test_neighbours_lend_a_share_both_ways_within_one_scope_and_window() -> None:
+def test_neighbours_lend_a_share_both_ways_within_one_batch_and_scope() -> None:
     memories = [
-        _memory(1, 0.0),
-        _memory(2, 10.0),
-        _memory(3, 20.0, scope="agent:coder"),  # another scope: no share
-        _memory(4, 30.0),
-        _memory(5, 30.0 + WINDOW + 1),  # added later: another conversation
+        _memory(1, 1),
+        _memory(2, 1),
+        _memory(3, 1, scope="agent:coder"),  # another scope: no share
+        _memory(4, 1),
+        _memory(5, 5),  # added later, in another batch: another conversation
+        _memory(6, None),  # stored before batches were recorded: alone
+        _memory(7, None),
     ]
-    scores = {2: 10.0, 4: 5.0}
+    scores = {2: 10.0, 4: 5.0, 6: 10.0}
     assert context(scores, memories, share=0.2) == {1: 2.0}
     assert context({1: 10.0, 2: 10.0}, memories, share=0.5) == {1: 5.0, 2: 5.0}
 
 
 def test_context_is_deterministic_whatever_the_order_of_its_inputs() -> None:
-    memories = [_memory(i, float(i)) for i in range(1, 30)]
+    memories = [_memory(i, 1 if i < 15 else 15) for i in range(1, 30)]
     scores = {i: float(i % 7) for i in range(1, 30)}
     first = context(scores, memories, share=0.2)
     assert context(dict(reversed(scores.items())), list(reversed(memories)), share=0.2) == first
@@ -61,15 +64,28 @@ def test_store_neighbours_are_the_owners_own(tmp_path: Path) -> None:
     assert store.neighbours("a", [a_ids[1]]) == []
 
 
+def test_batches_are_recorded_and_single_adds_stand_alone(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "m.db")
+    alone, _ = store.add(NewMemory(owner="a", text="one"))
+    batch, _ = store.add_many([NewMemory(owner="a", text=t) for t in ("two", "three")])
+    later, _ = store.add(NewMemory(owner="a", text="four"))
+    assert alone.batch == alone.id and later.batch == later.id
+    assert [m.batch for m in batch] == [batch[0].id, batch[0].id]
+    assert [m.batch for m in store.all("a")] == [1, 2, 2, 4]
+
+
 def test_balanced_injects_the_reply_to_a_matching_question(tmp_path: Path) -> None:
     store = SQLiteMemoryStore(tmp_path / "m.db", clock=lambda: NOW - 86_400)
-    for text in (
+    conversation = (
         "Caroline: the council meeting went well",
         "Caroline: do you play any instruments?",
         "Melanie: yes, the clarinet, since I was young",
         "Melanie: we went camping last weekend",
-    ):
-        store.add(NewMemory(owner="default", text=text))
+    )
+    # imported together: one batch, one conversation
+    store.add_many([NewMemory(owner="default", text=text) for text in conversation])
+    # added on its own right after: no context from the conversation
+    store.add(NewMemory(owner="default", text="Melanie: remember to buy milk"))
 
     def run() -> list[tuple[str, dict[str, float]]]:
         result = recall(
@@ -89,6 +105,9 @@ def test_balanced_injects_the_reply_to_a_matching_question(tmp_path: Path) -> No
     signals = dict(first)
     reply = signals["Melanie: yes, the clarinet, since I was young"]
     assert reply["context"] > 0
+    assert "Melanie: remember to buy milk" not in signals or (
+        signals["Melanie: remember to buy milk"]["context"] == 0
+    )
     assert run() == first  # deterministic
     # lean keeps to the query's own words
     lean = recall(

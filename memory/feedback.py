@@ -32,6 +32,8 @@ TERMS = 10
 """Most words the second hop searches for."""
 WEIGHT = 0.4
 """What a second-hop match is worth against a first-hop match of the same BM25 score."""
+POOL = 30
+"""Most memories the second hop brings (its best, by BM25): each is one more candidate."""
 SCAN = 2_000
 """Most matching memories the second hop ranks (its words rarest first, as the first hop's):
 its words are meant to be rare, and a common one would cost as much as the first hop."""

@@ -245,7 +245,7 @@ def _second_hop(
         return {}
     have = {m.id for m, _ in found}
     hop: dict[int, float] = {}
-    for memory, relevance in store.search(owner, " ".join(result.hop_words), limit=profile.pool):
+    for memory, relevance in store.search(owner, " ".join(result.hop_words), limit=feedback.POOL):
         if memory.scope not in allowed:
             continue
         hop[memory.id] = feedback.WEIGHT * relevance

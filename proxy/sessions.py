@@ -51,9 +51,7 @@ _BOUNDARIES = ("<!-- OPENCLAW_CACHE_BOUNDARY -->", "<!-- /openclaw:attempt:STABL
 _STABLE_CHARS = 65_536
 """At most this much of the system text goes into a prefix hash."""
 _MARKER = b'"cache_control"'
-_MARKERS = re.compile(
-    rb',\s*"cache_control"\s*:\s*\{[^{}]*\}|"cache_control"\s*:\s*\{[^{}]*\}\s*,?'
-)
+_MARKER_VALUE = re.compile(rb"\s*:\s*\{[^{}]*\}\s*")
 KEEP_SESSIONS = 2048
 KEEP_BLOCKS = 1024
 """Blocks of a request compared with the next one (later blocks count as new). With the
@@ -92,12 +90,33 @@ def serial(value: Any) -> bytes:
                 errors="surrogatepass"
             )
     if _MARKER in data:  # a key, never string content: a quote inside a string is escaped
-        data = _MARKERS.sub(b"", data)
+        data = _unmarked(data)
     return data
 
 
+def _unmarked(data: bytes) -> bytes:
+    """`data` without its `"cache_control": {…}` members (split in C, then each removal's
+    comma mended; a regex scan took ~1 ms over a 100 KB tools list)."""
+    pieces = data.split(_MARKER)
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        value = _MARKER_VALUE.match(piece)
+        if value is None:  # not a member after all: keep it as it was
+            out[-1] += _MARKER + piece
+            continue
+        rest = piece[value.end() :]
+        before = out[-1].rstrip()
+        if before.endswith(b","):  # …,"cache_control":{…}
+            out[-1] = before[:-1]
+        elif rest.startswith(b","):  # {"cache_control":{…},…
+            rest = rest[1:]
+        out.append(rest)
+    return b"".join(out)
+
+
 def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=DIGEST).digest()
+    # SHA-256 runs on the CPU's SHA extensions: twice blake2b's speed here (0.07 ms per 100 KB)
+    return hashlib.sha256(data).digest()[:DIGEST]
 
 
 def _safe(value: str) -> str:
@@ -148,15 +167,28 @@ def _metadata_session(user_id: Any) -> str | None:
     return tail if sep and tail else None
 
 
+_STABLE_KNOWN: OrderedDict[bytes, str] = OrderedDict()
+"""Stable-prefix hashes by the digests they came from: an agent resends the same system
+prompt every turn, and reading its text up to the boundary is the costly part."""
+
+
 def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
-    digest = hashlib.sha256((model or "").encode(errors="surrogatepass") + b"\0")
-    for block, data in zip(prefix.blocks, prefix.data, strict=True):
+    head = (model or "").encode(errors="surrogatepass") + b"\0"
+    key = head + b"".join(prefix.digests[:2])
+    known = _STABLE_KNOWN.get(key)
+    if known is not None:
+        return known
+    digest = hashlib.sha256(head)
+    for block, found in zip(prefix.blocks, prefix.digests, strict=True):
         if block.label == "tools":
-            digest.update(data)
+            digest.update(found)
             continue
         digest.update(_stable_text(block.client).encode(errors="surrogatepass"))
         break  # the first block after the tools: the system prompt (or the first message)
-    return digest.hexdigest()[:16]
+    known = _STABLE_KNOWN[key] = digest.hexdigest()[:16]
+    if len(_STABLE_KNOWN) > 1024:
+        _STABLE_KNOWN.popitem(last=False)
+    return known
 
 
 def _stable_text(value: Any) -> str:

@@ -285,13 +285,16 @@ class SessionTracker:
         self._keep = keep
 
     def placed_memory(self, owner: str, session: str, prefix: ClientPrefix) -> dict[int, str]:
-        """Memory blocks this session placed before in blocks the client sent again
-        unchanged, by block index: placing them again keeps the cached prefix."""
+        """Memory blocks this session placed before, in blocks of the prefix the client
+        resent unchanged (the part the provider has cached), by block index: placing them
+        again keeps that prefix. A block that moved (OpenClaw re-appends its internal-context
+        message every turn) is not in the cached prefix: it gets a fresh recall instead."""
         state = self._sessions.get((owner, session))
         if state is None or not state.memory:
             return {}
+        shared = _common(state.client, b"".join(prefix.digests[:KEEP_BLOCKS]))
         found: dict[int, str] = {}
-        for i, digest in enumerate(prefix.digests):
+        for i, digest in enumerate(prefix.digests[:shared]):
             text = state.memory.get(digest)
             if text is not None:
                 found[i] = text

@@ -141,8 +141,9 @@ def test_monitor_bumps_after_exceeding_and_analyze_recommends(
             _add(server.config_path, f"Deploy note {i}: deploys need a green build and a review")
         body = _turn("how do deploys work here?")
         body["model"] = "tiny-model"
-        for _ in range(2):
-            httpx.post(f"{server.base_url}/chat/completions", json=body)
+        for conversation in ("a", "b"):  # the same question in two conversations: two recalls
+            headers = {"x-context-budget-session": conversation}
+            httpx.post(f"{server.base_url}/chat/completions", json=body, headers=headers)
         first, second = reversed(server.report()["recent"][:2])
         assert first["memory"]["usage"]["exceeded"] is True
         assert "bumped a tier" in second["memory"]["budget"]["complexityReason"]
@@ -174,17 +175,21 @@ def test_deep_asks_the_configured_model_for_a_rewrite_once_per_query(
         _add(server.config_path, "Therapy is on Thursdays at 3pm")
         body = _turn("when is my counselor session")  # no word of the memory
 
-        def ask(profile: str) -> httpx.Response:
+        def ask(profile: str, conversation: str) -> httpx.Response:
             return httpx.post(
                 f"{server.base_url}/chat/completions",
                 json=body,
-                headers={"x-context-budget-profile": profile},
+                headers={
+                    "x-context-budget-profile": profile,
+                    # another conversation each time: a resent turn would keep its memories
+                    "x-context-budget-session": conversation,
+                },
                 timeout=60,
             )
 
-        assert ask("balanced").headers["x-context-budget-memories"] == "0"
-        assert ask("deep").headers["x-context-budget-memories"] == "1"
-        assert ask("deep").headers["x-context-budget-memories"] == "1"  # same words, cached
+        assert ask("balanced", "a").headers["x-context-budget-memories"] == "0"
+        assert ask("deep", "b").headers["x-context-budget-memories"] == "1"
+        assert ask("deep", "c").headers["x-context-budget-memories"] == "1"  # same words, cached
         rewrites = [r for r in standin.received if r.json.get("model") == "rewriter"]
         assert len(rewrites) == 1, "one rewrite per query, none for balanced"
         asked = rewrites[0]

@@ -300,3 +300,31 @@ def test_the_tracker_counts_the_shared_prefix_and_forgets_the_oldest_session() -
     for session in ("s2", "s3"):  # two more sessions push s1 out
         tracker.observe("o", session, first, first.blocks)
     assert tracker.observe("o", "s1", later, later.blocks).first
+
+
+def test_a_new_question_gets_its_own_recall_when_the_client_moves_its_last_message(
+    tmp_path: Path,
+) -> None:
+    """OpenClaw re-appends its internal-context message after every turn: the memory block
+    placed there is not in the cached prefix, so each new question is recalled afresh."""
+    context = {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nx\n<<<END>>>"}
+    system = {"role": "system", "content": "You are an agent."}
+    ask = {"role": "user", "content": "[Sun 2026-11-22 11:28 UTC] when is the zebra deadline?"}
+    call = tool_call("c1", "read", {"p": "a"})
+    result = {"role": "tool", "tool_call_id": "c1", "content": "file a"}
+    again = {"role": "user", "content": "[Sun 2026-11-22 11:30 UTC] and where is the zoo?"}
+    turns = [
+        [system, ask, context],
+        [system, ask, call, result, context],
+        [system, ask, call, result, {"role": "assistant", "content": "Friday."}, again, context],
+    ]
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        client.post("/v1/memories", json={"text": "The zebra deadline is Friday the 28th"})
+        client.post("/v1/memories", json={"text": "The zoo is on Harbour Street"})
+        for messages in turns:
+            r = client.post(ROUTE, json={"model": "gpt-4o", "messages": messages})
+            assert "x-context-budget-cache-bust" not in r.headers
+        sent = [s.json["messages"][-1]["content"] for s in fake.sent]
+    assert "zebra deadline" in sent[0] and "zebra deadline" in sent[1]
+    assert "Harbour Street" in sent[2], "the new question was recalled for"

@@ -29,9 +29,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from caps import Clamp, clamp_request
+from memory.pg import DatabaseUnavailable
 from proxy.auth import check_metrics_reader, owner_for
 from proxy.config import ConfigSource
-from proxy.errors import CtxBudgetError
+from proxy.database import open_database
+from proxy.errors import CtxBudgetError, ServiceUnavailable
 from proxy.guard import BrowserGuard
 from proxy.memories import MemoryRoutes
 from proxy.metrics import Metrics
@@ -75,7 +77,7 @@ def create_app(
     owns_reports = reports is None
     if reports is None:
         reports = ReportStore(
-            cfg.report.path,
+            open_database(cfg.database, env) or cfg.report.path,
             run=run or env.get("CTXBUDGET_RUN_ID") or secrets.token_hex(6),
             keep_days=cfg.report.keep_days,
             sinks=sinks,
@@ -160,6 +162,7 @@ def create_app(
         middleware=[Middleware(BrowserGuard, settings=state.settings)],
         exception_handlers={
             CtxBudgetError: _error_response,
+            DatabaseUnavailable: _error_response,
             HTTPException: _error_response,
             Exception: _error_response,
         },
@@ -171,6 +174,10 @@ def create_app(
 async def _error_response(request: Request, exc: Exception) -> Response:
     """Every error, as JSON in the shape of the client's wire format (OpenAI by default)."""
     wire: WireFormat = getattr(request.state, "wire", CHAT)
+    if isinstance(exc, DatabaseUnavailable):
+        exc = ServiceUnavailable(
+            f"{exc}; this route needs the database (database.url), proxied requests do not"
+        )
     if isinstance(exc, CtxBudgetError):
         headers = getattr(exc, "headers", None) or {}
         return JSONResponse(wire.error_body(exc), status_code=exc.status, headers=headers)

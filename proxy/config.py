@@ -38,6 +38,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -52,6 +53,7 @@ from proxy.errors import ConfigError
 log = logging.getLogger("ctxbudget.config")
 
 ENV_PREFIX = "CTXBUDGET__"
+DATABASE_URL_ENV = "CTXBUDGET_DATABASE_URL"
 
 
 def _expand(value: Any) -> Any:
@@ -310,6 +312,31 @@ class ReportConfig(_Model):
     (`stream_options.include_usage`), and drop that usage chunk from what the client sees."""
 
 
+class DatabaseConfig(_Model):
+    url: str | None = None
+    """`postgresql://user@host:port/db`: memories, the monitor and the report live there, for
+    any number of proxies; None: the SQLite files (`memory.store.path`, `report.path`).
+    `$CTXBUDGET_DATABASE_URL` sets it too. Never put the password here: `passwordEnv`."""
+    password_env: str | None = None
+    """Environment variable holding the database password (read at start)."""
+    pool_size: int = Field(10, ge=1, le=200)
+    """Connections each proxy process keeps open to the database, at most."""
+    connect_timeout_seconds: float = Field(5.0, gt=0, le=120)
+    """How long to wait for a connection before the request gets a 503."""
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_only(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                "must be a postgresql:// URL (or null for the SQLite files), "
+                f"got one starting {value.split(':', 1)[0]!r}"
+            )
+        return value
+
+
 class TelemetryConfig(_Model):
     enabled: bool | None = None
     """OpenTelemetry export: true, false, or null to follow the OTEL_EXPORTER_OTLP_* variables."""
@@ -334,6 +361,8 @@ class Config(_Model):
     """The report."""
     telemetry: TelemetryConfig = TelemetryConfig()
     """OpenTelemetry traces and metrics (read at start)."""
+    database: DatabaseConfig = DatabaseConfig()
+    """PostgreSQL for memories, the monitor and the report (read at start)."""
 
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -374,6 +403,10 @@ def load_config(
         _set(data, parts, _env_value(value))
         origins[".".join(parts)] = "env"
         sources[".".join(parts)] = "$" + name
+    if env.get(DATABASE_URL_ENV):  # the URL may hold a password: an env var of its own
+        _set(data, ["database", "url"], env[DATABASE_URL_ENV])
+        origins["database.url"] = "env"
+        sources["database.url"] = "$" + DATABASE_URL_ENV
     for dotted, value in overrides.items():
         _set(data, dotted.split("."), value)
         origins[dotted] = "cli"

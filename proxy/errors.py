@@ -10,7 +10,9 @@
     │   ├── NotFound           404
     │   └── PayloadTooLarge    413: body over proxy.maxBodyBytes
     ├── UpstreamError          the provider failed: its own status (429, 5xx), 502, 504
-    └── ClampError             500: a clamp raised and contextBudget.failClosed is true
+    ├── ClampError             500: a clamp raised and contextBudget.failClosed is true
+    └── ServiceUnavailable     503: the database (database.url) did not answer; plain
+                               forwarding does not need it and goes on
 
 Every error reaches a client as OpenAI-shaped JSON, from one handler:
 `{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}`.
@@ -121,3 +123,9 @@ class ClampError(CtxBudgetError):
     status = 500
     type = "server_error"
     code = "clamp_failed"
+
+
+class ServiceUnavailable(CtxBudgetError):
+    status = 503
+    type = "server_error"
+    code = "database_unavailable"

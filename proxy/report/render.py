@@ -37,6 +37,7 @@ def build_report(
             "runs": summary["runs"],
         },
         "totals": summary["totals"],
+        "lost": summary.get("lost", 0),
         "recent": [_recent(r) for r in summary["recent"]],
         "sessions": [_session(s) for s in summary["sessions"]],
         **({"requestId": request_id} if request_id else {}),
@@ -198,6 +199,11 @@ def render_text(report: dict[str, Any]) -> str:
     if totals["clampErrors"]:
         lines.append(
             f"⚠ {totals['clampErrors']} request(s) forwarded untouched after a clamp error"
+        )
+    if report.get("lost"):
+        lines.append(
+            f"⚠ {_plural(report['lost'], 'request')} answered by this proxy could not be "
+            "recorded (the report database did not answer; see the log)"
         )
     lines.append("By kind:")
     for kind, t in totals["byKind"].items():

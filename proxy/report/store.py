@@ -15,16 +15,18 @@ record with its JSON entry on the same thread, so the request path pays for none
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from caps import SEGMENT_KINDS
+from memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from memory.sqlite import Database, connect
 from proxy.report.record import RequestRecord, describe, dumps_entry, loads_entry
 from proxy.report.summary import HOUR, read_summary
@@ -37,6 +39,8 @@ IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
 """Request rows kept per owner for `/context/budget/requests/{id}`; older ones are pruned."""
+RETRY_SECONDS = 1.0
+"""A write the database did not answer is tried once more after this long."""
 KEEP_DAYS = 90.0
 """Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
 _SUMS = (
@@ -157,6 +161,41 @@ _UPGRADES = (
 )
 
 
+_PG_BASELINE = f"""
+CREATE TABLE IF NOT EXISTS runs (run TEXT PRIMARY KEY, started DOUBLE PRECISION NOT NULL);
+CREATE TABLE IF NOT EXISTS requests (id TEXT PRIMARY KEY, run TEXT NOT NULL,
+    ts DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, owner TEXT NOT NULL DEFAULT 'default');
+CREATE INDEX IF NOT EXISTS requests_owner ON requests (owner, run, ts);
+CREATE INDEX IF NOT EXISTS requests_time ON requests (ts);
+CREATE TABLE IF NOT EXISTS totals_by_hour (hour BIGINT NOT NULL, owner TEXT NOT NULL,
+    kind TEXT NOT NULL, {
+    ", ".join(
+        f"{c} {'DOUBLE PRECISION' if c.endswith('usd') else 'BIGINT'} NOT NULL DEFAULT 0"
+        for c in _columns(_SUMS)
+    )
+}, PRIMARY KEY (hour, owner, kind));
+CREATE TABLE IF NOT EXISTS counts_by_hour (hour BIGINT NOT NULL, owner TEXT NOT NULL,
+    {", ".join(f"{c} BIGINT NOT NULL DEFAULT 0" for c in _columns(_COUNTS))},
+    PRIMARY KEY (hour, owner));
+CREATE TABLE IF NOT EXISTS sessions (owner TEXT NOT NULL, id TEXT NOT NULL,
+    format TEXT NOT NULL, model TEXT, first DOUBLE PRECISION NOT NULL,
+    last DOUBLE PRECISION NOT NULL, {
+    ", ".join(
+        f"{c} {'DOUBLE PRECISION' if c in _REAL else 'BIGINT'} NOT NULL DEFAULT 0"
+        for c in SESSION_SUMS
+    )
+}, last_bust TEXT, PRIMARY KEY (owner, id));
+CREATE INDEX IF NOT EXISTS sessions_last ON sessions (owner, last)
+"""
+MIGRATIONS = (
+    Migration(1, _SCHEMA, None),
+    *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
+    Migration(SCHEMA_VERSION, _UPGRADES[-1], _PG_BASELINE),
+)
+"""The report's schema, step by step, for both backends: SQLite files have walked every step
+since version 1; PostgreSQL starts from the baseline of version 5."""
+
+
 class Sink(Protocol):
     """Something else that wants each finished request (telemetry)."""
 
@@ -181,25 +220,42 @@ def open_db(path: Path) -> Database:
         # look again once holding it.
         with db.transaction() as conn:
             current = conn.execute("PRAGMA user_version").fetchone()[0]
-            if current == 0:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                current = 1
-            for upgrade in _UPGRADES[current - 1 :]:
-                for statement in upgrade.split(";"):
-                    conn.execute(statement)
+            for step in MIGRATIONS:
+                if step.version > current and step.sqlite is not None:
+                    for statement in step.sqlite.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     return db
 
 
-def start_run(path: Path, run: str, started: float) -> None:
+_ADD_RUN = "INSERT INTO runs (run, started) VALUES (?, ?) ON CONFLICT DO NOTHING"
+
+
+def open_pg(db: PgDatabase) -> PgDatabase:
+    """Create or migrate the report's tables in `db` (once, whoever else starts)."""
+    migrate(db, "report", MIGRATIONS)
+    return db
+
+
+def start_run(path: Path | PgDatabase, run: str, started: float) -> None:
     """Record the start of a serving run (called once, before workers start)."""
-    db = open_db(path)
-    try:
-        db.execute("INSERT OR IGNORE INTO runs (run, started) VALUES (?, ?)", (run, started))
-    finally:
-        db.close()
+    if isinstance(path, Path):
+        sqlite = open_db(path)
+        try:
+            sqlite.execute(_ADD_RUN, (run, started))
+        finally:
+            sqlite.close()
+    else:
+        open_pg(path).execute(_ADD_RUN, (run, started))
+
+
+def _storable(text: str | None) -> str | None:
+    """A client's string as a column can hold it: a lone surrogate becomes "?" (neither
+    SQLite's nor PostgreSQL's text takes one; the request's JSON entry keeps it escaped)."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
 
 
 class ReportStore:
@@ -207,7 +263,7 @@ class ReportStore:
 
     def __init__(
         self,
-        path: Path,
+        path: Path | PgDatabase,
         *,
         run: str,
         started: float | None = None,
@@ -216,18 +272,29 @@ class ReportStore:
         keep_requests: int = KEEP_REQUESTS,
         keep_days: float = KEEP_DAYS,
     ) -> None:
-        self.path = path
+        self.path = path if isinstance(path, Path) else None
+        """The SQLite file; None on PostgreSQL."""
         self.sinks = list(sinks)
         self.run = run
         self._batch_seconds = batch_seconds
         self._flush_now = threading.Event()
         self._tokens = TokenCounter()
         self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
-        self._db = open_db(path)
-        self._db.execute(
-            "INSERT OR IGNORE INTO runs (run, started) VALUES (?, ?)",
-            (run, started if started is not None else time.time()),
-        )
+        self._started = started if started is not None else time.time()
+        self.lost = 0
+        """Requests this process could not record (the database did not answer)."""
+        self._db: Database | PgDatabase
+        self._migrated = True
+        if isinstance(path, Path):
+            self._db = open_db(path)
+            self._db.execute(_ADD_RUN, (run, self._started))
+        else:
+            self._db = path
+            try:  # a database that is down must not stop the proxy: retried on first use
+                open_pg(path).execute(_ADD_RUN, (run, self._started))
+            except DatabaseUnavailable as exc:
+                self._migrated = False
+                log.error("report database unavailable at start (retried later): %s", exc)
         self._writes = 0
         self._keep = keep_requests
         self.keep_days = keep_days
@@ -255,8 +322,26 @@ class ReportStore:
         self._thread.join(timeout=30)
         self._db.close()
 
+    @contextlib.contextmanager
+    def _transaction(self, conn: sqlite3.Connection | None) -> Iterator[Any]:
+        """A write transaction: on the writer's own SQLite connection (reads never wait for
+        a batch), or on a pooled PostgreSQL connection."""
+        if conn is None:
+            assert isinstance(self._db, PgDatabase)
+            with self._db.transaction() as tx:
+                yield tx
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
     def _writer(self) -> None:
-        conn = connect(self.path)  # the writer's own: reads never wait for a batch
+        conn = connect(self.path) if self.path is not None else None
         written = False
         try:
             while True:
@@ -283,8 +368,18 @@ class ReportStore:
                 records = [r for r in batch if r is not None]
                 try:
                     if records:
-                        self._write(conn, records)
+                        self._write_or_retry(conn, records)
+                except DatabaseUnavailable as exc:
+                    self.lost += len(records)
+                    log.error(
+                        "report database unavailable, %d request(s) not recorded (%d lost since "
+                        "start): %s",
+                        len(records),
+                        self.lost,
+                        exc,
+                    )
                 except Exception:
+                    self.lost += len(records)
                     log.exception("could not write %d report records", len(records))
                 finally:
                     for _ in batch:
@@ -292,9 +387,30 @@ class ReportStore:
                 if any(r is None for r in batch):
                     return
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
 
-    def _write(self, conn: sqlite3.Connection, records: list[RequestRecord]) -> None:
+    def _write_or_retry(
+        self, conn: sqlite3.Connection | None, records: list[RequestRecord]
+    ) -> None:
+        """Write a batch; a database that did not answer gets one more try a second later
+        (a restart, a failover), then the batch is counted as lost."""
+        try:
+            self._ready()
+            self._write(conn, records)
+        except DatabaseUnavailable:
+            time.sleep(RETRY_SECONDS)
+            self._ready()
+            self._write(conn, records)
+
+    def _ready(self) -> None:
+        """Create or migrate PostgreSQL's tables if that could not be done at start."""
+        if not self._migrated:
+            assert isinstance(self._db, PgDatabase)
+            open_pg(self._db).execute(_ADD_RUN, (self.run, self._started))
+            self._migrated = True
+
+    def _write(self, conn: sqlite3.Connection | None, records: list[RequestRecord]) -> None:
         bodies = [describe(r, self._tokens) for r in records]
         for sink in self.sinks:
             for record, body in zip(records, bodies, strict=True):
@@ -303,25 +419,21 @@ class ReportStore:
                 except Exception:
                     log.exception("%s could not take request %s", type(sink).__name__, record.id)
         rows = [(b["id"], self.run, b["owner"], b["at"], dumps_entry(b)) for b in bodies]
-        # The writer's own connection (not a shared `Database`): one thread uses it.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(
-                "INSERT OR REPLACE INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?)",
+        with self._transaction(conn) as tx:
+            tx.executemany(
+                "INSERT INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET run = excluded.run, owner = excluded.owner, "
+                "ts = excluded.ts, body = excluded.body",
                 rows,
             )
-            self._add_totals(conn, bodies)
-            self._add_sessions(conn, bodies)
+            self._add_totals(tx, bodies)
+            self._add_sessions(tx, bodies)
             self._writes += len(records)
             if self._writes >= min(200, self._keep) or not self._pruned:
                 self._writes, self._pruned = 0, True
-                self._prune(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+                self._prune(tx)
 
-    def _add_totals(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
+    def _add_totals(self, conn: Any, bodies: list[dict[str, Any]]) -> None:
         groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
         for body in bodies:
             groups.setdefault((int(body["at"] // HOUR), body["owner"]), []).append(body)
@@ -329,12 +441,12 @@ class ReportStore:
             self._add_group_totals(conn, hour, owner, group)
 
     def _add_group_totals(
-        self, conn: sqlite3.Connection, hour: int, owner: str, bodies: list[dict[str, Any]]
+        self, conn: Any, hour: int, owner: str, bodies: list[dict[str, Any]]
     ) -> None:
         conn.execute(
             f"INSERT INTO counts_by_hour (hour, owner, {_COUNTS}) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (hour, owner) DO UPDATE SET "
-            + ", ".join(f"{c} = {c} + excluded.{c}" for c in _columns(_COUNTS)),
+            + ", ".join(f"{c} = counts_by_hour.{c} + excluded.{c}" for c in _columns(_COUNTS)),
             (
                 hour,
                 owner,
@@ -354,7 +466,7 @@ class ReportStore:
                 f"INSERT INTO totals_by_hour (hour, owner, kind, {_SUMS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (hour, owner, kind) DO UPDATE SET "
-                + ", ".join(f"{c} = {c} + excluded.{c}" for c in _columns(_SUMS)),
+                + ", ".join(f"{c} = totals_by_hour.{c} + excluded.{c}" for c in _columns(_SUMS)),
                 (
                     hour,
                     owner,
@@ -373,7 +485,7 @@ class ReportStore:
                 ),
             )
 
-    def _add_sessions(self, conn: sqlite3.Connection, bodies: list[dict[str, Any]]) -> None:
+    def _add_sessions(self, conn: Any, bodies: list[dict[str, Any]]) -> None:
         for b in bodies:
             if b.get("session") is None:
                 continue
@@ -399,15 +511,17 @@ class ReportStore:
             conn.execute(
                 f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
                 f"{', '.join(SESSION_SUMS)}) VALUES ({', '.join('?' * (7 + len(SESSION_SUMS)))}) "
-                "ON CONFLICT (owner, id) DO UPDATE SET last = max(last, excluded.last), "
-                "format = excluded.format, model = coalesce(excluded.model, model), "
-                "last_bust = coalesce(excluded.last_bust, last_bust), "
-                + ", ".join(f"{c} = {c} + excluded.{c}" for c in SESSION_SUMS),
+                "ON CONFLICT (owner, id) DO UPDATE SET "
+                "last = CASE WHEN excluded.last > sessions.last THEN excluded.last "
+                "ELSE sessions.last END, "
+                "format = excluded.format, model = coalesce(excluded.model, sessions.model), "
+                "last_bust = coalesce(excluded.last_bust, sessions.last_bust), "
+                + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in SESSION_SUMS),
                 (
                     b["owner"],
                     b["session"],
                     b["wire"],
-                    b["model"],
+                    _storable(b["model"]),
                     b["at"],
                     b["at"],
                     b["cacheBust"],
@@ -415,7 +529,7 @@ class ReportStore:
                 ),
             )
 
-    def _prune(self, conn: sqlite3.Connection) -> None:
+    def _prune(self, conn: Any) -> None:
         """Requests past the per-owner cap, and everything older than `keep_days`."""
         # per owner: one key's traffic must not push another's records out
         for (owner,) in conn.execute("SELECT DISTINCT owner FROM requests").fetchall():
@@ -437,6 +551,8 @@ class ReportStore:
         sql, args = "SELECT body FROM requests WHERE id = ?", [request_id]
         if owner is not None:
             sql, args = sql + " AND owner = ?", [*args, owner]
+        if not self._migrated:
+            self._ready()
         rows = self._db.fetchall(sql, args)
         return loads_entry(rows[0][0]) if rows else None
 
@@ -445,4 +561,8 @@ class ReportStore:
     ) -> dict[str, Any]:
         """Totals since `since` (everything kept when None) and the `recent` latest requests:
         one owner's, or everyone's."""
-        return read_summary(self._db.fetchall, recent=recent, owner=owner, since=since)
+        if not self._migrated:
+            self._ready()
+        summary = read_summary(self._db.fetchall, recent=recent, owner=owner, since=since)
+        summary["lost"] = self.lost
+        return summary

@@ -109,7 +109,7 @@ def _sessions(
         " sum(cache_write), sum(output), sum(without_input), sum(without_cache_read),"
         " sum(without_cache_write), sum(cost_usd), sum(without_usd), sum(saved_tokens),"
         " sum(memory_tokens), sum(busts_client), sum(busts_ctxbudget),"
-        " sum(priced = 0 AND billed > 0)"
+        " sum(CASE WHEN priced = 0 AND billed > 0 THEN 1 ELSE 0 END)"
         f" FROM sessions {where}{active}",
         active_args,
     )

@@ -3,11 +3,27 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from caps import Segment
+from memory.pg import PgDatabase
 from proxy.report import ReportStore, RequestRecord, build_report, render_text
 from proxy.report import store as report_module
+
+Where = Callable[[], Path | PgDatabase]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    """Where a report store keeps its data, each call as another process would open it: the
+    same SQLite file, or the same PostgreSQL database through a pool of its own."""
+    if request.param == "sqlite":
+        return lambda: tmp_path / "r.db"
+    url = request.getfixturevalue("pg_url")
+    return lambda: PgDatabase(url)
 
 
 def _record(i: int, *, action: str = "clamped") -> RequestRecord:
@@ -37,8 +53,8 @@ def _record(i: int, *, action: str = "clamped") -> RequestRecord:
     )
 
 
-def test_totals_and_recent_requests(tmp_path: Path) -> None:
-    store = ReportStore(tmp_path / "r.db", run="run-1")
+def test_totals_and_recent_requests(where: Where) -> None:
+    store = ReportStore(where(), run="run-1")
     for i in range(3):
         store.add(_record(i))
     store.add(_record(3, action="would-clamp"))
@@ -62,10 +78,10 @@ def test_totals_and_recent_requests(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_second_store_on_the_same_file_sees_the_same_run(tmp_path: Path) -> None:
+def test_a_second_store_on_the_same_file_sees_the_same_run(where: Where) -> None:
     """Two workers share one file: each sees the other's requests."""
-    one = ReportStore(tmp_path / "r.db", run="shared", started=1.0)
-    two = ReportStore(tmp_path / "r.db", run="shared", started=1.0)
+    one = ReportStore(where(), run="shared", started=1.0)
+    two = ReportStore(where(), run="shared", started=1.0)
     one.add(_record(1))
     two.add(_record(2))
     one.flush()
@@ -76,8 +92,8 @@ def test_a_second_store_on_the_same_file_sees_the_same_run(tmp_path: Path) -> No
     two.close()
 
 
-def test_text_report_lists_segments_and_totals(tmp_path: Path) -> None:
-    store = ReportStore(tmp_path / "r.db", run="r")
+def test_text_report_lists_segments_and_totals(where: Where) -> None:
+    store = ReportStore(where(), run="r")
     store.add(_record(1))
     store.flush()
     settings = {
@@ -124,20 +140,23 @@ def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path
     reopened.close()
 
 
-def test_one_record_with_a_lone_surrogate_does_not_cost_the_batch(tmp_path: Path) -> None:
-    store = ReportStore(tmp_path / "r.db", run="r")
+def test_one_record_with_a_lone_surrogate_does_not_cost_the_batch(where: Where) -> None:
+    store = ReportStore(where(), run="r")
     for i in range(5):
         store.add(dataclasses.replace(_record(i), owner="alice"))
-    store.add(dataclasses.replace(_record(5), owner="bob", model="\ud800"))
+    store.add(dataclasses.replace(_record(5), owner="bob", model="\ud800", session="s"))
     store.flush()
+    assert [(s["id"], s["model"]) for s in store.summary(recent=1, owner="bob")["sessions"]] == [
+        ("s", "?")
+    ]
     assert store.summary(recent=10, owner="alice")["totals"]["requests"] == 5
     assert store.request("cb-5", owner="bob")["model"] == "\ud800"  # type: ignore[index]
     assert len(store.summary(recent=10)["recent"]) == 6
     store.close()
 
 
-def test_one_owners_traffic_does_not_prune_anothers_records(tmp_path: Path) -> None:
-    store = ReportStore(tmp_path / "r.db", run="r", keep_requests=3)
+def test_one_owners_traffic_does_not_prune_anothers_records(where: Where) -> None:
+    store = ReportStore(where(), run="r", keep_requests=3)
     for i in range(3):
         store.add(dataclasses.replace(_record(i), owner="alice"))
     store.flush()
@@ -155,14 +174,13 @@ def test_one_owners_traffic_does_not_prune_anothers_records(tmp_path: Path) -> N
     store.close()
 
 
-def test_the_report_spans_restarts_and_instances_and_a_window(tmp_path: Path) -> None:
-    path = tmp_path / "r.db"
+def test_the_report_spans_restarts_and_instances_and_a_window(where: Where) -> None:
     now = time.time()
-    earlier = ReportStore(path, run="monday", started=now - 5 * 86_400)
+    earlier = ReportStore(where(), run="monday", started=now - 5 * 86_400)
     earlier.add(dataclasses.replace(_record(1), ts=now - 5 * 86_400))
     earlier.close()  # that proxy stopped
-    first = ReportStore(path, run="a", started=now - 60)
-    second = ReportStore(path, run="b", started=now - 30)  # another instance, same file
+    first = ReportStore(where(), run="a", started=now - 60)
+    second = ReportStore(where(), run="b", started=now - 30)  # another instance, same file
     first.add(dataclasses.replace(_record(2), ts=now - 2 * 3600))
     second.add(dataclasses.replace(_record(3), ts=now))
     first.flush()
@@ -179,13 +197,13 @@ def test_the_report_spans_restarts_and_instances_and_a_window(tmp_path: Path) ->
     second.close()
 
 
-def test_history_past_keep_days_is_pruned(tmp_path: Path) -> None:
+def test_history_past_keep_days_is_pruned(where: Where) -> None:
     now = time.time()
-    store = ReportStore(tmp_path / "r.db", run="r", keep_days=1)
+    store = ReportStore(where(), run="r", keep_days=1)
     store.add(dataclasses.replace(_record(1), ts=now - 3 * 86_400))
     store.flush()
     store.close()
-    again = ReportStore(tmp_path / "r.db", run="r2", keep_days=1)
+    again = ReportStore(where(), run="r2", keep_days=1)
     again.add(dataclasses.replace(_record(2), ts=now))
     again.flush()
     summary = again.summary(recent=10)

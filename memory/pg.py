@@ -1,0 +1,191 @@
+"""PostgreSQL for the stores, the way `memory/sqlite.py` is SQLite: a pool of connections,
+statements written once with `?` placeholders for both, and versioned migrations that run once
+even when several proxies start at the same time.
+
+Imported only when `database.url` is set (psycopg and its pool are loaded then).
+
+- `PgDatabase.fetchall(sql, args)` / `execute` / `executemany`: one statement each, on a
+  pooled connection in autocommit; `?` become psycopg's `%s`; NUMERIC sums come back as int or
+  float, as SQLite gives them.
+- `PgDatabase.transaction()`: one connection for the block, committed on exit, rolled back on
+  error; `tx.execute(...)` inside it.
+- `migrate(db, component, migrations)`: under a transaction-scoped advisory lock, the
+  component's version is read from `ctxbudget_schema` and the missing steps run in order.
+- A database that is down, or a pool with no free connection within `connect_timeout`, raises
+  `DatabaseUnavailable` (the proxy answers 503 on routes that need it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+class DatabaseUnavailable(Exception):
+    """The database did not answer (down, unreachable, or every connection busy)."""
+
+
+def to_pg(sql: str) -> str:
+    """A statement written for SQLite's `?` placeholders, in psycopg's `%s` style.
+
+    >>> to_pg("SELECT 100 % 7, x FROM t WHERE a = ? AND b LIKE 'a%'")
+    "SELECT 100 %% 7, x FROM t WHERE a = %s AND b LIKE 'a%%'"
+    """
+    return _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
+
+
+def _plain(row: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(
+        (int(v) if v == v.to_integral_value() else float(v)) if isinstance(v, Decimal) else v
+        for v in row
+    )
+
+
+class PgCursor:
+    """What a statement gave: its rows (fetched at once) and how many rows it changed."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self._rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self._rows[0] if self._rows else None
+
+
+class PgTx:
+    """Statements inside one transaction (`PgDatabase.transaction()`)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, args: Iterable[Any] = ()) -> PgCursor:
+        cur = self.conn.execute(to_pg(sql), tuple(args))
+        rows = [_plain(r) for r in cur.fetchall()] if cur.description else []
+        return PgCursor(rows, cur.rowcount)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cur:
+            cur.executemany(to_pg(sql), [tuple(r) for r in rows])
+
+
+class PgDatabase:
+    """A pool of connections to one PostgreSQL database."""
+
+    dialect = "postgres"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        password: str | None = None,
+        pool_size: int = 10,
+        connect_timeout: float = 5.0,
+        name: str = "ctxbudget",
+    ) -> None:
+        import psycopg
+        from psycopg_pool import ConnectionPool, PoolTimeout
+
+        self.url = url
+        self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, round(connect_timeout)),
+        }
+        if password:
+            kwargs["password"] = password
+        self.pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            timeout=connect_timeout,
+            kwargs=kwargs,
+            name=name,
+            open=False,
+        )
+        self.pool.open(wait=False)  # a database that is down must not stop the proxy starting
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except self._errors as exc:
+            raise DatabaseUnavailable(_describe(exc)) from exc
+
+    def execute(self, sql: str, args: Iterable[Any] = ()) -> PgCursor:
+        with self._connection() as conn:
+            return PgTx(conn).execute(sql, args)
+
+    def fetchall(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
+        return self.execute(sql, args).fetchall()
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.transaction() as tx:
+            tx.executemany(sql, rows)
+
+    @contextmanager
+    def transaction(self) -> Iterator[PgTx]:
+        with self._connection() as conn, conn.transaction():
+            yield PgTx(conn)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"the database did not answer: {text}"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: `version` reached, and the statements of each dialect (None: this
+    dialect's baseline already has it)."""
+
+    version: int
+    sqlite: str | None
+    postgres: str | None
+
+
+def migrate(db: PgDatabase, component: str, migrations: Sequence[Migration]) -> int:
+    """Bring `component`'s tables to the last version of `migrations`, once: several proxies
+    starting together wait on one advisory lock, and each looks again once holding it.
+    Returns the version. A database newer than `migrations` is refused."""
+    latest = migrations[-1].version
+    with db.transaction() as tx:
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (f"ctxbudget:{component}",))
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS ctxbudget_schema ("
+            " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+        )
+        row = tx.execute(
+            "SELECT version FROM ctxbudget_schema WHERE component = ?", (component,)
+        ).fetchone()
+        current = row[0] if row else 0
+        if current > latest:
+            raise RuntimeError(
+                f"the database's {component} tables are at version {current}, newer than this "
+                f"ctxbudget understands ({latest}): upgrade ctxbudget"
+            )
+        for step in migrations:
+            if step.version <= current or step.postgres is None:
+                continue
+            for statement in step.postgres.split(";"):
+                if statement.strip():
+                    tx.execute(statement)
+        if current < latest:
+            tx.execute(
+                "INSERT INTO ctxbudget_schema (component, version) VALUES (?, ?) "
+                "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                (component, latest),
+            )
+    return latest

@@ -1,0 +1,53 @@
+"""`database.url`: PostgreSQL for memories, the monitor and the report, shared by any number of
+proxies; unset, the SQLite files (`memory.store.path`, `report.path`) as before.
+
+The password comes from the environment variable `database.passwordEnv` names (or is part of
+`$CTXBUDGET_DATABASE_URL`); it never appears in the report, the log or `config show`
+(`redacted`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+from memory.pg import PgDatabase
+from proxy.config import DatabaseConfig
+
+log = logging.getLogger("ctxbudget.database")
+
+_PASSWORD = re.compile(r"^(\w+://[^:/@]*:)[^@]*@")
+
+
+def redacted(url: str) -> str:
+    """`url` with any password replaced by `***`.
+
+    >>> redacted("postgresql://app:s3cret@db:5432/ctxbudget")
+    'postgresql://app:***@db:5432/ctxbudget'
+    >>> redacted("postgresql://app@db/ctxbudget")
+    'postgresql://app@db/ctxbudget'
+    """
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def open_database(cfg: DatabaseConfig, env: Mapping[str, str]) -> PgDatabase | None:
+    """A pool on `database.url`, or None when it is unset (the SQLite files). The pool
+    connects in the background: a database that is down does not stop the proxy starting."""
+    if cfg.url is None:
+        return None
+    password = None
+    if cfg.password_env:
+        password = env.get(cfg.password_env)
+        if not password:
+            log.warning(
+                "database.passwordEnv names $%s, which is not set: connecting without a password",
+                cfg.password_env,
+            )
+    log.info("database: %s (pool of %d)", redacted(cfg.url), cfg.pool_size)
+    return PgDatabase(
+        cfg.url,
+        password=password,
+        pool_size=cfg.pool_size,
+        connect_timeout=cfg.connect_timeout_seconds,
+    )

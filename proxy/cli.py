@@ -205,7 +205,6 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.metrics import shared_between_workers
-    from proxy.report import start_run
     from proxy.upstream import redact
 
     overrides = _overrides(args)
@@ -216,7 +215,7 @@ def _serve(args: argparse.Namespace) -> None:
     level = cfg.proxy.log_level
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
     run = secrets.token_hex(6)
-    start_run(cfg.report.path, run, time.time())
+    _start_run(cfg, run)
     os.environ[_ENV_CONFIG] = str(source.path) if source.path else ""
     os.environ[_ENV_OVERRIDES] = json.dumps(overrides)
     os.environ[_ENV_RUN] = run
@@ -245,6 +244,26 @@ def _serve(args: argparse.Namespace) -> None:
             access_log=level == "debug",
             timeout_graceful_shutdown=5,
         )
+
+
+def _start_run(cfg: Any, run: str) -> None:
+    """Record this serving run in the report (SQLite file or PostgreSQL) before workers start.
+    A database that does not answer is said once here; each worker retries on its own."""
+    from memory.pg import DatabaseUnavailable
+    from proxy.database import open_database
+    from proxy.report import start_run
+
+    db = open_database(cfg.database, os.environ)
+    if db is None:
+        start_run(cfg.report.path, run, time.time())
+        return
+    try:
+        start_run(db, run, time.time())
+    except DatabaseUnavailable as exc:
+        print(f"ctxbudget: ⚠ {exc}; serving anyway (the report and memories answer 503 until "
+              "it does)", file=sys.stderr)  # fmt: skip
+    finally:
+        db.close()
 
 
 def _warn_if_open(cfg: Any) -> None:
@@ -666,7 +685,10 @@ def _config_init(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    from memory.pg import DatabaseUnavailable
+    from proxy.database import open_database
     from proxy.report import build_report, open_db, read_summary, render_text
+    from proxy.report.store import open_pg
     from proxy.report.summary import parse_since
     from proxy.settings import settings_for
 
@@ -676,9 +698,20 @@ def _report(args: argparse.Namespace) -> None:
         raise SystemExit(f"ctxbudget: --since: {exc}") from None
 
     source = _source(args.config, {})
-    settings = settings_for(source.get(), os.environ)
+    cfg = source.get()
+    settings = settings_for(cfg, os.environ)
     path: Path = settings.report_path
-    if not path.exists():
+    pg = open_database(cfg.database, os.environ)
+    if pg is not None:
+        try:
+            summary = read_summary(
+                open_pg(pg).fetchall, recent=settings.recent_requests, since=since
+            )
+        except DatabaseUnavailable as exc:
+            raise SystemExit(f"ctxbudget: {exc} (database.url)") from None
+        finally:
+            pg.close()
+    elif not path.exists():
         summary = read_summary(lambda sql, args: [], recent=settings.recent_requests, since=since)
     else:
         db = open_db(path)

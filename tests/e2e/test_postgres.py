@@ -1,0 +1,103 @@
+"""Several proxies, one PostgreSQL (issue 14): two real `ctxbudget serve` processes on two
+ports share one database, and a database outage costs the report, never the traffic."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.server import ProxyServer, base_config, serve
+from tests.openclaw import openclaw_request
+from tests.pg import Cluster, postgres_cluster
+from tests.standin import StandIn
+
+
+def _config(tmp_path: Path, standin: StandIn, url: str) -> dict[str, Any]:
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["upstream"]["apiKeyEnv"] = None
+    config["database"] = {"url": url, "connectTimeoutSeconds": 2}
+    return config
+
+
+@pytest.fixture
+def two(tmp_path: Path, standin: StandIn, pg_url: str) -> Iterator[list[ProxyServer]]:
+    """Two proxies, each with its own folder (no SQLite file in common), one database."""
+    with ExitStack() as stack:
+        servers = []
+        for name in ("a", "b"):
+            folder = tmp_path / name
+            folder.mkdir()
+            servers.append(stack.enter_context(serve(folder, _config(folder, standin, pg_url))))
+        yield servers
+
+
+def _chat(server: ProxyServer, session: str) -> httpx.Response:
+    body = openclaw_request(stream=False, model="gpt-4o")
+    headers = {"x-context-budget-session": session}
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def test_two_proxies_share_one_report(two: list[ProxyServer]) -> None:
+    a, b = two
+    with ThreadPoolExecutor(8) as pool:  # both at once, as behind a load balancer
+        replies = list(pool.map(lambda i: _chat((a, b)[i % 2], f"s{i % 3}"), range(24)))
+    assert [r.status_code for r in replies] == [200] * 24
+    ids = {r.headers["x-context-budget-request-id"] for r in replies}
+    for server in two:
+        report = _settled(server, 24)
+        assert report["totals"]["requests"] == 24
+        assert {r["id"] for r in report["recent"]} == ids
+        assert report["window"]["runs"] == 2, "both proxies' runs are in one report"
+        assert sorted(s["id"] for s in report["sessions"]) == ["s0", "s1", "s2"]
+        assert sum(s["requests"] for s in report["sessions"]) == 24
+        # either proxy can show a request the other one served
+        served = replies[0].headers["x-context-budget-request-id"]
+        one = httpx.get(f"{server.root}/context/budget/requests/{served}")
+        assert one.status_code == 200
+
+
+def test_a_database_outage_costs_the_report_not_the_traffic(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    with postgres_cluster() as cluster:  # a private cluster: this test stops it
+        url = cluster.new_database()
+        with serve(tmp_path, _config(tmp_path, standin, url)) as server:
+            assert _chat(server, "before").status_code == 200
+            assert server.report()["totals"]["requests"] == 1
+            cluster.stop()
+            during = [_chat(server, "during") for _ in range(3)]
+            assert [r.status_code for r in during] == [200] * 3, "traffic goes on"
+            report = httpx.get(f"{server.root}/context/budget", timeout=30)
+            assert report.status_code == 503
+            error = report.json()["error"]
+            assert error["code"] == "database_unavailable"
+            assert "database" in error["message"] and "proxied requests do not" in error["message"]
+            _restart(cluster)
+            assert _chat(server, "after").status_code == 200
+            after = server.report()
+            # the requests of the outage were retried once, then counted as lost and said so
+            assert after["lost"] == 3
+            assert after["totals"]["requests"] == 2
+        log = server.log_path.read_text()
+        assert "report database unavailable" in log and "Traceback" not in log
+
+
+def _restart(cluster: Cluster) -> None:
+    cluster.start()
+
+
+def _settled(server: ProxyServer, requests: int) -> dict[str, Any]:
+    """The report once every proxy's writer has written (each flushes only its own queue)."""
+    deadline = time.monotonic() + 10
+    while True:
+        report = server.report()
+        if report["totals"]["requests"] >= requests or time.monotonic() > deadline:
+            return report
+        time.sleep(0.1)

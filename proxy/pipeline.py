@@ -40,7 +40,7 @@ from proxy.reporting import Reporting
 from proxy.sessions import Block, ClientPrefix, PrefixChange, session_key
 from proxy.settings import Settings
 from proxy.state import ProxyState
-from proxy.upstream import UpstreamReply
+from proxy.upstream import UpstreamReply, redact
 from proxy.usage import UsageChunkDropper, UsageReader
 from proxy.wire.types import WireFormat, WireRequest
 
@@ -165,7 +165,13 @@ class Pipeline:
         # A chat stream carries usage only when asked: ask for it, and hide the answer from
         # a client that did not (litellm routes keep the client's own choice).
         dropper = None
-        if settings.request_usage and route is None and body.ask_usage():
+        upstream_url = wire.upstream_url(settings, request.url.path, "")
+        if (
+            settings.request_usage
+            and route is None
+            and upstream_url not in self.state.refuses_usage
+            and body.ask_usage()
+        ):
             dropper = UsageChunkDropper()
         watcher = wire.watch_reply(body, owner)
         marks["upstream_start"] = time.time_ns()
@@ -174,7 +180,21 @@ class Pipeline:
         watch = _DisconnectWatch(request)
         try:
             try:
-                reply = await self._forward(request, wire, body, settings, route, large=large)
+                try:
+                    reply = await self._forward(request, wire, body, settings, route, large=large)
+                except UpstreamError as exc:
+                    if dropper is None or not _refuses_usage(exc):
+                        raise
+                    # An upstream that does not know stream_options (older OpenAI-compatible
+                    # servers): send the client's request as it was, and stop asking this one.
+                    log.warning(
+                        "%s refused stream_options; usage of its streams stays unknown",
+                        redact(upstream_url),
+                    )
+                    self.state.refuses_usage.add(upstream_url)
+                    body.forget_usage()
+                    dropper = None
+                    reply = await self._forward(request, wire, body, settings, route, large=large)
             except UpstreamError as exc:
                 exc.headers = {**exc.headers, **headers}
                 recorder.finish(exc.status, upstream_error=exc.message)
@@ -316,6 +336,11 @@ class Pipeline:
         if isinstance(reply.body, bytes):
             return Response(reply.body, media_type=reply.media_type, headers=headers)
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
+
+
+def _refuses_usage(exc: UpstreamError) -> bool:
+    """Whether the upstream's 400 was about the `stream_options` ctxbudget added."""
+    return exc.status in (400, 422) and "stream_options" in orjson.dumps(exc.body or {}).decode()
 
 
 @dataclass(frozen=True)

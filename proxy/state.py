@@ -33,6 +33,8 @@ class ProxyState:
         self.clamp = clamp
         self.tokens = TokenCounter()  # counts are cached per text, shared by every stage
         self.memory = MemoryInjection(self.tokens, env)
+        self.refuses_usage: set[str] = set()
+        """Upstream URLs that answered 400 to `stream_options`: not asked for usage again."""
         self.sessions = SessionTracker()
         """Each recent session's previous request: cache busts, memory placed again."""
         self._settings: tuple[int, Settings] | None = None

@@ -61,6 +61,10 @@ class ChatCompletionsRequest:
         self._options = {**(options or {}), "include_usage": True}
         return True
 
+    def forget_usage(self) -> None:
+        """Undo `ask_usage`: the body goes as the client sent it."""
+        self._options = None
+
     def get(self, key: str) -> Any:
         """A top-level field as a Python value."""
         return self._body.get(key)

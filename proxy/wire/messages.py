@@ -171,6 +171,9 @@ class MessagesRequest:
     def ask_usage(self) -> bool:
         return False  # every reply of this format carries its usage
 
+    def forget_usage(self) -> None:
+        pass
+
     def litellm_body(self) -> None:
         return None
 

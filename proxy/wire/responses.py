@@ -246,6 +246,9 @@ class ResponsesRequest:
     def ask_usage(self) -> bool:
         return False  # every reply of this format carries its usage
 
+    def forget_usage(self) -> None:
+        pass
+
     def litellm_body(self) -> None:
         return None
 

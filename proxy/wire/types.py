@@ -97,6 +97,10 @@ class WireRequest(Protocol):
         completions needs it: the other formats always report usage.)"""
         ...
 
+    def forget_usage(self) -> None:
+        """Undo `ask_usage` (the upstream refused `stream_options`)."""
+        ...
+
     def litellm_body(self) -> dict[str, Any] | None:
         """The request as OpenAI chat values for a litellm route; None if the format has none."""
         ...

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import proxy.usage
+from proxy.errors import UpstreamError
 from proxy.usage import Usage, UsageChunkDropper, UsageReader
-from tests.fakes import chat_chunks, chat_completion
+from tests.fakes import FakeReply, FakeUpstream, Sent, chat_chunks, chat_completion
 from tests.inproc import config_for, proxy_app
 
 ANTHROPIC = "http://anthropic.test"
@@ -274,3 +275,34 @@ def test_responses_usage_in_the_report(tmp_path: Path) -> None:
         r = client.post("/v1/responses", json={**body, "stream": True})
         assert r.content == b"".join(responses_stream())
         assert entry(client, r)["usage"] == EXPECTED["responses"].to_dict()
+
+
+class _NoStreamOptions(FakeUpstream):
+    """An older OpenAI-compatible server: a request with `stream_options` gets a 400."""
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> FakeReply:
+        body = kwargs["body"] or b""
+        if b"stream_options" in body:
+            self.sent.append(Sent(method, url, dict(kwargs["headers"]), body, 0, 0))
+            message = "Unrecognized request argument supplied: stream_options"
+            raise UpstreamError(
+                message, status=400, body={"error": {"message": message, "type": "invalid"}}
+            )
+        return await super().request(method, url, **kwargs)
+
+
+def test_an_upstream_that_refuses_stream_options_gets_the_clients_request(
+    tmp_path: Path,
+) -> None:
+    fake = _NoStreamOptions()
+    fake.answer_sse(chat_chunks("hi there"))
+    body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with proxy_app(tmp_path, upstream=fake) as (client, _):
+        first = client.post("/v1/chat/completions", json=body)
+        second = client.post("/v1/chat/completions", json=body)
+    assert first.status_code == second.status_code == 200
+    assert first.content == b"".join(chat_chunks("hi there")), "the client's stream, unchanged"
+    # asked once, refused, sent as the client wrote it; never asked again
+    asked = [b"stream_options" in s.body for s in fake.sent if s.body]
+    assert asked == [True, False, False]
+    assert json.loads(fake.sent[-1].body or b"") == body

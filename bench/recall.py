@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore  # noqa: E402
+from bench._stores import Store, close_store, open_store, size_mb  # noqa: E402
+from memory import MemoryLimits, NewMemory  # noqa: E402
 from memory.profiles import PROFILES  # noqa: E402
 from memory.recall import recall  # noqa: E402
 from proxy.tokens import TokenCounter  # noqa: E402
@@ -124,10 +125,12 @@ def targets() -> list[tuple[str, str, str]]:
     return out
 
 
-def build(path: Path, size: int, rng: random.Random) -> tuple[SQLiteMemoryStore, float]:
+def build(
+    folder: Path, name: str, size: int, rng: random.Random, url: str | None
+) -> tuple[Store, float]:
     """A store of `size` memories imported in batches of 10,000 (as `memory import` adds
     them): neighbours within a batch lend each other context, recall's costliest case."""
-    store = SQLiteMemoryStore(path, limits=MemoryLimits(max_memories=size + 1000))
+    store = open_store(folder, name, MemoryLimits(max_memories=size + 1000), url)
     start = time.perf_counter()
     for first in range(0, size, 10_000):
         count = min(10_000, size - first)
@@ -136,7 +139,7 @@ def build(path: Path, size: int, rng: random.Random) -> tuple[SQLiteMemoryStore,
 
 
 def timed_recall(
-    store: SQLiteMemoryStore, queries: list[str], profile: str, tokens: TokenCounter
+    store: Store, queries: list[str], profile: str, tokens: TokenCounter
 ) -> list[float]:
     out = []
     for q in queries:
@@ -159,6 +162,12 @@ def timed_recall(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument(
+        "--database-url",
+        help="postgresql://… : run on PostgreSQL (each store in a schema of its own, dropped "
+        "after) instead of SQLite files",
+    )
+    parser.add_argument("--skip-quality", action="store_true", help="speed only")
     args = parser.parse_args()
     rng = random.Random(7)
     tokens = TokenCounter()
@@ -168,8 +177,8 @@ def main() -> None:
         print("size      import/s   DB MB   lean p50/p99 ms   balanced p50/p99   deep p50/p99")
         speeds: dict[int, dict[str, float]] = {}
         for size in args.sizes:
-            path = Path(tmp) / f"m{size}.db"
-            store, rate = build(path, size, rng)
+            name = f"m{size}"
+            store, rate = build(Path(tmp), name, size, rng, args.database_url)
             row = {}
             cols = []
             for profile in ("lean", "balanced", "deep"):
@@ -181,9 +190,9 @@ def main() -> None:
                 row[profile] = p50
                 cols.append(f"{p50:6.2f} / {p99:6.2f}")
             speeds[size] = row
-            mb = sum(p.stat().st_size for p in Path(tmp).glob(f"m{size}.db*")) / 1e6
+            mb = size_mb(store, Path(tmp), name)
             print(f"{size:>7,}  {rate:9,.0f}  {mb:6.1f}   " + "   ".join(cols))
-            store.close()
+            close_store(store)
         biggest = max(args.sizes)
         s = speeds[biggest]
         print(
@@ -191,9 +200,10 @@ def main() -> None:
             "(target >= 3x); targets p50 lean <= 5 ms, deep <= 20 ms at 100k"
         )
 
+        if args.skip_quality:
+            return
         # quality: labelled targets among 10k distractors
-        path = Path(tmp) / "quality.db"
-        store, _ = build(path, 10_000, random.Random(11))
+        store, _ = build(Path(tmp), "quality", 10_000, random.Random(11), args.database_url)
         labelled = targets()
         ids = [store.add(NewMemory(owner="default", text=t))[0].id for t, _, _ in labelled]
         print("\nquality: 200 labelled memories among 10,000 distractors")
@@ -221,7 +231,7 @@ def main() -> None:
                         rr += 1 / (ranked.index(memory_id) + 1)
                 cols.append(f"{hits / len(ids) * 100:11.1f}%  {rr / len(ids):.3f}")
             print(f"{profile:<9} " + "   ".join(cols))
-        store.close()
+        close_store(store)
 
 
 if __name__ == "__main__":

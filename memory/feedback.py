@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 
-from memory.store import STOPWORDS, words_of
+from memory.schema import words_of
+from memory.store import STOPWORDS
 
 FROM = 5
 """First-hop memories the second hop's words are taken from (the best, by keyword score)."""

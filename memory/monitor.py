@@ -1,9 +1,10 @@
 """The budget monitor: usage per request, soft enforcement, and recommendations.
 
-Every recall appends a usage record to the `usage` table of the memory store's SQLite file
-(one table, not a JSONL file: it is shared by every worker and the CLI, and `analyze` queries
-it by agent and time). "Tokens loaded" is what recall wanted to load — every memory that
-passed the trust pass — so usage over 100% means relevant memories did not fit the budget:
+Every recall appends a usage record to the `usage` table of the memory store's database (its
+SQLite file, or PostgreSQL: one table, not a JSONL file: it is shared by every worker, proxy
+and the CLI, and `analyze` queries it by agent and time). "Tokens loaded" is what recall
+wanted to load — every memory that passed the trust pass — so usage over 100% means relevant
+memories did not fit the budget:
 
 - >= 75% → info, >= 90% → warning, > 100% → exceeded;
 - after an exceeded request, the agent's next request is bumped one complexity tier
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memory.budget import BudgetProfile
+    from memory.pg import PgDatabase
     from memory.sqlite import Database
 
 ORDER = ("specialist-narrow", "specialist-broad", "role-coordinator", "role-architect")
@@ -91,7 +93,7 @@ class Usage:
 class Monitor:
     """Usage log and pending tier bumps, in the memory store's database."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database | PgDatabase) -> None:
         self._db = db
 
     def record(self, usage: Usage) -> None:
@@ -102,7 +104,7 @@ class Monitor:
             )
             if usage.exceeded:
                 conn.execute(
-                    "INSERT OR REPLACE INTO bumps (owner, agent) VALUES (?, ?)",
+                    "INSERT INTO bumps (owner, agent) VALUES (?, ?) ON CONFLICT DO NOTHING",
                     (usage.owner, usage.agent),
                 )
 

@@ -23,7 +23,7 @@ from memory.monitor import Usage, scope_of
 from memory.profiles import RequestedProfile, RetrievalProfile, choose
 from memory.query import UserTurn
 from memory.recall import recall
-from memory.store import SQLiteMemoryStore
+from memory.store import MemoryStore
 
 DEFAULT_BUDGET_PROFILE = "specialist-narrow"
 
@@ -155,7 +155,7 @@ class Recaller:
 
     def __init__(
         self,
-        store: SQLiteMemoryStore,
+        store: MemoryStore,
         config: RecallConfig,
         *,
         clock: Callable[[], float] = time.time,

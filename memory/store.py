@@ -4,7 +4,7 @@ SQLite in WAL mode, so the CLI, the API and every worker of the proxy can use on
 once; FTS5 (porter stemmer) for keyword search, ranked by BM25; the schema carries its
 version (`PRAGMA user_version`) and is migrated forward on open. Each owner keeps at most
 `max_memories` memories: adding one more evicts the least recently used, and says so in the
-log. A server database can follow by implementing `MemoryStore`.
+log. PostgreSQL implements the same `MemoryStore` in `memory/pgstore.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from memory.monitor import Monitor
+from memory.schema import MIGRATIONS, VERSION, apply_sqlite, words_of
 from memory.sqlite import Database, peek, reader
 from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
 
@@ -27,13 +28,31 @@ log = logging.getLogger("ctxbudget.memory")
 
 
 class MemoryStore(Protocol):
-    """What recall and the CLI/API need from a store."""
+    """What recall and the CLI/API need from a store: `SQLiteMemoryStore`, or
+    `memory.pgstore.PgMemoryStore` (`database.url`)."""
+
+    limits: MemoryLimits
+
+    @property
+    def monitor(self) -> Monitor:
+        """The budget monitor, in the store's database."""
+        ...
+
+    def close(self) -> None: ...
 
     def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
         """Store a validated memory; return it and any memories evicted to make room."""
         ...
 
+    def add_many(self, memories: Sequence[NewMemory]) -> tuple[list[Memory], list[Memory]]:
+        """Add all of `memories` (one owner) in one transaction, or none of them."""
+        ...
+
     def has_any(self, owner: str) -> bool: ...
+
+    def has_any_nowait(self, owner: str) -> bool | None:
+        """`has_any` answered at once from an event loop, or None when it cannot be."""
+        ...
 
     def get(self, owner: str, memory_id: int) -> Memory | None: ...
 
@@ -68,118 +87,6 @@ class MemoryStore(Protocol):
         """Count one access of each memory, once per `turn` key; True the first time."""
         ...
 
-
-def _v1(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        "CREATE TABLE memories ("
-        " id INTEGER PRIMARY KEY,"
-        " owner TEXT NOT NULL,"
-        " text TEXT NOT NULL,"
-        " category TEXT NOT NULL,"
-        " source TEXT NOT NULL CHECK (source IN ('user_explicit', 'inferred')),"
-        " scope TEXT NOT NULL,"
-        " created REAL NOT NULL,"
-        " last_accessed REAL NOT NULL,"
-        " access_count INTEGER NOT NULL DEFAULT 0)"
-    )
-    conn.execute("CREATE INDEX memories_owner_lru ON memories (owner, last_accessed, id)")
-    conn.execute(
-        "CREATE VIRTUAL TABLE memories_fts USING fts5("
-        " text, content='memories', content_rowid='id', tokenize='porter unicode61')"
-    )
-    conn.execute(
-        "CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN"
-        " INSERT INTO memories_fts (rowid, text) VALUES (new.id, new.text); END"
-    )
-    conn.execute(
-        "CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN"
-        " INSERT INTO memories_fts (memories_fts, rowid, text)"
-        " VALUES ('delete', old.id, old.text); END"
-    )
-
-
-def _v2(conn: sqlite3.Connection) -> None:
-    # User turns whose recall was already counted: a tool loop sends one turn many times.
-    conn.execute(
-        "CREATE TABLE turns (owner TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL,"
-        " PRIMARY KEY (owner, key))"
-    )
-
-
-def _v3(conn: sqlite3.Connection) -> None:
-    # The budget monitor: one usage record per recall, and agents whose next request is
-    # bumped one complexity tier (memory/monitor.py).
-    conn.execute(
-        "CREATE TABLE usage (id INTEGER PRIMARY KEY, ts REAL NOT NULL, owner TEXT NOT NULL,"
-        " agent TEXT NOT NULL, body TEXT NOT NULL)"
-    )
-    conn.execute("CREATE INDEX usage_ts ON usage (ts)")
-    conn.execute(
-        "CREATE TABLE bumps (owner TEXT NOT NULL, agent TEXT NOT NULL, PRIMARY KEY (owner, agent))"
-    )
-
-
-def _v4(conn: sqlite3.Connection) -> None:
-    # Counting an owner's memories on every insert was O(n): keep the count by trigger.
-    conn.execute("CREATE TABLE owner_counts (owner TEXT PRIMARY KEY, n INTEGER NOT NULL)")
-    conn.execute(
-        "INSERT INTO owner_counts (owner, n) SELECT owner, count(*) FROM memories GROUP BY owner"
-    )
-    # Search filtered owners after joining every match; with the owner in the index, FTS5
-    # ranks only the owner's matches.
-    for name in ("memories_ai", "memories_ad"):
-        conn.execute(f"DROP TRIGGER {name}")
-    conn.execute("DROP TABLE memories_fts")
-    conn.execute(
-        "CREATE VIRTUAL TABLE memories_fts USING fts5("
-        " text, owner, content='memories', content_rowid='id', tokenize='porter unicode61')"
-    )
-    conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')")
-    conn.execute(
-        "CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN"
-        " INSERT INTO memories_fts (rowid, text, owner) VALUES (new.id, new.text, new.owner);"
-        " INSERT INTO owner_counts (owner, n) VALUES (new.owner, 1)"
-        "  ON CONFLICT (owner) DO UPDATE SET n = n + 1; END"
-    )
-    conn.execute(
-        "CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN"
-        " INSERT INTO memories_fts (memories_fts, rowid, text, owner)"
-        "  VALUES ('delete', old.id, old.text, old.owner);"
-        " UPDATE owner_counts SET n = n - 1 WHERE owner = old.owner; END"
-    )
-
-
-def _v5(conn: sqlite3.Connection) -> None:
-    # How many of an owner's memories contain each word: recall ranks the rarest query words
-    # first and skips words too common to rank cheaply. FTS5 can count this (fts5vocab) only by
-    # reading the word's whole posting list, 3 ms for a common word at 100k memories.
-    conn.execute(
-        "CREATE TABLE words (owner TEXT NOT NULL, word TEXT NOT NULL, n INTEGER NOT NULL,"
-        " PRIMARY KEY (owner, word)) WITHOUT ROWID"
-    )
-    counts: Counter[tuple[str, str]] = Counter()
-    for owner, text in conn.execute("SELECT owner, text FROM memories"):
-        counts.update((owner, w) for w in words_of(text))
-    conn.executemany(
-        "INSERT INTO words (owner, word, n) VALUES (?, ?, ?)",
-        ((owner, word, n) for (owner, word), n in counts.items()),
-    )
-
-
-def words_of(text: str) -> set[str]:
-    """The distinct lower-cased words of `text`, as counted in the `words` table."""
-    return set(_WORD.findall(text.lower()))
-
-
-def _v6(conn: sqlite3.Connection) -> None:
-    # Memories added in one batch (an import, a POST of a list) share its first id: recall's
-    # conversation context links neighbours of one batch only (memory/context.py). Older
-    # memories have none: each stands alone.
-    conn.execute("ALTER TABLE memories ADD COLUMN batch INTEGER")
-
-
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_v1, _v2, _v3, _v4, _v5, _v6)
-"""Schema version N is reached by running MIGRATIONS[N-1]; append, never edit."""
 
 _COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count, batch"
 # Words that say nothing about which memory is meant, yet match most of them.
@@ -260,14 +167,15 @@ class SQLiteMemoryStore:
     def _migrate(self) -> None:
         with self._db.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > len(MIGRATIONS):
+            if version > VERSION:
                 raise RuntimeError(
                     f"memory store {self.path} has schema version {version}, newer than this "
-                    f"ctxbudget knows ({len(MIGRATIONS)}): upgrade ctxbudget"
+                    f"ctxbudget knows ({VERSION}): upgrade ctxbudget"
                 )
-            for number in range(version, len(MIGRATIONS)):
-                MIGRATIONS[number](conn)
-                conn.execute(f"PRAGMA user_version={number + 1}")
+            for step in MIGRATIONS:
+                if step.version > version:
+                    apply_sqlite(conn, step)
+                    conn.execute(f"PRAGMA user_version={step.version}")
 
     @property
     def monitor(self) -> Monitor:

@@ -1,12 +1,16 @@
 """Fixtures shared by every test folder: a real PostgreSQL cluster, started once per session
-when a test asks for it (`tests/pg.py`)."""
+when a test asks for it (`tests/pg.py`), and `backend`, which runs a memory-store test on
+SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from memory import MemoryLimits, MemoryStore, SQLiteMemoryStore
 from tests.pg import Cluster, postgres_cluster
 
 
@@ -20,3 +24,30 @@ def pg_cluster() -> Iterator[Cluster]:
 def pg_url(pg_cluster: Cluster) -> str:
     """A new empty database on the session's cluster."""
     return pg_cluster.new_database()
+
+
+class Backend:
+    """Where a memory store keeps its data: `open()` opens it as another process would (the
+    same SQLite file, or the same PostgreSQL database through a pool of its own)."""
+
+    def __init__(self, name: str, tmp_path: Path, url: str | None) -> None:
+        self.name = name
+        self._path = tmp_path / "m.db"
+        self.url = url
+
+    def open(
+        self, *, limits: MemoryLimits | None = None, clock: Callable[[], float] = time.time
+    ) -> MemoryStore:
+        if self.url is None:
+            return SQLiteMemoryStore(self._path, limits=limits, clock=clock)
+        from memory.pg import PgDatabase
+        from memory.pgstore import PgMemoryStore
+
+        return PgMemoryStore(PgDatabase(self.url, pool_size=4), limits=limits, clock=clock)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Each memory-store test once on a SQLite file and once on a fresh PostgreSQL database."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else None
+    return Backend(request.param, tmp_path, url)

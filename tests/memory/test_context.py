@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 import doctest
-from pathlib import Path
 
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
+from memory import MemoryLimits, NewMemory
 from memory import context as context_module
 from memory.context import context
 from memory.profiles import PROFILES
 from memory.recall import recall
 from memory.types import Memory
+from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
 
@@ -54,8 +54,8 @@ def test_context_is_deterministic_whatever_the_order_of_its_inputs() -> None:
     assert context(dict(reversed(scores.items())), list(reversed(memories)), share=0.2) == first
 
 
-def test_store_neighbours_are_the_owners_own(tmp_path: Path) -> None:
-    store = SQLiteMemoryStore(tmp_path / "m.db")
+def test_store_neighbours_are_the_owners_own(backend: Backend) -> None:
+    store = backend.open()
     for i in range(3):
         store.add(NewMemory(owner="a", text=f"a {i}"))
         store.add(NewMemory(owner="b", text=f"b {i}"))
@@ -64,8 +64,8 @@ def test_store_neighbours_are_the_owners_own(tmp_path: Path) -> None:
     assert store.neighbours("a", [a_ids[1]]) == []
 
 
-def test_batches_are_recorded_and_single_adds_stand_alone(tmp_path: Path) -> None:
-    store = SQLiteMemoryStore(tmp_path / "m.db")
+def test_batches_are_recorded_and_single_adds_stand_alone(backend: Backend) -> None:
+    store = backend.open()
     alone, _ = store.add(NewMemory(owner="a", text="one"))
     batch, _ = store.add_many([NewMemory(owner="a", text=t) for t in ("two", "three")])
     later, _ = store.add(NewMemory(owner="a", text="four"))
@@ -74,8 +74,8 @@ def test_batches_are_recorded_and_single_adds_stand_alone(tmp_path: Path) -> Non
     assert [m.batch for m in store.all("a")] == [1, 2, 2, 4]
 
 
-def test_balanced_injects_the_reply_to_a_matching_question(tmp_path: Path) -> None:
-    store = SQLiteMemoryStore(tmp_path / "m.db", clock=lambda: NOW - 86_400)
+def test_balanced_injects_the_reply_to_a_matching_question(backend: Backend) -> None:
+    store = backend.open(clock=lambda: NOW - 86_400)
     conversation = (
         "Caroline: the council meeting went well",
         "Caroline: do you play any instruments?",

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import doctest
-from pathlib import Path
 
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore, feedback
+from memory import MemoryLimits, NewMemory, feedback
 from memory.feedback import candidate_words, second_hop
 from memory.profiles import PROFILES
 from memory.recall import recall
+from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
 
@@ -30,10 +30,10 @@ def test_second_hop_is_deterministic_whatever_the_order_of_its_inputs() -> None:
     assert again == first
 
 
-def test_deep_finds_the_second_hop_and_says_which_words_it_searched(tmp_path: Path) -> None:
+def test_deep_finds_the_second_hop_and_says_which_words_it_searched(backend: Backend) -> None:
     # memories added a day apart: no conversation context, only the second hop links them
     clock = iter(range(0, 10**8, 86_400))
-    store = SQLiteMemoryStore(tmp_path / "m.db", clock=lambda: NOW - 30 * 86_400 + next(clock))
+    store = backend.open(clock=lambda: NOW - 30 * 86_400 + next(clock))
     texts = [
         "Melanie signed the kids up for a pottery class",
         "Melanie: the pottery class made clay bowls",

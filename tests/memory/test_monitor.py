@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-from pathlib import Path
-
-from memory import SQLiteMemoryStore
 from memory.budget import DEFAULT_PROFILES
 from memory.monitor import MIN_REQUESTS, Usage, analyze
+from tests.conftest import Backend
 
 
 def _usage(
@@ -37,8 +35,8 @@ def test_thresholds() -> None:
     assert over.exceeded and over.warnings[0].startswith("exceeded: 120% of 1,000 tokens")
 
 
-def test_an_exceeded_request_bumps_the_next_one_once(tmp_path: Path) -> None:
-    monitor = SQLiteMemoryStore(tmp_path / "m.db").monitor
+def test_an_exceeded_request_bumps_the_next_one_once(backend: Backend) -> None:
+    monitor = backend.open().monitor
     monitor.record(_usage(500))
     assert not monitor.take_bump("default", "main")
     monitor.record(_usage(1500))

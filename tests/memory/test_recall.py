@@ -1,21 +1,21 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
+from memory import MemoryLimits, MemoryStore, NewMemory
 from memory.inject import inject, line
 from memory.profiles import PROFILES, RetrievalProfile, choose
 from memory.recall import DAY, Recall, recall, recency_points, rewrite
+from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
 # deep without the signals that memories added one after another lend each other (tested below)
 KEYWORDS = dataclasses.replace(PROFILES["deep"], context=0.0, hop=False)
 
 
-def _store(tmp_path: Path, texts: list[tuple[str, str]]) -> SQLiteMemoryStore:
+def _store(backend: Backend, texts: list[tuple[str, str]]) -> MemoryStore:
     clock = iter(range(10**6))
-    store = SQLiteMemoryStore(tmp_path / "m.db", clock=lambda: NOW - 3 * DAY + next(clock))
+    store = backend.open(clock=lambda: NOW - 3 * DAY + next(clock))
     for text, category in texts:
         store.add(NewMemory(owner="default", text=text, category=category))
     return store
@@ -46,9 +46,9 @@ def test_recency_steps() -> None:
     assert [recency_points(d * DAY) for d in (0.5, 1.5, 3, 20, 90)] == [50, 40, 30, 15, 5]
 
 
-def test_scores_are_explainable_and_packing_respects_the_budget(tmp_path: Path) -> None:
+def test_scores_are_explainable_and_packing_respects_the_budget(backend: Backend) -> None:
     store = _store(
-        tmp_path,
+        backend,
         [
             ("Deploys happen on Tuesdays", "fact"),
             ("Deploy freeze during the holidays", "pattern"),
@@ -84,8 +84,8 @@ def test_scores_are_explainable_and_packing_respects_the_budget(tmp_path: Path) 
     assert len(tight.chosen) == 1 and tight.bound_by == "char budget 30"
 
 
-def test_lean_trust_pass_drops_and_says_why(tmp_path: Path) -> None:
-    store = _store(tmp_path, [("tea", "preference"), ("Tea with oat milk, no sugar", "preference")])
+def test_lean_trust_pass_drops_and_says_why(backend: Backend) -> None:
+    store = _store(backend, [("tea", "preference"), ("Tea with oat milk, no sugar", "preference")])
     result = recall(
         store,
         "default",
@@ -101,8 +101,8 @@ def test_lean_trust_pass_drops_and_says_why(tmp_path: Path) -> None:
     assert [why for _, why in result.dropped] == ["shorter than 12 chars"]
 
 
-def test_agent_scope_only_reaches_that_agent(tmp_path: Path) -> None:
-    store = SQLiteMemoryStore(tmp_path / "m.db")
+def test_agent_scope_only_reaches_that_agent(backend: Backend) -> None:
+    store = backend.open()
     store.add(NewMemory(owner="default", text="coder agent uses pytest", scope="agent:coder"))
     for agent, found in ((None, 0), ("writer", 0), ("coder", 1)):
         result = recall(
@@ -120,8 +120,8 @@ def test_agent_scope_only_reaches_that_agent(tmp_path: Path) -> None:
         assert len(result.chosen) == found, agent
 
 
-def test_injection_is_cache_safe(tmp_path: Path) -> None:
-    store = _store(tmp_path, [("Therapy Thursdays 3pm", "preference")])
+def test_injection_is_cache_safe(backend: Backend) -> None:
+    store = _store(backend, [("Therapy Thursdays 3pm", "preference")])
     memory = store.all("default")[0]
     text = line(memory, now=NOW + 14 * DAY)
     assert text.startswith("- Preference: Therapy Thursdays 3pm (2 weeks ago, you told me)")
@@ -138,8 +138,8 @@ def test_injection_is_cache_safe(tmp_path: Path) -> None:
     assert inject(messages, [], "user") is messages
 
 
-def test_deep_matches_word_prefixes_and_lean_does_not(tmp_path: Path) -> None:
-    store = _store(tmp_path, [("The orionwave project deadline notes", "fact")])
+def test_deep_matches_word_prefixes_and_lean_does_not(backend: Backend) -> None:
+    store = _store(backend, [("The orionwave project deadline notes", "fact")])
     for profile, found in (("lean", 0), ("balanced", 0), ("deep", 1)):
         result = recall(
             store,
@@ -155,9 +155,9 @@ def test_deep_matches_word_prefixes_and_lean_does_not(tmp_path: Path) -> None:
         assert len(result.chosen) == found, profile
 
 
-def test_words_too_common_to_rank_are_skipped_rarest_first(tmp_path: Path) -> None:
+def test_words_too_common_to_rank_are_skipped_rarest_first(backend: Backend) -> None:
     texts = [(f"standup notes number {i}", "fact") for i in range(30)]
-    store = _store(tmp_path, [*texts, ("standup moved to the blue room", "fact")])
+    store = _store(backend, [*texts, ("standup moved to the blue room", "fact")])
     narrow = dataclasses.replace(KEYWORDS, prefix=False, scan=10)
 
     def run(query: str, profile: RetrievalProfile) -> Recall:
@@ -184,9 +184,9 @@ def test_words_too_common_to_rank_are_skipped_rarest_first(tmp_path: Path) -> No
     assert wide.skipped == [] and len(wide.candidates) == 31
 
 
-def test_scope_weights_split_the_token_budget(tmp_path: Path) -> None:
+def test_scope_weights_split_the_token_budget(backend: Backend) -> None:
     store = _store(
-        tmp_path, [(f"release checklist step {i} for the release", "fact") for i in range(4)]
+        backend, [(f"release checklist step {i} for the release", "fact") for i in range(4)]
     )
     for i in range(2):
         store.add(NewMemory(owner="default", text=f"coder release habit {i}", scope="agent:coder"))

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
+from memory import MemoryLimits, MemoryStore, NewMemory
 from memory.profiles import PROFILES
 from memory.query import UserTurn
 from memory.recaller import RecallConfig, Recalled, Recaller, RecallRequest
+from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
 THERAPY = "Therapy Thursdays 3pm"
@@ -17,8 +17,8 @@ def _tokens(text: str) -> int:
     return len(text) // 4
 
 
-def _store(tmp_path: Path, *texts: str, limits: MemoryLimits | None = None) -> SQLiteMemoryStore:
-    store = SQLiteMemoryStore(tmp_path / "m.db", limits=limits, clock=lambda: NOW)
+def _store(backend: Backend, *texts: str, limits: MemoryLimits | None = None) -> MemoryStore:
+    store = backend.open(limits=limits, clock=lambda: NOW)
     for text in texts:
         store.add(NewMemory(owner="default", text=text, category="preference"))
     return store
@@ -34,7 +34,7 @@ def _request(**overrides: Any) -> RecallRequest:
 
 
 def _recall(
-    store: SQLiteMemoryStore,
+    store: MemoryStore,
     turn: UserTurn | None = None,
     config: RecallConfig | None = None,
     **request: Any,
@@ -45,8 +45,8 @@ def _recall(
     return recalled
 
 
-def test_nothing_to_do_returns_none(tmp_path: Path) -> None:
-    store = _store(tmp_path, THERAPY)
+def test_nothing_to_do_returns_none(backend: Backend) -> None:
+    store = _store(backend, THERAPY)
     on = Recaller(store, RecallConfig(), clock=lambda: NOW)
     assert Recaller(store, RecallConfig(inject=False)).recall(_turn(), _request()) is None
     assert on.recall(None, _request()) is None
@@ -57,8 +57,8 @@ def test_nothing_to_do_returns_none(tmp_path: Path) -> None:
     assert on.recall(_turn(), _request()) is not None  # the same store does recall
 
 
-def test_recalls_a_relevant_memory_with_its_report(tmp_path: Path) -> None:
-    store = _store(tmp_path, THERAPY, "Coffee: oat milk flat white")
+def test_recalls_a_relevant_memory_with_its_report(backend: Backend) -> None:
+    store = _store(backend, THERAPY, "Coffee: oat milk flat white")
     recalled = _recall(store)
     assert recalled.lines == ("- Preference: Therapy Thursdays 3pm (today, you told me)",)
     tokens = _tokens(recalled.lines[0])  # 14
@@ -110,8 +110,8 @@ def test_recalls_a_relevant_memory_with_its_report(tmp_path: Path) -> None:
     }
 
 
-def test_a_run_records_usage_and_counts_an_access_a_dry_run_does_neither(tmp_path: Path) -> None:
-    store = _store(tmp_path, THERAPY)
+def test_a_run_records_usage_and_counts_an_access_a_dry_run_does_neither(backend: Backend) -> None:
+    store = _store(backend, THERAPY)
     dry = _recall(store, dry_run=True)
     assert dry.lines and dry.report.dry_run
     assert store.monitor.records(since=0) == []
@@ -122,8 +122,8 @@ def test_a_run_records_usage_and_counts_an_access_a_dry_run_does_neither(tmp_pat
     assert store.all("default")[0].access_count == 1
 
 
-def test_a_turn_counts_one_access_however_often_it_is_recalled(tmp_path: Path) -> None:
-    store = _store(tmp_path, THERAPY)
+def test_a_turn_counts_one_access_however_often_it_is_recalled(backend: Backend) -> None:
+    store = _store(backend, THERAPY)
     _recall(store, _turn(index=3))
     _recall(store, _turn(index=3))  # a tool loop resends the same turn
     assert store.all("default")[0].access_count == 1
@@ -132,8 +132,8 @@ def test_a_turn_counts_one_access_however_often_it_is_recalled(tmp_path: Path) -
     assert store.all("default")[0].access_count == 2
 
 
-def test_max_chars_bounds_the_injected_block(tmp_path: Path) -> None:
-    store = _store(tmp_path, *DEPLOYS)
+def test_max_chars_bounds_the_injected_block(backend: Backend) -> None:
+    store = _store(backend, *DEPLOYS)
     loose = _recall(store, _turn("deploy"), profile="deep")
     assert len(loose.lines) == 3 and loose.report.chars == sum(len(x) + 1 for x in loose.lines)
     longest = max(len(x) + 1 for x in loose.lines)
@@ -143,8 +143,8 @@ def test_max_chars_bounds_the_injected_block(tmp_path: Path) -> None:
     assert tight.report.to_dict()["boundBy"] == f"char budget {longest:,}"
 
 
-def test_the_budget_follows_the_agent_profile_and_a_stated_complexity(tmp_path: Path) -> None:
-    store = _store(tmp_path, THERAPY)
+def test_the_budget_follows_the_agent_profile_and_a_stated_complexity(backend: Backend) -> None:
+    store = _store(backend, THERAPY)
     config = RecallConfig(agents={"planner": "role-architect"}, placement="system")
     planner = _recall(store, config=config, agent="planner", complexity="complex").report
     budget = planner.to_dict()["budget"]
@@ -157,19 +157,19 @@ def test_the_budget_follows_the_agent_profile_and_a_stated_complexity(tmp_path: 
     assert (coder.profile, coder.complexity_reason) == ("specialist-narrow", "short ask (3 words)")
 
 
-def test_profile_for(tmp_path: Path) -> None:
-    empty = Recaller(_store(tmp_path / "a"), RecallConfig())
+def test_profile_for(backend: Backend) -> None:
+    empty = Recaller(_store(backend), RecallConfig())
     assert empty.profile_for("default", _turn(), "deep") is None
-    recaller = Recaller(_store(tmp_path / "b", THERAPY), RecallConfig())
+    recaller = Recaller(_store(backend, THERAPY), RecallConfig())
     assert recaller.profile_for("default", _turn(), "deep") is PROFILES["deep"]
     assert recaller.profile_for("default", _turn(), None) is PROFILES["lean"]  # auto, 3 words
     assert recaller.profile_for("default", None, "deep") is None
-    off = Recaller(_store(tmp_path / "c", THERAPY), RecallConfig(inject=False))
+    off = Recaller(_store(backend, THERAPY), RecallConfig(inject=False))
     assert off.profile_for("default", _turn(), "deep") is None
 
 
-def test_too_common_words_are_counted_and_listed_on_a_dry_run(tmp_path: Path) -> None:
-    store = _store(tmp_path, THERAPY, limits=MemoryLimits(max_memories=3000))
+def test_too_common_words_are_counted_and_listed_on_a_dry_run(backend: Backend) -> None:
+    store = _store(backend, THERAPY, limits=MemoryLimits(max_memories=3000))
     for i in range(PROFILES["lean"].scan + 1):
         store.add(NewMemory(owner="default", text=f"coffee note {i}"))
     turn = _turn("coffee therapy")
@@ -180,9 +180,9 @@ def test_too_common_words_are_counted_and_listed_on_a_dry_run(tmp_path: Path) ->
     assert dry["tooCommonWords"] == [{"word": "coffee", "memories": 2001}]
 
 
-def test_deep_reports_its_second_hop_and_each_memorys_new_signals(tmp_path: Path) -> None:
+def test_deep_reports_its_second_hop_and_each_memorys_new_signals(backend: Backend) -> None:
     store = _store(
-        tmp_path,
+        backend,
         "Melanie took the kids to a pottery class",
         "The pottery class made clay bowls",
         *(f"Weather note {i}: rain again" for i in range(20)),

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from memory import InvalidMemory, MemoryLimits, NewMemory, SQLiteMemoryStore
-from memory.store import MIGRATIONS
+from memory import InvalidMemory, MemoryLimits, MemoryStore, NewMemory, SQLiteMemoryStore
+from memory.schema import MIGRATIONS, apply_sqlite
+from tests.conftest import Backend
 
 
 class Clock:
@@ -23,16 +24,15 @@ class Clock:
         return self.now
 
 
-def _store(tmp_path: Path, **limits: object) -> SQLiteMemoryStore:
-    return SQLiteMemoryStore(
-        tmp_path / "m.db",
+def _store(backend: Backend, **limits: object) -> MemoryStore:
+    return backend.open(
         limits=MemoryLimits(**limits),
         clock=Clock(),  # type: ignore[arg-type]
     )
 
 
-def test_add_get_list_search_remove(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_add_get_list_search_remove(backend: Backend) -> None:
+    store = _store(backend)
     therapy, _ = store.add(
         NewMemory(owner="default", text="  Therapy Thursdays 3pm  ", category="preference")
     )
@@ -52,8 +52,8 @@ def test_add_get_list_search_remove(tmp_path: Path) -> None:
     assert store.search("default", "zebra") == []
 
 
-def test_owners_never_see_each_other(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_owners_never_see_each_other(backend: Backend) -> None:
+    store = _store(backend)
     mine, _ = store.add(NewMemory(owner="alice", text="alice likes tea"))
     store.add(NewMemory(owner="bob", text="bob likes tea"))
     assert [m.owner for m, _ in store.search("alice", "tea")] == ["alice"]
@@ -63,9 +63,9 @@ def test_owners_never_see_each_other(tmp_path: Path) -> None:
 
 
 def test_least_recently_used_is_evicted_and_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = _store(tmp_path, max_memories=3)
+    store = _store(backend, max_memories=3)
     ids = [store.add(NewMemory(owner="default", text=f"memory {i}"))[0].id for i in range(3)]
     store.touch("default", [ids[0]])  # memory 0 was just used: memory 1 is now the oldest
     caplog.set_level(logging.INFO, logger="ctxbudget.memory")
@@ -95,23 +95,23 @@ def test_least_recently_used_is_evicted_and_logged(
     ],
 )
 def test_bad_memories_are_refused_and_nothing_is_written(
-    tmp_path: Path, memory: NewMemory, message: str
+    backend: Backend, memory: NewMemory, message: str
 ) -> None:
-    store = _store(tmp_path, max_chars=50)
+    store = _store(backend, max_chars=50)
     with pytest.raises(InvalidMemory, match=re.escape(message)):
         store.add(memory)
     assert store.all("default") == []
 
 
 def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = SQLiteMemoryStore(tmp_path / "m.db")
     assert store.schema_version == len(MIGRATIONS)
     store.close()
     db = sqlite3.connect(tmp_path / "m.db")
     db.execute("PRAGMA user_version=7")
     db.close()
     with pytest.raises(RuntimeError, match="schema version 7, newer than this ctxbudget"):
-        _store(tmp_path)
+        SQLiteMemoryStore(tmp_path / "m.db")
 
 
 ADDER = """
@@ -138,13 +138,11 @@ def test_two_processes_adding_at_once_lose_nothing(tmp_path: Path) -> None:
 
 
 def test_an_older_store_is_migrated_with_its_memories(tmp_path: Path) -> None:
-    from memory.store import MIGRATIONS
-
     path = tmp_path / "old.db"
     db = sqlite3.connect(path, isolation_level=None)
-    for number, migrate in enumerate(MIGRATIONS[:3], start=1):  # a schema-v3 file
-        migrate(db)
-        db.execute(f"PRAGMA user_version={number}")
+    for step in MIGRATIONS[:3]:  # a schema-v3 file
+        apply_sqlite(db, step)
+        db.execute(f"PRAGMA user_version={step.version}")
     db.execute(
         "INSERT INTO memories (owner, text, category, source, scope, created, last_accessed)"
         " VALUES ('default', 'Deploys happen on Tuesdays', 'fact', 'user_explicit', 'global',"
@@ -158,8 +156,8 @@ def test_an_older_store_is_migrated_with_its_memories(tmp_path: Path) -> None:
     assert [m.text for m in evicted] == ["Deploys happen on Tuesdays"]
 
 
-def test_word_counts_follow_adds_removals_and_evictions(tmp_path: Path) -> None:
-    store = _store(tmp_path, max_memories=2)
+def test_word_counts_follow_adds_removals_and_evictions(backend: Backend) -> None:
+    store = _store(backend, max_memories=2)
     first, _ = store.add(NewMemory(owner="default", text="coffee black, coffee hot"))
     store.add(NewMemory(owner="default", text="Coffee with oat milk"))
     store.add(NewMemory(owner="other", text="coffee never"))
@@ -183,8 +181,8 @@ def test_word_counts_follow_adds_removals_and_evictions(tmp_path: Path) -> None:
 
 def test_upgrading_a_v4_store_counts_its_words(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
-    for migrate in MIGRATIONS[:4]:
-        migrate(db)
+    for step in MIGRATIONS[:4]:
+        apply_sqlite(db, step)
     db.execute("PRAGMA user_version=4")
     db.execute(
         "INSERT INTO memories (owner, text, category, source, scope, created, last_accessed)"
@@ -192,7 +190,7 @@ def test_upgrading_a_v4_store_counts_its_words(tmp_path: Path) -> None:
         " 'global', 1, 1)"
     )
     db.close()
-    store = _store(tmp_path)
+    store = SQLiteMemoryStore(tmp_path / "m.db")
     assert store.schema_version == len(MIGRATIONS)
     assert store.frequencies("default", ["deploys", "tuesdays"]) == (
         1,
@@ -219,12 +217,12 @@ def test_the_loops_quick_look_answers_while_another_process_writes(tmp_path: Pat
     store.close()
 
 
-def test_threads_sharing_one_store_lose_no_write(tmp_path: Path) -> None:
+def test_threads_sharing_one_store_lose_no_write(backend: Backend) -> None:
     # The proxy's worker threads share one store. Before the shared connection was locked,
     # this lost ~2/3 of the adds ("cannot start a transaction within a transaction").
     from concurrent.futures import ThreadPoolExecutor
 
-    store = SQLiteMemoryStore(tmp_path / "m.db", limits=MemoryLimits(max_memories=100_000))
+    store = backend.open(limits=MemoryLimits(max_memories=100_000))
     first = store.add(NewMemory(owner="default", text="seed note"))[0]
 
     def work(i: int) -> None:
@@ -257,8 +255,8 @@ def test_one_owners_search_scores_tell_nothing_of_anothers_memories(tmp_path: Pa
     assert set(first) == {"1234", "4711", "9999"} and len(set(first.values())) == 1
 
 
-def test_a_shared_store_ranks_an_owners_own_matches_by_relevance(tmp_path: Path) -> None:
-    store = SQLiteMemoryStore(tmp_path / "m.db")
+def test_a_shared_store_ranks_an_owners_own_matches_by_relevance(backend: Backend) -> None:
+    store = backend.open()
     store.add(NewMemory(owner="alice", text="deploys happen on tuesdays"))
     for text in ("standup at 9:30", "deploys go out after the deploy review", "lunch at noon"):
         store.add(NewMemory(owner="bob", text=text))

@@ -1,0 +1,437 @@
+"""The memory store in PostgreSQL: `MemoryStore` for any number of proxies sharing one database.
+
+The same behaviour as `SQLiteMemoryStore` (owners, scopes, LRU eviction, access counts,
+once-per-turn touches, word counts, batches, the monitor's tables), with PostgreSQL's built-in
+full-text search in place of FTS5:
+
+- Each memory keeps a `tsvector` (GIN-indexed) of its words, tokenised as FTS5's
+  `unicode61` does (letters and digits, case and diacritics folded) and stemmed by Snowball's
+  original Porter stemmer (FTS5's `porter`), plus one lexeme naming its owner, so the index
+  finds one owner's matches without reading everyone's (FTS5's `owner` column).
+- PostgreSQL ranks with `ts_rank`, which has no inverse document frequency. `search` ranks by
+  BM25 instead, computed in one statement the way FTS5's `bm25()` does (k1 = 1.2, b = 0.75,
+  one phrase per query word and one per prefix, IDF floored at 1e-6), over the owner's own
+  memories only: N, the average length and each word's document count are the owner's, so
+  one owner's scores say nothing of another's text (SQLite gets there with `_search_own`).
+- Adds take one advisory lock, as SQLite's write lock serialises them: ids stay `max(id) + 1,
+  + 2, …` within a batch (recall's context links id ± 1 of one batch) and eviction sees the
+  count it corrects.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from memory.monitor import Monitor
+from memory.pg import PgDatabase, PgTx, migrate
+from memory.schema import MIGRATIONS, words_of
+from memory.store import _COLUMNS, STOPWORDS, _row
+from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
+
+log = logging.getLogger("ctxbudget.memory")
+
+SCAN_CAP = 20_000
+"""Most matches `search` ranks (deep's scan, the largest, is 15,000): past it the oldest
+are ranked, as FTS5 would rank every one."""
+LOCK = "ctxbudget:memories"
+"""The advisory lock every add and removal holds for its transaction."""
+
+_TOKEN = re.compile(r"[^\W_]+")
+_DIACRITICS = re.compile(r"[\u0300-\u036f]")
+
+
+def tokens(text: str) -> list[str]:
+    """The words FTS5's `unicode61` tokenizer finds: letters and digits, lower-cased, without
+    diacritics.
+
+    >>> tokens("Café at 9:30, re-deploy_script!")
+    ['cafe', 'at', '9', '30', 're', 'deploy', 'script']
+    """
+    folded = _DIACRITICS.sub("", unicodedata.normalize("NFKD", text.lower()))
+    return _TOKEN.findall(folded)
+
+
+def owner_lexeme(owner: str) -> str:
+    """The lexeme that names `owner` in every tsvector (letters and digits only: never a word
+    of the text's, which are at most what `tokens` gives; it is 33 characters)."""
+    import hashlib
+
+    return "o" + hashlib.md5(owner.encode(), usedforsecurity=False).hexdigest()
+
+
+_M = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+_INSERT = (
+    "INSERT INTO memories (id, owner, text, category, source, scope, created, last_accessed,"
+    " access_count, batch, length, tsv)"
+    " SELECT first.v + t.ord, ?, t.text, t.category, t.source, t.scope, t.at, t.at, 0,"
+    "  first.v + 1, t.length,"
+    "  to_tsvector('ctxbudget', t.words) || array_to_tsvector(ARRAY[?::text])"
+    " FROM (SELECT ?::bigint AS v) first,"
+    "  unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::float8[], ?::int[], ?::text[])"
+    "  WITH ORDINALITY AS t(text, category, source, scope, at, length, words, ord)"
+)
+RERANK = 2
+"""`search` computes BM25 with exact term frequencies for RERANK × `limit` candidates (at
+least 50), picked by BM25 with every phrase counted once (`_search_sql`)."""
+
+
+def _slots(phrases: int) -> int:
+    """Phrase slots of the statement for `phrases` phrases: 4, 8, 16, … (unused ones match
+    nothing), so a few statements serve every query and each is prepared once per connection
+    (planning the statement anew costs ~1.2 ms)."""
+    slots = 4
+    while slots < phrases:
+        slots *= 2
+    return slots
+
+
+@functools.cache
+def _search_sql(slots: int) -> str:
+    """BM25 as FTS5's bm25() computes it, for up to `slots` phrases (the query's words, then
+    its prefixes), over the owner's matching memories (up to SCAN_CAP), in two steps:
+
+    1. every match is scored as if each phrase it contains occurred once (one `@@` per phrase,
+       no row per word: a row per word of 15,000 matches is ~100 ms), and each phrase's
+       document count is counted among the matches;
+    2. the best RERANK × `limit` of those are scored again with their real term frequencies
+       (a phrase twice in a memory counts more, as in FTS5; a prefix phrase counts every
+       lexeme that starts with it), and the best `limit` returned.
+
+    Step 1 can only undervalue a memory (a term frequency above 1 raises BM25), so a memory
+    that is missed needed more than RERANK × `limit` others to outrank it on single
+    occurrences.
+    """
+    n = range(1, slots + 1)
+    queries = ", ".join(
+        f"CASE WHEN t[{i}] IS NOT NULL THEN to_tsquery('ctxbudget', t[{i}]) END AS q{i}"
+        for i in n
+    )
+    present = ", ".join(f"coalesce(m.tsv @@ q.q{i}, false) AS h{i}" for i in n)
+    counts = ", ".join(f"count(*) FILTER (WHERE h{i}) AS d{i}" for i in n)
+    idf = ", ".join(f"greatest(ln((c.n - d{i} + 0.5) / (d{i} + 0.5)), 1e-6)" for i in n)
+    first = " + ".join(f"h.h{i}::int * idf.a[{i}]" for i in n)
+    return f"""
+WITH q AS MATERIALIZED (SELECT {queries}, to_tsquery('ctxbudget', ?) && ?::tsquery AS q_all
+           FROM (SELECT ?::text[] AS t) AS given),
+c AS (SELECT n::float8 AS n, greatest(length::float8 / greatest(n, 1), 1) AS avgdl
+      FROM owner_counts WHERE owner = ?),
+hits AS MATERIALIZED (
+    SELECT m.id, m.length, {present} FROM memories m, q
+    WHERE m.owner = ? AND m.tsv @@ q.q_all ORDER BY m.id LIMIT {SCAN_CAP}
+),
+idf AS (SELECT ARRAY[{idf}] AS a FROM (SELECT {counts} FROM hits) df, c),
+top AS MATERIALIZED (
+    SELECT h.id, h.length FROM hits h, idf, c
+    ORDER BY ({first}) / (1 + 1.2 * (0.25 + 0.75 * h.length::float8 / c.avgdl)) DESC, h.id
+    LIMIT ?
+),
+phrases AS MATERIALIZED (
+    SELECT p.i, p.prefix, (tsvector_to_array(to_tsvector('ctxbudget', p.word)))[1] AS lexeme
+    FROM unnest(?::text[], ?::bool[]) WITH ORDINALITY AS p(word, prefix, i)
+),
+occurrences AS MATERIALIZED (
+    SELECT t.id, u.lexeme, cardinality(u.positions) AS n
+    FROM top t JOIN memories m ON m.id = t.id, unnest(m.tsv) u
+),
+terms AS (
+    SELECT i, lexeme FROM phrases WHERE NOT prefix
+    UNION ALL
+    SELECT p.i, v.lexeme FROM phrases p
+    JOIN (SELECT DISTINCT lexeme FROM occurrences) v
+    ON v.lexeme COLLATE "C" >= p.lexeme AND v.lexeme COLLATE "C" < p.lexeme || chr(1114111)
+    WHERE p.prefix
+),
+tf AS (
+    SELECT o.id, t.i, sum(o.n)::float8 AS tf FROM occurrences o JOIN terms t USING (lexeme)
+    GROUP BY o.id, t.i
+),
+scored AS (
+    SELECT tf.id, sum(idf.a[tf.i] * tf.tf * 2.2
+        / (tf.tf + 1.2 * (0.25 + 0.75 * t.length::float8 / c.avgdl))) AS score
+    FROM tf JOIN top t ON t.id = tf.id, idf, c
+    GROUP BY tf.id ORDER BY score DESC, tf.id LIMIT ?
+)
+SELECT {_M}, s.score FROM scored s JOIN memories m ON m.id = s.id ORDER BY s.score DESC, s.id
+"""
+
+
+def query_words(query: str) -> list[str]:
+    """The words `search` matches (`fts_query`'s: stopwords out unless that leaves none).
+
+    >>> query_words("When is the Orion deadline?")
+    ['orion', 'deadline']
+    """
+    found = list(dict.fromkeys(tokens(query)))
+    return [w for w in found if w not in STOPWORDS] or found
+
+
+class PgMemoryStore:
+    """`MemoryStore` in a PostgreSQL database (`database.url`)."""
+
+    def __init__(
+        self,
+        db: PgDatabase,
+        *,
+        limits: MemoryLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.limits = limits or MemoryLimits()
+        self._clock = clock
+        self._version = migrate(db, "memory", MIGRATIONS)
+
+    @property
+    def url(self) -> str:
+        return self.db.url
+
+    def close(self) -> None:
+        self.db.close()
+
+    @property
+    def monitor(self) -> Monitor:
+        """The budget monitor, in this store's database."""
+        return Monitor(self.db)
+
+    @property
+    def schema_version(self) -> int:
+        rows = self.db.fetchall("SELECT version FROM ctxbudget_schema WHERE component = 'memory'")
+        return int(rows[0][0])
+
+    def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
+        (added,), evicted = self.add_many([memory])
+        return added, evicted
+
+    def add_many(self, memories: Sequence[NewMemory]) -> tuple[list[Memory], list[Memory]]:
+        """`SQLiteMemoryStore.add_many`: one owner, one transaction, all or nothing."""
+        checked = []
+        for number, memory in enumerate(memories, 1):
+            try:
+                checked.append(memory.validate(self.limits))
+            except InvalidMemory as exc:
+                raise InvalidMemory(f"item {number}: {exc}") from None
+        if not checked:
+            return [], []
+        owners = {m.owner for m in checked}
+        if len(owners) > 1:
+            raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
+        if len(checked) > self.limits.max_memories:
+            raise InvalidMemory(
+                f"{len(checked):,} memories are more than memory.maxMemories "
+                f"({self.limits.max_memories:,}): raise it, or import fewer"
+            )
+        owner = checked[0].owner
+        now = self._clock()
+        split = [tokens(m.text) for m in checked]
+        with self.db.transaction() as tx:
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (LOCK,))
+            row = tx.execute("SELECT coalesce(max(id), 0) FROM memories").fetchone()
+            first = int(row[0]) if row else 0
+            tx.execute(
+                _INSERT,
+                (
+                    owner,
+                    owner_lexeme(owner),
+                    first,
+                    [m.text for m in checked],
+                    [m.category for m in checked],
+                    [m.source for m in checked],
+                    [m.scope for m in checked],
+                    [now if m.created is None else m.created for m in checked],
+                    [len(t) for t in split],
+                    [" ".join(t) for t in split],
+                ),
+            )
+            _count_words(tx, owner, [m.text for m in checked], 1)
+            row = tx.execute(
+                "INSERT INTO owner_counts (owner, n, length) VALUES (?, ?, ?)"
+                " ON CONFLICT (owner) DO UPDATE SET n = owner_counts.n + excluded.n,"
+                " length = owner_counts.length + excluded.length RETURNING n",
+                (owner, len(checked), sum(map(len, split))),
+            ).fetchone()
+            count = int(row[0]) if row else 0
+            evicted: list[Memory] = []
+            excess = count - self.limits.max_memories
+            if excess > 0:
+                evicted = [
+                    _row(r)
+                    for r in tx.execute(
+                        f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id <= ?"
+                        " ORDER BY last_accessed, id LIMIT ?",
+                        (owner, first, excess),
+                    ).fetchall()
+                ]
+                _delete(tx, owner, [m.id for m in evicted])
+            added = [
+                _row(r)
+                for r in tx.execute(
+                    f"SELECT {_COLUMNS} FROM memories WHERE id > ? AND owner = ? ORDER BY id",
+                    (first, owner),
+                ).fetchall()
+            ]
+        for gone in evicted:
+            log.info(
+                "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
+                gone.id,
+                gone.owner,
+                self.limits.max_memories,
+            )
+        return added, evicted
+
+    def has_any(self, owner: str) -> bool:
+        return bool(self.db.fetchall("SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,)))
+
+    def has_any_nowait(self, owner: str) -> bool | None:
+        """Always None: a database across the network cannot answer without waiting, so the
+        event loop leaves the question to the worker thread (`has_any`)."""
+        return None
+
+    def get(self, owner: str, memory_id: int) -> Memory | None:
+        rows = self.db.fetchall(
+            f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id = ?", (owner, memory_id)
+        )
+        return _row(rows[0]) if rows else None
+
+    def all(self, owner: str, *, scope: str | None = None) -> list[Memory]:
+        sql = f"SELECT {_COLUMNS} FROM memories WHERE owner = ?"
+        args: tuple[object, ...] = (owner,)
+        if scope is not None:
+            sql += " AND scope = ?"
+            args += (scope,)
+        return [_row(r) for r in self.db.fetchall(sql + " ORDER BY id", args)]
+
+    def search(
+        self, owner: str, query: str, *, limit: int = 20, prefix: bool = False
+    ) -> list[tuple[Memory, float]]:
+        """Memories matching any word of `query`, best first, with their BM25 relevance.
+
+        With `prefix`, words of 3+ letters also match as prefixes (`orion` finds orionwave).
+        """
+        words = query_words(query)
+        if not words:
+            return []
+        phrases = words + ([w for w in words if len(w) >= 3] if prefix else [])
+        kinds = [False] * len(words) + [True] * (len(phrases) - len(words))
+        terms = [f"'{w}'" + (":*" if kind else "") for w, kind in zip(phrases, kinds, strict=True)]
+        slots = _slots(len(terms))
+        padded = terms + [None] * (slots - len(terms))
+        rows = self.db.fetchall(
+            _search_sql(slots),
+            (
+                " | ".join(terms),
+                owner_lexeme(owner),
+                padded,
+                owner,
+                owner,
+                max(RERANK * limit, 50),
+                phrases,
+                kinds,
+                limit,
+            ),
+        )
+        return [(_row(r[:10]), float(r[10])) for r in rows]
+
+    def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
+        wanted = sorted({n for i in ids for n in (i - 1, i + 1)})
+        if not wanted:
+            return []
+        return [
+            _row(r)
+            for r in self.db.fetchall(
+                f"SELECT {_COLUMNS} FROM memories WHERE id = ANY(?::bigint[]) AND owner = ?"
+                " ORDER BY id",
+                (wanted, owner),
+            )
+        ]
+
+    def remove(self, owner: str, memory_id: int) -> bool:
+        with self.db.transaction() as tx:
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (LOCK,))
+            return bool(_delete(tx, owner, [memory_id]))
+
+    def frequencies(
+        self, owner: str, words: Iterable[str], *, prefix: bool = False
+    ) -> tuple[int, dict[str, int]]:
+        wanted = list(dict.fromkeys(words))
+        rows = self.db.fetchall(
+            "SELECT (SELECT n FROM owner_counts WHERE owner = ?), w.word,"
+            " CASE WHEN ? AND length(w.word) >= 3 THEN"
+            "  (SELECT coalesce(sum(n), 0) FROM words WHERE owner = ? AND word >= w.word"
+            "   AND word < w.word || chr(1114111))"
+            " ELSE (SELECT n FROM words WHERE owner = ? AND word = w.word) END"
+            " FROM unnest(?::text[]) AS w(word)",
+            (owner, prefix, owner, owner, wanted),
+        )
+        if not rows:
+            total = self.db.fetchall("SELECT n FROM owner_counts WHERE owner = ?", (owner,))
+            return (int(total[0][0]) if total else 0), {}
+        return int(rows[0][0] or 0), {str(r[1]): int(r[2] or 0) for r in rows}
+
+    def touch_once(self, owner: str, turn: str, ids: Iterable[int]) -> bool:
+        now = self._clock()
+        with self.db.transaction() as tx:
+            fresh = tx.execute(
+                "INSERT INTO turns (owner, key, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (owner, turn, now),
+            ).rowcount
+            if fresh:
+                _touch(tx, owner, ids, now)
+                # Keep the table small: a turn older than a day will not come back.
+                tx.execute("DELETE FROM turns WHERE at < ?", (now - 86_400,))
+        return bool(fresh)
+
+    def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:
+        with self.db.transaction() as tx:
+            _touch(tx, owner, ids, self._clock() if now is None else now)
+
+
+def _touch(tx: PgTx, owner: str, ids: Iterable[int], when: float) -> None:
+    # an id given twice counts twice, as SQLite's one UPDATE per id does
+    counts = Counter(ids)
+    if counts:
+        tx.execute(
+            "UPDATE memories m SET last_accessed = ?, access_count = m.access_count + t.n"
+            " FROM unnest(?::bigint[], ?::bigint[]) AS t(id, n) WHERE m.id = t.id AND m.owner = ?",
+            (when, list(counts), list(counts.values()), owner),
+        )
+
+
+def _delete(tx: PgTx, owner: str, ids: list[int]) -> int:
+    """Delete the owner's memories `ids` with their word and owner counts; how many went."""
+    gone = tx.execute(
+        "DELETE FROM memories WHERE owner = ? AND id = ANY(?::bigint[]) RETURNING text, length",
+        (owner, ids),
+    ).fetchall()
+    if gone:
+        _count_words(tx, owner, [str(text) for text, _ in gone], -1)
+        tx.execute(
+            "UPDATE owner_counts SET n = n - ?, length = length - ? WHERE owner = ?",
+            (len(gone), sum(int(n) for _, n in gone), owner),
+        )
+    return len(gone)
+
+
+def _count_words(tx: PgTx, owner: str, texts: Iterable[str], delta: int) -> None:
+    counts: Counter[str] = Counter()
+    for text in texts:
+        counts.update(words_of(text))
+    if not counts:
+        return
+    words = sorted(counts)  # one order for every writer
+    args: tuple[Any, ...] = (owner, words, [counts[w] * delta for w in words])
+    tx.execute(
+        "INSERT INTO words (owner, word, n) SELECT ?, w, n FROM unnest(?::text[], ?::bigint[])"
+        " AS t(w, n) ON CONFLICT (owner, word) DO UPDATE SET n = words.n + excluded.n",
+        args,
+    )
+    if delta < 0:
+        tx.execute(
+            "DELETE FROM words WHERE owner = ? AND word = ANY(?::text[]) AND n <= 0",
+            (owner, words),
+        )

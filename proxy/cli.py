@@ -34,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memory.pg import DatabaseUnavailable
 from memory.profiles import REQUESTED_PROFILES
 from proxy.errors import ConfigError
 
@@ -199,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
+    except DatabaseUnavailable as exc:
+        print(f"ctxbudget: {exc} (database.url)", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -332,11 +336,12 @@ def app_factory() -> Any:
 
 
 def _memory(args: argparse.Namespace) -> None:
-    from memory import InvalidMemory, Memory, NewMemory, SQLiteMemoryStore
-    from proxy.config import memory_limits
+    from memory import InvalidMemory, Memory, NewMemory
+    from proxy.injection import open_store
+    from proxy.settings import settings_for
 
     cfg = _source(args.config, {}).get()
-    store = SQLiteMemoryStore(cfg.memory.store.path, limits=memory_limits(cfg))
+    store = open_store(settings_for(cfg, os.environ), os.environ)
     try:
         if args.action == "add":
             try:
@@ -384,7 +389,7 @@ def _memory(args: argparse.Namespace) -> None:
                     print(f"{m.id}\t{m.category}\t{m.scope}\t{m.text}{extra}")
                 if not rows:
                     # On stderr: a pipe reading the rows gets none, a person sees why.
-                    print(_nothing_found(args, cfg.memory.store.path), file=sys.stderr)
+                    print(_nothing_found(args, _where(cfg)), file=sys.stderr)
         elif args.action == "import":
             _import(args, store)
         elif args.action == "export":
@@ -441,7 +446,14 @@ def _import(args: argparse.Namespace, store: Any) -> None:
         )
 
 
-def _nothing_found(args: argparse.Namespace, store: Path) -> str:
+def _where(cfg: Any) -> str:
+    """Where the memories are: the SQLite file, or the database (password hidden)."""
+    from proxy.database import redacted
+
+    return redacted(cfg.database.url) if cfg.database.url else str(cfg.memory.store.path)
+
+
+def _nothing_found(args: argparse.Namespace, store: Path | str) -> str:
     whose = f"owner {args.owner!r} in {store}"
     if args.action == "search":
         return f"no memories match {args.query!r} ({whose})"
@@ -454,15 +466,15 @@ def _plural(n: int, word: str) -> str:
 
 
 def _recall(args: argparse.Namespace) -> None:
-    from memory import SQLiteMemoryStore
     from memory.query import UserTurn
     from memory.recaller import Recaller, RecallRequest
+    from proxy.injection import open_store
     from proxy.rewrite import Rewriter
     from proxy.settings import settings_for
     from proxy.tokens import TokenCounter
 
     settings = settings_for(_source(args.config, {}).get(), os.environ)
-    store = SQLiteMemoryStore(settings.memory_path, limits=settings.memory_limits)
+    store = open_store(settings, os.environ)
     try:
         recaller = Recaller(store, settings.recall)
         turn = UserTurn(index=0, text=args.query, last=True)
@@ -524,8 +536,8 @@ def _recall(args: argparse.Namespace) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> None:
-    from memory import SQLiteMemoryStore
     from memory.monitor import MIN_REQUESTS, analysis
+    from proxy.injection import open_store
     from proxy.settings import settings_for
 
     minimum = MIN_REQUESTS if args.min_requests is None else args.min_requests
@@ -533,7 +545,7 @@ def _analyze(args: argparse.Namespace) -> None:
         raise SystemExit("ctxbudget: --min-requests must be at least 1")
     source = _source(args.config, {})
     settings = settings_for(source.get(), os.environ)
-    store = SQLiteMemoryStore(settings.memory_path)
+    store = open_store(settings, os.environ)
     try:
         result = analysis(
             store.monitor,

@@ -1,25 +1,58 @@
 """The pipeline's memory stage: recall for the user turn, then let the wire adapter place it.
 
-Owns the memory store of the config in force (reopened if `memory.store.path` changes) and
-deep recall's LLM rewriter. Everything that touches SQLite runs in a worker thread, so a slow
-disk or another process holding the database never stalls the event loop.
+Owns the memory store of the config in force — the SQLite file at `memory.store.path`, or
+PostgreSQL when `database.url` is set; reopened when either changes — and deep recall's LLM
+rewriter. Everything that touches the store runs in a worker thread, so a slow disk, another
+process holding the database or a slow server never stalls the event loop. A memory database
+that does not answer costs a request its memories, never the request: it is forwarded
+without them, and the log says so once per outage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 
-from memory import SQLiteMemoryStore
+from memory import MemoryStore, SQLiteMemoryStore
+from memory.pg import DatabaseUnavailable
 from memory.query import UserTurn
 from memory.recaller import Recaller, RecallReport, RecallRequest
+from proxy.database import open_database, redacted
 from proxy.headers import RequestOptions
 from proxy.price_map import context_window
 from proxy.rewrite import Rewriter
 from proxy.settings import Settings
 from proxy.tokens import TokenCounter
 from proxy.wire.types import WireRequest
+
+log = logging.getLogger("ctxbudget.memory")
+
+
+def store_key(settings: Settings) -> Hashable:
+    """What names the store of `settings`: a new key means another store to open."""
+    db = settings.database
+    if db.url is None:
+        return ("sqlite", settings.memory_path)
+    return ("postgres", db.url, db.password_env, db.pool_size, db.connect_timeout_seconds)
+
+
+def open_store(settings: Settings, env: Mapping[str, str]) -> MemoryStore:
+    """The memory store of `settings`, opened (and created or migrated).
+
+    Raises `DatabaseUnavailable` when `database.url` is set and the database does not answer.
+    """
+    pg = open_database(settings.database, env)
+    if pg is None:
+        return SQLiteMemoryStore(settings.memory_path, limits=settings.memory_limits)
+    from memory.pgstore import PgMemoryStore
+
+    try:
+        return PgMemoryStore(pg, limits=settings.memory_limits)
+    except BaseException:
+        pg.close()
+        raise
 
 
 class MemoryInjection:
@@ -29,26 +62,31 @@ class MemoryInjection:
         self._tokens = tokens
         self._env = env
         self._rewriter = Rewriter()
-        self._store: SQLiteMemoryStore | None = None
+        self._store: MemoryStore | None = None
+        self._key: Hashable = None
         self._lock = threading.Lock()
+        self._outage = 0
+        """Chat requests forwarded without memories since the database stopped answering."""
 
-    def store(self, settings: Settings) -> SQLiteMemoryStore:
-        """The store at `settings.memory_path`, opened on first use (from any thread)."""
+    def store(self, settings: Settings) -> MemoryStore:
+        """The store of `settings`, opened on first use (from any thread). Raises
+        `DatabaseUnavailable` when its database does not answer (the routes answer 503)."""
+        key = store_key(settings)
         with self._lock:
             store = self._store
-            if store is None or store.path != settings.memory_path:
+            if store is None or self._key != key:
                 if store is not None:
                     store.close()
-                store = self._store = SQLiteMemoryStore(
-                    settings.memory_path, limits=settings.memory_limits
-                )
+                    self._store = None
+                store = self._store = open_store(settings, self._env)
+                self._key = key
             store.limits = settings.memory_limits  # the config may have been edited
             return store
 
-    def opened(self, settings: Settings) -> SQLiteMemoryStore | None:
+    def opened(self, settings: Settings) -> MemoryStore | None:
         """The store if it is already open for `settings` (opening may write: migrations)."""
         store = self._store
-        return store if store is not None and store.path == settings.memory_path else None
+        return store if store is not None and self._key == store_key(settings) else None
 
     def close(self) -> None:
         with self._lock:
@@ -64,7 +102,39 @@ class MemoryInjection:
         settings: Settings,
         options: RequestOptions,
     ) -> RecallReport | None:
-        """Recall for `turn` and place the memories in `body`; what recall did, or None."""
+        """Recall for `turn` and place the memories in `body`; what recall did, or None
+        (also when the memory database does not answer: the request goes without)."""
+        if not (settings.recall.inject and options.memories) or turn is None or not turn.query:
+            return None
+        try:
+            recalled = await self._inject(body, turn, owner, settings, options)
+        except DatabaseUnavailable as exc:
+            self._outage += 1
+            if self._outage == 1:
+                log.warning(
+                    "memory database %s: %s; chat requests are forwarded without memories "
+                    "until it answers again",
+                    redacted(settings.database.url or ""),
+                    exc,
+                )
+            return None
+        if self._outage:
+            log.warning(
+                "memory database answers again: %d chat request(s) were forwarded without "
+                "memories while it did not",
+                self._outage,
+            )
+            self._outage = 0
+        return recalled
+
+    async def _inject(
+        self,
+        body: WireRequest,
+        turn: UserTurn | None,
+        owner: str,
+        settings: Settings,
+        options: RequestOptions,
+    ) -> RecallReport | None:
         if not (settings.recall.inject and options.memories) or turn is None or not turn.query:
             return None
         store = self.opened(settings)
@@ -92,7 +162,7 @@ class MemoryInjection:
             extra_words=words,
             rewrite_note=note,
         )
-        # One hop to a worker thread: opening the store and recall both touch SQLite.
+        # One hop to a worker thread: opening the store and recall both touch the database.
         recalled = await asyncio.to_thread(lambda: self._recaller(settings).recall(turn, request))
         if recalled is None:
             return None

@@ -19,6 +19,7 @@ from memory.recaller import RecallConfig
 from proxy.config import (
     Config,
     ConfigSource,
+    DatabaseConfig,
     RewriteConfig,
     RouteConfig,
     admin_key,
@@ -80,6 +81,8 @@ class Settings:
     report_keep_days: float
     request_usage: bool = True
     """`report.requestUsage`: ask for usage on chat streams whose client did not."""
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    """`database`: when its url is set, memories and the monitor live there (the report too)."""
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
     def upstream_url(self, path: str) -> str:
@@ -175,4 +178,5 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         report_path=config.report.path,
         report_keep_days=config.report.keep_days,
         request_usage=config.report.request_usage,
+        database=config.database,
     )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from tests.inproc import proxy_app
+import pytest
+
+from tests.inproc import config_for, proxy_app
+from tests.pg import postgres_cluster
 
 ADMIN = {"authorization": "Bearer adm-secret"}
 
@@ -117,3 +121,39 @@ def test_a_list_is_added_all_or_nothing(tmp_path: Path) -> None:
         assert added.status_code == 201 and len(added.json()["data"]) == 60
         assert added.json()["data"][0]["created"] == 1704103200.0  # 2024-01-01T10:00Z kept
         assert len(client.get("/v1/memories").json()["data"]) == 60
+
+
+def test_a_stopped_memory_database_gives_503_and_chat_still_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a private cluster: the session's is shared by every other test
+    with postgres_cluster() as cluster:
+        env = {"CTXBUDGET_DATABASE_URL": cluster.new_database()}
+        config = config_for(tmp_path, database={"connectTimeoutSeconds": 1})
+        chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "when is standup?"}]}
+        with proxy_app(tmp_path, config, env=env) as (client, fake):
+            added = client.post("/v1/memories", json={"text": "Standup is at 9:30"})
+            assert added.status_code == 201
+            assert client.post("/v1/chat/completions", json=chat).status_code == 200
+            assert "Standup is at 9:30" in str(fake.sent[-1].json)
+            cluster.stop()
+            caplog.set_level(logging.WARNING, logger="ctxbudget.memory")
+            for path in ("/v1/memories", "/context/budget?format=json"):
+                down = client.get(path)
+                assert down.status_code == 503, path
+                assert down.json()["error"]["code"] == "database_unavailable"
+            for i in range(3):  # new conversations: recall runs (it is not placed again)
+                ask = {**chat, "messages": [{"role": "user", "content": f"standup time {i}?"}]}
+                answered = client.post("/v1/chat/completions", json=ask)
+                assert answered.status_code == 200
+                assert "Standup" not in str(fake.sent[-1].json)
+            said = [r.message for r in caplog.records if r.name == "ctxbudget.memory"]
+            assert len(said) == 1 and "forwarded without memories" in said[0]
+            cluster.start()
+            ask = {**chat, "messages": [{"role": "user", "content": "standup time again?"}]}
+            assert client.post("/v1/chat/completions", json=ask).status_code == 200
+            assert "Standup is at 9:30" in str(fake.sent[-1].json)
+            assert "3 chat request(s) were forwarded without memories" in caplog.text
+            assert [m["text"] for m in client.get("/v1/memories").json()["data"]] == [
+                "Standup is at 9:30"
+            ]

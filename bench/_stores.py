@@ -7,6 +7,7 @@ the database it is pointed at.
 
 from __future__ import annotations
 
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -22,13 +23,11 @@ from memory.pgstore import PgMemoryStore  # noqa: E402
 Store = SQLiteMemoryStore | PgMemoryStore
 
 
-def open_store(
-    folder: Path, name: str, limits: MemoryLimits, database_url: str | None
-) -> Store:
+def open_store(folder: Path, name: str, limits: MemoryLimits, database_url: str | None) -> Store:
     """A new, empty store named `name`."""
     if database_url is None:
         return SQLiteMemoryStore(folder / f"{name}.db", limits=limits)
-    schema = f"bench_{name}_{secrets.token_hex(3)}"
+    schema = re.sub(r"\W", "_", f"bench_{name}_{secrets.token_hex(3)}").lower()
     admin = PgDatabase(database_url, pool_size=1)
     admin.execute(f"CREATE SCHEMA {schema}")
     admin.close()

@@ -33,7 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore  # noqa: E402
+from bench._stores import Store, close_store, open_store  # noqa: E402
+from memory import MemoryLimits, NewMemory  # noqa: E402
 from memory.profiles import PROFILES  # noqa: E402
 from memory.query import UserTurn  # noqa: E402
 from memory.recall import recall  # noqa: E402
@@ -52,10 +53,10 @@ def fixture_dir() -> Path:
 
 
 def load_store(
-    conversation: dict[str, Any], path: Path
-) -> tuple[SQLiteMemoryStore, dict[int, str]]:
+    conversation: dict[str, Any], folder: Path, name: str, url: str | None
+) -> tuple[Store, dict[int, str]]:
     """A store holding every turn of `conversation`; memory id → the turn's `dia_id`."""
-    store = SQLiteMemoryStore(path, limits=MemoryLimits(max_memories=100_000))
+    store = open_store(folder, name, MemoryLimits(max_memories=100_000), url)
     new: list[NewMemory] = []
     dia: list[str] = []
     session = 1
@@ -78,6 +79,9 @@ def load_store(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, nargs="+", default=[5, 10, 14], help="equal-count cuts")
+    parser.add_argument(
+        "--database-url", help="postgresql://… : the stores on PostgreSQL instead of SQLite"
+    )
     args = parser.parse_args()
     folder = fixture_dir()
     files = sorted(folder.glob("*.json"))
@@ -94,7 +98,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for file in files:
             conversation = json.loads(file.read_text())
-            store, ids = load_store(conversation, Path(tmp) / f"{file.stem}.db")
+            store, ids = load_store(conversation, Path(tmp), file.stem, args.database_url)
             for qa in conversation["qa"]:
                 category = qa.get("category")
                 if category not in CATEGORIES or not qa.get("evidence"):
@@ -134,7 +138,7 @@ def main() -> None:
                         any(ids[i] in evidence for i in plain[:n])
                     )
                 bm25_same[category].append(any(ids[i] in evidence for i in plain[:balanced_count]))
-            store.close()
+            close_store(store)
     print(f"\nLoCoMo: {len(files)} conversations, {questions} questions (categories 1-4)")
     cats = [*CATEGORIES, "hard", "all"]
     head = f"{'profile':<28}" + "".join(f"{_title(c):>13}" for c in cats) + f"{'injected':>10}"
@@ -158,7 +162,7 @@ def main() -> None:
         print(f"  {name:<10} {statistics.median(took[name]) * 1000:.2f} ms")
 
 
-def _ranking(store: SQLiteMemoryStore, question: str, name: str, tokens: TokenCounter) -> list[int]:
+def _ranking(store: Store, question: str, name: str, tokens: TokenCounter) -> list[int]:
     """Memory ids in `name`'s score order, before any budget cut (no injection cap)."""
     result = recall(
         store,

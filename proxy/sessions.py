@@ -80,7 +80,9 @@ def serial(value: Any) -> bytes:
     """A block's bytes for hashing and counting: compact JSON, or the raw bytes as sent,
     without `cache_control` markers (a marker is not part of the cached prefix: OpenClaw
     moves its marker to the newest tool result every turn, and the older prefix still hits)."""
-    if isinstance(value, bytes | bytearray | memoryview):
+    if isinstance(value, bytes):  # a field passed on unread (`tools`): its marker never moves
+        return value
+    if isinstance(value, bytearray | memoryview):
         data = bytes(value)
     else:
         try:

@@ -110,8 +110,7 @@ def _search_sql(slots: int) -> str:
     """
     n = range(1, slots + 1)
     queries = ", ".join(
-        f"CASE WHEN t[{i}] IS NOT NULL THEN to_tsquery('ctxbudget', t[{i}]) END AS q{i}"
-        for i in n
+        f"CASE WHEN t[{i}] IS NOT NULL THEN to_tsquery('ctxbudget', t[{i}]) END AS q{i}" for i in n
     )
     present = ", ".join(f"coalesce(m.tsv @@ q.q{i}, false) AS h{i}" for i in n)
     counts = ", ".join(f"count(*) FILTER (WHERE h{i}) AS d{i}" for i in n)

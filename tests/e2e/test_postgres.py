@@ -63,6 +63,35 @@ def test_two_proxies_share_one_report(two: list[ProxyServer]) -> None:
         assert one.status_code == 200
 
 
+def test_memories_are_shared_and_concurrent_adds_through_both_lose_nothing(
+    two: list[ProxyServer], standin: StandIn
+) -> None:
+    a, b = two
+    r = httpx.post(f"{a.base_url}/memories", json={"text": "The zebra deadline is Friday 28th"})
+    assert r.status_code == 201, r.text
+    # a memory added through one proxy is injected by the other
+    ask = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "when is the zebra deadline?"}],
+    }
+    answer = httpx.post(f"{b.base_url}/chat/completions", json=ask, timeout=30)
+    assert answer.status_code == 200 and answer.headers["x-context-budget-memories"] == "1"
+    assert "zebra deadline is Friday 28th" in str(standin.last_json["messages"])
+
+    def add(i: int) -> int:
+        server = (a, b)[i % 2]
+        reply = httpx.post(f"{server.base_url}/memories", json={"text": f"note {i}"}, timeout=30)
+        return reply.status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(add, range(60)))
+    assert codes == [201] * 60
+    for server in two:
+        listed = httpx.get(f"{server.base_url}/memories", timeout=30).json()["data"]
+        texts = {m["text"] for m in listed}
+        assert {f"note {i}" for i in range(60)} <= texts, "every acknowledged add is there"
+
+
 def test_a_database_outage_costs_the_report_not_the_traffic(
     tmp_path: Path, standin: StandIn
 ) -> None:

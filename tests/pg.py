@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 
 def bin_dir() -> Path | None:
@@ -43,6 +44,7 @@ class Cluster:
         self.data = data
         self.port = port
         self._as = as_user
+        self._shared: str | None = None
 
     @property
     def url(self) -> str:
@@ -63,6 +65,19 @@ class Cluster:
         self.run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
                  "-U", "postgres", name)  # fmt: skip
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+    def new_schema(self) -> str:
+        """A new empty schema in the cluster's shared test database, as a URL whose
+        connections use only it (`search_path`): as good as a new database for the stores,
+        and ~50× faster to make (CREATE DATABASE copies a template: ~0.15 s)."""
+        import psycopg
+
+        if self._shared is None:
+            self._shared = self.new_database()
+        name = "s_" + secrets.token_hex(6)
+        with psycopg.connect(self._shared, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {name}")
+        return f"{self._shared}?options={quote(f'-c search_path={name}')}"
 
     def stop(self, mode: str = "fast") -> None:
         self.run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.openclaw import format_fixtures  # noqa: E402
-from tests.standin import run_standin  # noqa: E402
+from tests.standin import billed_as_reported, run_standin  # noqa: E402
 
 SESSIONS = [  # folder, route, model, which captures (a continuation needs its stored turn)
     ("openclaw", "/v1/chat/completions", "gpt-4o", "*-v1_*.json"),
@@ -49,24 +49,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _billed(usage: dict[str, Any], route: str) -> dict[str, int]:
-    """The stand-in's usage in the report's terms (input = uncached input)."""
-    if route == "/v1/messages":
-        return {
-            "input": usage["input_tokens"],
-            "cacheRead": usage["cache_read_input_tokens"],
-            "cacheWrite": usage["cache_creation_input_tokens"],
-            "output": usage["output_tokens"],
-        }
-    if route == "/v1/responses":
-        cached = usage["input_tokens_details"]["cached_tokens"]
-        total, out = usage["input_tokens"], usage["output_tokens"]
-    else:
-        cached = usage["prompt_tokens_details"]["cached_tokens"]
-        total, out = usage["prompt_tokens"], usage["completion_tokens"]
-    return {"input": total - cached, "cacheRead": cached, "cacheWrite": 0, "output": out}
 
 
 def _prices(model: str) -> dict[str, float]:
@@ -137,7 +119,7 @@ def main() -> None:
                 ]  # fmt: skip
                 assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
                 busts[folder] = [r.headers.get("x-context-budget-cache-bust") for r in replies]
-                with_proxy[folder] = [_billed(u, route) for u in standin.billed]
+                with_proxy[folder] = [billed_as_reported(u, route) for u in standin.billed]
             report = httpx.get(f"{base}/context/budget", timeout=30).json()
         finally:
             proxy.terminate()
@@ -149,7 +131,7 @@ def main() -> None:
             for b in bodies:
                 r = httpx.post(standin.root + route, json={**b, "stream": False}, headers=HEADERS)
                 assert r.status_code == 200, r.text
-            without[folder] = [_billed(u, route) for u in standin.billed]
+            without[folder] = [billed_as_reported(u, route) for u in standin.billed]
 
     by_id = {s["id"]: s for s in report["sessions"]}
     rows, totals = [], {"with": 0.0, "without": 0.0, "estimate": 0.0, "naive": 0.0}

@@ -977,6 +977,25 @@ def _sizes(parts: list[tuple[str, Any]]) -> list[int]:
     return [tokens_of(_canonical(kind, part)) for kind, part in parts]
 
 
+def billed_as_reported(usage: dict[str, Any], route: str) -> dict[str, int]:
+    """What the stand-in billed (`StandIn.billed`, each format's own fields) in the report's
+    terms: `input` is the uncached input; the cache reads and writes apart."""
+    if route.endswith("/messages"):
+        return {
+            "input": usage["input_tokens"],
+            "cacheRead": usage["cache_read_input_tokens"],
+            "cacheWrite": usage["cache_creation_input_tokens"],
+            "output": usage["output_tokens"],
+        }
+    if route.endswith("/responses"):
+        cached = usage["input_tokens_details"]["cached_tokens"]
+        total, output = usage["input_tokens"], usage["output_tokens"]
+    else:
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        total, output = usage["prompt_tokens"], usage["completion_tokens"]
+    return {"input": total - cached, "cacheRead": cached, "cacheWrite": 0, "output": output}
+
+
 _TOKEN_COUNTS: dict[str, int] = {}
 
 

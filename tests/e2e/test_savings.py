@@ -25,7 +25,7 @@ import pytest
 
 from tests.e2e.server import ProxyServer, base_config, serve
 from tests.openclaw import format_fixtures
-from tests.standin import StandIn
+from tests.standin import StandIn, billed_as_reported
 
 # USD per token (litellm's model_prices_and_context_window_backup.json, 1.106.2)
 PRICES = {
@@ -76,24 +76,6 @@ def _post(base: str, route: str, body: dict[str, Any], **headers: str) -> httpx.
     return r
 
 
-def _billed(usage: dict[str, Any], wire: str) -> dict[str, int]:
-    """The stand-in's usage in the report's terms (input = uncached input, as billed)."""
-    if wire == "/v1/messages":
-        return {
-            "input": usage["input_tokens"],
-            "cacheRead": usage["cache_read_input_tokens"],
-            "cacheWrite": usage["cache_creation_input_tokens"],
-            "output": usage["output_tokens"],
-        }
-    if wire == "/v1/responses":
-        cached = usage["input_tokens_details"]["cached_tokens"]
-        total, output = usage["input_tokens"], usage["output_tokens"]
-    else:
-        cached = usage["prompt_tokens_details"]["cached_tokens"]
-        total, output = usage["prompt_tokens"], usage["completion_tokens"]
-    return {"input": total - cached, "cacheRead": cached, "cacheWrite": 0, "output": output}
-
-
 def _usd(usage: dict[str, int], model: str) -> float:
     return sum(usage[k] * PRICES[model][k] for k in usage)
 
@@ -113,7 +95,7 @@ def test_the_report_bills_each_real_session_to_the_cent(
         for body in bodies:
             r = _post(server.base_url.removesuffix("/v1"), route, {**body, "stream": stream})
             assert "x-context-budget-cache-bust" not in r.headers, r.headers
-        with_proxy[folder] = [_billed(u, route) for u in standin.billed]
+        with_proxy[folder] = [billed_as_reported(u, route) for u in standin.billed]
     report = server.report()
 
     # the same sessions, unchanged, straight to a stand-in with nothing cached
@@ -123,7 +105,7 @@ def test_the_report_bills_each_real_session_to_the_cent(
         standin.billed.clear()
         for body in bodies:
             _post(standin.root, route, {**body, "stream": stream})
-        without[folder] = [_billed(u, route) for u in standin.billed]
+        without[folder] = [billed_as_reported(u, route) for u in standin.billed]
 
     sessions = {s["model"]: s for s in report["sessions"]}
     assert len(report["sessions"]) == len(with_proxy)

@@ -184,6 +184,9 @@ def _source(config: str | None, overrides: dict[str, Any]) -> ConfigSource:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `ctxbudget` console script."""
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        # The pool's own warnings on each failed connect attempt: a command says it once, below
+        logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     try:
         if args.command == "serve":
             _serve(args)

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._stores import Store, close_store, open_store, size_mb  # noqa: E402
+from bench._stores import Store, close_store, open_store, settle, size_mb  # noqa: E402
 from memory import MemoryLimits, NewMemory  # noqa: E402
 from memory.profiles import PROFILES  # noqa: E402
 from memory.recall import recall  # noqa: E402
@@ -135,7 +135,9 @@ def build(
     for first in range(0, size, 10_000):
         count = min(10_000, size - first)
         store.add_many([NewMemory(owner="default", text=distractor(rng)) for _ in range(count)])
-    return store, size / (time.perf_counter() - start)
+    rate = size / (time.perf_counter() - start)
+    settle(store)
+    return store, rate
 
 
 def timed_recall(

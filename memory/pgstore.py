@@ -333,6 +333,7 @@ class PgMemoryStore:
                 kinds,
                 limit,
             ),
+            prepare=True,
         )
         return [(_row(r[:10]), float(r[10])) for r in rows]
 
@@ -346,6 +347,7 @@ class PgMemoryStore:
                 f"SELECT {_COLUMNS} FROM memories WHERE id = ANY(?::bigint[]) AND owner = ?"
                 " ORDER BY id",
                 (wanted, owner),
+                prepare=True,
             )
         ]
 
@@ -366,6 +368,7 @@ class PgMemoryStore:
             " ELSE (SELECT n FROM words WHERE owner = ? AND word = w.word) END"
             " FROM unnest(?::text[]) AS w(word)",
             (owner, prefix, owner, owner, wanted),
+            prepare=True,
         )
         if not rows:
             total = self.db.fetchall("SELECT n FROM owner_counts WHERE owner = ?", (owner,))

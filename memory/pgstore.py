@@ -4,15 +4,17 @@ The same behaviour as `SQLiteMemoryStore` (owners, scopes, LRU eviction, access 
 once-per-turn touches, word counts, batches, the monitor's tables), with PostgreSQL's built-in
 full-text search in place of FTS5:
 
-- Each memory keeps a `tsvector` (GIN-indexed) of its words, tokenised as FTS5's
-  `unicode61` does (letters and digits, case and diacritics folded) and stemmed by Snowball's
-  original Porter stemmer (FTS5's `porter`), plus one lexeme naming its owner, so the index
-  finds one owner's matches without reading everyone's (FTS5's `owner` column).
+- Each memory keeps a `tsvector` of its words, tokenised as FTS5's `unicode61` does (letters
+  and digits, case and diacritics folded) and stemmed by Snowball's original Porter stemmer
+  (FTS5's `porter`), plus one lexeme naming its owner; its words also go to `postings`, an
+  inverted index of (owner, lexeme, id) with each word's count and the memory's length, kept
+  by `add_many` and `_delete` as FTS5 keeps its own.
 - PostgreSQL ranks with `ts_rank`, which has no inverse document frequency. `search` ranks by
-  BM25 instead, computed in one statement the way FTS5's `bm25()` does (k1 = 1.2, b = 0.75,
-  one phrase per query word and one per prefix, IDF floored at 1e-6), over the owner's own
-  memories only: N, the average length and each word's document count are the owner's, so
-  one owner's scores say nothing of another's text (SQLite gets there with `_search_own`).
+  BM25 instead, computed in one statement from `postings` the way FTS5's `bm25()` does
+  (k1 = 1.2, b = 0.75, one phrase per query word and one per prefix, IDF floored at 1e-6),
+  over the owner's own memories only: N, the average length and each word's document count
+  are the owner's, so one owner's scores say nothing of another's text (SQLite gets there
+  with `_search_own`).
 - Adds take one advisory lock, as SQLite's write lock serialises them: ids stay `max(id) + 1,
   + 2, …` within a batch (recall's context links id ± 1 of one batch) and eviction sees the
   count it corrects.
@@ -20,7 +22,6 @@ full-text search in place of FTS5:
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import time
@@ -37,9 +38,6 @@ from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
 
 log = logging.getLogger("ctxbudget.memory")
 
-SCAN_CAP = 20_000
-"""Most matches `search` ranks (deep's scan, the largest, is 15,000): past it the oldest
-are ranked, as FTS5 would rank every one."""
 LOCK = "ctxbudget:memories"
 """The advisory lock every add and removal holds for its transaction."""
 
@@ -77,88 +75,36 @@ _INSERT = (
     "  unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::float8[], ?::int[], ?::text[])"
     "  WITH ORDINALITY AS t(text, category, source, scope, at, length, words, ord)"
 )
-RERANK = 2
-"""`search` computes BM25 with exact term frequencies for RERANK × `limit` candidates (at
-least 50), picked by BM25 with every phrase counted once (`_search_sql`)."""
-
-
-def _slots(phrases: int) -> int:
-    """Phrase slots of the statement for `phrases` phrases: 4, 8, 16, … (unused ones match
-    nothing), so a few statements serve every query and each is prepared once per connection
-    (planning the statement anew costs ~1.2 ms)."""
-    slots = 4
-    while slots < phrases:
-        slots *= 2
-    return slots
-
-
-@functools.cache
-def _search_sql(slots: int) -> str:
-    """BM25 as FTS5's bm25() computes it, for up to `slots` phrases (the query's words, then
-    its prefixes), over the owner's matching memories (up to SCAN_CAP), in two steps:
-
-    1. every match is scored as if each phrase it contains occurred once (one `@@` per phrase,
-       no row per word: a row per word of 15,000 matches is ~100 ms), and each phrase's
-       document count is counted among the matches;
-    2. the best RERANK × `limit` of those are scored again with their real term frequencies
-       (a phrase twice in a memory counts more, as in FTS5; a prefix phrase counts every
-       lexeme that starts with it), and the best `limit` returned.
-
-    Step 1 can only undervalue a memory (a term frequency above 1 raises BM25), so a memory
-    that is missed needed more than RERANK × `limit` others to outrank it on single
-    occurrences.
-    """
-    n = range(1, slots + 1)
-    queries = ", ".join(
-        f"CASE WHEN t[{i}] IS NOT NULL THEN to_tsquery('ctxbudget', t[{i}]) END AS q{i}" for i in n
-    )
-    present = ", ".join(f"coalesce(m.tsv @@ q.q{i}, false) AS h{i}" for i in n)
-    counts = ", ".join(f"count(*) FILTER (WHERE h{i}) AS d{i}" for i in n)
-    idf = ", ".join(f"greatest(ln((c.n - d{i} + 0.5) / (d{i} + 0.5)), 1e-6)" for i in n)
-    first = " + ".join(f"h.h{i}::int * idf.a[{i}]" for i in n)
-    return f"""
-WITH q AS MATERIALIZED (SELECT {queries}, to_tsquery('ctxbudget', ?) && ?::tsquery AS q_all
-           FROM (SELECT ?::text[] AS t) AS given),
-c AS (SELECT n::float8 AS n, greatest(length::float8 / greatest(n, 1), 1) AS avgdl
-      FROM owner_counts WHERE owner = ?),
-hits AS MATERIALIZED (
-    SELECT m.id, m.length, {present} FROM memories m, q
-    WHERE m.owner = ? AND m.tsv @@ q.q_all ORDER BY m.id LIMIT {SCAN_CAP}
-),
-idf AS (SELECT ARRAY[{idf}] AS a FROM (SELECT {counts} FROM hits) df, c),
-top AS MATERIALIZED (
-    SELECT h.id, h.length FROM hits h, idf, c
-    ORDER BY ({first}) / (1 + 1.2 * (0.25 + 0.75 * h.length::float8 / c.avgdl)) DESC, h.id
-    LIMIT ?
-),
+_SEARCH = f"""
+WITH c AS (SELECT n::float8 AS n, greatest(length::float8 / greatest(n, 1), 1) AS avgdl
+           FROM owner_counts WHERE owner = ?),
 phrases AS MATERIALIZED (
-    SELECT p.i, p.prefix, (tsvector_to_array(to_tsvector('ctxbudget', p.word)))[1] AS lexeme
+    SELECT p.i, (tsvector_to_array(to_tsvector('ctxbudget', p.word)))[1] AS lexeme, p.prefix
     FROM unnest(?::text[], ?::bool[]) WITH ORDINALITY AS p(word, prefix, i)
 ),
-occurrences AS MATERIALIZED (
-    SELECT t.id, u.lexeme, cardinality(u.positions) AS n
-    FROM top t JOIN memories m ON m.id = t.id, unnest(m.tsv) u
+tf AS MATERIALIZED (
+    SELECT p.i, x.id, min(x.length) AS length, sum(x.tf)::float8 AS tf
+    FROM phrases p JOIN postings x ON x.owner = ? AND x.lexeme >= p.lexeme
+        AND x.lexeme < p.lexeme || CASE WHEN p.prefix THEN chr(1114111) ELSE chr(1) END
+    GROUP BY p.i, x.id
 ),
-terms AS (
-    SELECT i, lexeme FROM phrases WHERE NOT prefix
-    UNION ALL
-    SELECT p.i, v.lexeme FROM phrases p
-    JOIN (SELECT DISTINCT lexeme FROM occurrences) v
-    ON v.lexeme COLLATE "C" >= p.lexeme AND v.lexeme COLLATE "C" < p.lexeme || chr(1114111)
-    WHERE p.prefix
-),
-tf AS (
-    SELECT o.id, t.i, sum(o.n)::float8 AS tf FROM occurrences o JOIN terms t USING (lexeme)
-    GROUP BY o.id, t.i
+idf AS (
+    SELECT i, greatest(ln((c.n - count(*) + 0.5) / (count(*) + 0.5)), 1e-6) AS w
+    FROM tf, c GROUP BY i, c.n
 ),
 scored AS (
-    SELECT tf.id, sum(idf.a[tf.i] * tf.tf * 2.2
-        / (tf.tf + 1.2 * (0.25 + 0.75 * t.length::float8 / c.avgdl))) AS score
-    FROM tf JOIN top t ON t.id = tf.id, idf, c
+    SELECT tf.id, sum(idf.w * tf.tf * 2.2
+        / (tf.tf + 1.2 * (0.25 + 0.75 * tf.length::float8 / c.avgdl))) AS score
+    FROM tf JOIN idf USING (i), c
     GROUP BY tf.id ORDER BY score DESC, tf.id LIMIT ?
 )
 SELECT {_M}, s.score FROM scored s JOIN memories m ON m.id = s.id ORDER BY s.score DESC, s.id
 """
+"""BM25 as FTS5's bm25() computes it (k1 = 1.2, b = 0.75), one phrase per query word and
+one per prefix, over the owner's postings: each phrase's range of lexemes in the index (one
+lexeme, or every one a prefix starts) gives its matches with their term frequencies and
+lengths, and nothing reads a memory's row but the `limit` returned. An upper bound of
+`lexeme || chr(1)` is the lexeme alone: lexemes are letters and digits."""
 
 
 def query_words(query: str) -> list[str]:
@@ -247,6 +193,13 @@ class PgMemoryStore:
                     [" ".join(t) for t in split],
                 ),
             )
+            tx.execute(
+                "INSERT INTO postings (owner, lexeme, id, tf, length)"
+                " SELECT m.owner, u.lexeme, m.id, cardinality(u.positions), m.length"
+                " FROM memories m, unnest(m.tsv) u"
+                " WHERE m.id > ? AND m.owner = ? AND u.positions IS NOT NULL",
+                (first, owner),
+            )
             _count_words(tx, owner, [m.text for m in checked], 1)
             row = tx.execute(
                 "INSERT INTO owner_counts (owner, n, length) VALUES (?, ?, ?)"
@@ -317,24 +270,7 @@ class PgMemoryStore:
             return []
         phrases = words + ([w for w in words if len(w) >= 3] if prefix else [])
         kinds = [False] * len(words) + [True] * (len(phrases) - len(words))
-        terms = [f"'{w}'" + (":*" if kind else "") for w, kind in zip(phrases, kinds, strict=True)]
-        slots = _slots(len(terms))
-        padded = terms + [None] * (slots - len(terms))
-        rows = self.db.fetchall(
-            _search_sql(slots),
-            (
-                " | ".join(terms),
-                owner_lexeme(owner),
-                padded,
-                owner,
-                owner,
-                max(RERANK * limit, 50),
-                phrases,
-                kinds,
-                limit,
-            ),
-            prepare=True,
-        )
+        rows = self.db.fetchall(_SEARCH, (owner, phrases, kinds, owner, limit), prepare=True)
         return [(_row(r[:10]), float(r[10])) for r in rows]
 
     def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
@@ -407,8 +343,12 @@ def _touch(tx: PgTx, owner: str, ids: Iterable[int], when: float) -> None:
 def _delete(tx: PgTx, owner: str, ids: list[int]) -> int:
     """Delete the owner's memories `ids` with their word and owner counts; how many went."""
     gone = tx.execute(
-        "DELETE FROM memories WHERE owner = ? AND id = ANY(?::bigint[]) RETURNING text, length",
-        (owner, ids),
+        "WITH gone AS (DELETE FROM memories WHERE owner = ? AND id = ANY(?::bigint[])"
+        "  RETURNING id, text, length, tsv),"
+        " postings_gone AS (DELETE FROM postings x USING gone, unnest(gone.tsv) u"
+        "  WHERE x.owner = ? AND x.lexeme = u.lexeme AND x.id = gone.id)"
+        " SELECT text, length FROM gone",
+        (owner, ids, owner),
     ).fetchall()
     if gone:
         _count_words(tx, owner, [str(text) for text, _ in gone], -1)

@@ -10,6 +10,7 @@ import threading
 from memory import MemoryLimits, NewMemory
 from memory.pg import PgDatabase
 from memory.pgstore import PgMemoryStore, tokens
+from memory.schema import VERSION
 
 ADDER = """
 import sys
@@ -60,7 +61,7 @@ def test_an_empty_database_migrated_by_two_at_once_is_migrated_once(pg_url: str)
         t.join(timeout=60)
     assert errors == [] and len(stores) == 2
     one, two = stores
-    assert one.schema_version == two.schema_version == 6
+    assert one.schema_version == two.schema_version == VERSION
     one.add(NewMemory(owner="default", text="Standup is at 9:30"))
     assert [m.text for m, _ in two.search("default", "standup")] == ["Standup is at 9:30"]
     for store in stores:

@@ -84,8 +84,11 @@ phrases AS MATERIALIZED (
 ),
 tf AS MATERIALIZED (
     SELECT p.i, x.id, min(x.length) AS length, sum(x.tf)::float8 AS tf
-    FROM phrases p JOIN postings x ON x.owner = ? AND x.lexeme >= p.lexeme
-        AND x.lexeme < p.lexeme || CASE WHEN p.prefix THEN chr(1114111) ELSE chr(1) END
+    FROM phrases p, LATERAL (
+        SELECT id, tf, length FROM postings WHERE owner = ? AND lexeme >= p.lexeme
+            AND lexeme < p.lexeme || CASE WHEN p.prefix THEN chr(1114111) ELSE chr(1) END
+        OFFSET 0
+    ) x
     GROUP BY p.i, x.id
 ),
 idf AS (
@@ -103,8 +106,10 @@ SELECT {_M}, s.score FROM scored s JOIN memories m ON m.id = s.id ORDER BY s.sco
 """BM25 as FTS5's bm25() computes it (k1 = 1.2, b = 0.75), one phrase per query word and
 one per prefix, over the owner's postings: each phrase's range of lexemes in the index (one
 lexeme, or every one a prefix starts) gives its matches with their term frequencies and
-lengths, and nothing reads a memory's row but the `limit` returned. An upper bound of
-`lexeme || chr(1)` is the lexeme alone: lexemes are letters and digits."""
+lengths, and nothing reads a memory's row but the `limit` returned. `OFFSET 0` keeps each
+phrase an index range of its own: without it, on a table not yet analysed, the planner read
+all of the owner's postings once per phrase (17 ms a search of 1,600 memories, not 3). An
+upper bound of `lexeme || chr(1)` is the lexeme alone: lexemes are letters and digits."""
 
 
 def query_words(query: str) -> list[str]:

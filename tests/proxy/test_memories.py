@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,11 @@ def test_a_stopped_memory_database_gives_503_and_chat_still_answers(
             said = [r.message for r in caplog.records if r.name == "ctxbudget.memory"]
             assert len(said) == 1 and "forwarded without memories" in said[0]
             cluster.start()
+            # the pool reconnects in the background, after a backoff: wait until it has
+            deadline = time.monotonic() + 30
+            while client.get("/v1/memories").status_code != 200:
+                assert time.monotonic() < deadline, "the memory database did not come back"
+                time.sleep(0.2)
             ask = {**chat, "messages": [{"role": "user", "content": "standup time again?"}]}
             assert client.post("/v1/chat/completions", json=ask).status_code == 200
             assert "Standup is at 9:30" in str(fake.sent[-1].json)

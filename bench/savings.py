@@ -26,21 +26,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.openclaw import format_fixtures  # noqa: E402
+from tests.openclaw import captured_sessions  # noqa: E402
 from tests.standin import billed_as_reported, run_standin  # noqa: E402
 
-SESSIONS = [  # folder, route, model, which captures (a continuation needs its stored turn)
-    ("openclaw", "/v1/chat/completions", "gpt-4o", "*-v1_*.json"),
-    ("openclaw-messages", "/v1/messages", "claude-sonnet-4-5", "*-v1_*.json"),
-    ("openclaw-responses", "/v1/responses", "gpt-4o", "store-false-*-v1_*.json"),
-]
+MODELS = {  # route → a model litellm prices, cache reads and writes included
+    "/v1/chat/completions": "gpt-4o",
+    "/v1/messages": "claude-sonnet-4-5",
+    "/v1/responses": "gpt-4o",
+}
 HEADERS = {"x-api-key": "sk-bench", "authorization": "Bearer sk-bench"}
 CLASSES = ("input", "cacheRead", "cacheWrite", "output")
 
@@ -69,17 +68,8 @@ def _usd(usages: list[dict[str, int]], model: str) -> float:
     return sum(u[k] * p[k] for u in usages for k in CLASSES)
 
 
-def _sessions() -> list[tuple[str, str, str, list[dict[str, Any]]]]:
-    found = []
-    for folder, route, model, pattern in SESSIONS:
-        bodies = [json.loads(raw) for _, raw in format_fixtures(folder, pattern)]
-        if bodies:
-            found.append((folder, route, model, [{**b, "model": model} for b in bodies]))
-    return found
-
-
 def main() -> None:
-    sessions = _sessions()
+    sessions = captured_sessions(MODELS)
     if not sessions:
         sys.exit("no captured sessions: ../shared/fixtures is absent")
     with run_standin(record=False) as standin, tempfile.TemporaryDirectory() as tmp:

@@ -33,7 +33,7 @@ from typing import Any
 from memory.monitor import Monitor
 from memory.pg import PgDatabase, PgTx, migrate
 from memory.schema import MIGRATIONS, words_of
-from memory.store import _COLUMNS, STOPWORDS, _row
+from memory.store import _COLUMNS, STOPWORDS, _row, log_evicted
 from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
 
 log = logging.getLogger("ctxbudget.memory")
@@ -232,13 +232,7 @@ class PgMemoryStore:
                     (first, owner),
                 ).fetchall()
             ]
-        for gone in evicted:
-            log.info(
-                "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
-                gone.id,
-                gone.owner,
-                self.limits.max_memories,
-            )
+        log_evicted(evicted, self.limits)
         return added, evicted
 
     def has_any(self, owner: str) -> bool:

@@ -98,6 +98,17 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
+def log_evicted(evicted: Sequence[Memory], limits: MemoryLimits) -> None:
+    """Say which memories an add pushed out, one line each (both stores)."""
+    for gone in evicted:
+        log.info(
+            "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
+            gone.id,
+            gone.owner,
+            limits.max_memories,
+        )
+
+
 def _row(row: tuple[object, ...]) -> Memory:
     return Memory(
         id=int(row[0]),  # type: ignore[call-overload]
@@ -255,13 +266,7 @@ class SQLiteMemoryStore:
                     (owner, first),
                 ).fetchall()
             ]
-        for gone in evicted:
-            log.info(
-                "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
-                gone.id,
-                gone.owner,
-                self.limits.max_memories,
-            )
+        log_evicted(evicted, self.limits)
         return added, evicted
 
     def has_any(self, owner: str) -> bool:

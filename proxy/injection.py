@@ -130,13 +130,11 @@ class MemoryInjection:
     async def _inject(
         self,
         body: WireRequest,
-        turn: UserTurn | None,
+        turn: UserTurn,
         owner: str,
         settings: Settings,
         options: RequestOptions,
     ) -> RecallReport | None:
-        if not (settings.recall.inject and options.memories) or turn is None or not turn.query:
-            return None
         store = self.opened(settings)
         if store is not None and store.has_any_nowait(owner) is False:
             return None  # the common case, answered on the loop without waiting

@@ -65,6 +65,27 @@ def format_fixtures(folder: str, pattern: str = "*-v1_*.json") -> list[tuple[str
     return [(p.stem, p.read_bytes()) for p in sorted(folder_path.glob(pattern))]
 
 
+CAPTURED_SESSIONS = (
+    ("openclaw", "/v1/chat/completions", "*-v1_*.json"),
+    ("openclaw-messages", "/v1/messages", "*-v1_*.json"),
+    # a continuation refers to a turn stored upstream: only the full request replays
+    ("openclaw-responses", "/v1/responses", "store-false-*-v1_*.json"),
+)
+"""The captured sessions that replay on their own: fixture folder, route, which captures."""
+
+
+def captured_sessions(models: dict[str, str]) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
+    """(folder, route, model, requests) of each captured session, its requests asking for
+    `models[route]` (a priced model); none when the captures are absent."""
+    found = []
+    for folder, route, pattern in CAPTURED_SESSIONS:
+        bodies = [json.loads(raw) for _, raw in format_fixtures(folder, pattern)]
+        if bodies:
+            model = models[route]
+            found.append((folder, route, model, [{**b, "model": model} for b in bodies]))
+    return found
+
+
 def lines_joined(lines: list[str]) -> str:
     """OpenClaw's `lines.filter(Boolean).join("\\n")`: empty lines are dropped."""
     return "\n".join(line for line in lines if line)

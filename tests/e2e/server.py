@@ -86,6 +86,15 @@ def base_config(tmp_path: Path, upstream_url: str, **budget: Any) -> dict[str, A
     }
 
 
+def standin_config(tmp_path: Path, standin: Any) -> dict[str, Any]:
+    """`base_config` with both upstreams the stand-in and no keys of our own (the client's
+    credentials go on)."""
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["upstream"]["apiKeyEnv"] = None
+    config["proxy"]["anthropic"] = {"baseUrl": standin.root, "apiKeyEnv": None}
+    return config
+
+
 @contextmanager
 def serve(
     tmp_path: Path,

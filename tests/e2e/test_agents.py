@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.checks import WRAP_END, WRAP_START, bootstrap_bodies, skeleton, u16
-from tests.e2e.server import ProxyServer, base_config, serve
+from tests.e2e.server import ProxyServer, serve, standin_config
 from tests.standin import Received, StandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_claude_code_reads_a_file_through_the_proxy(
     claude(standin.root)
     direct = list(standin.received)
     standin.received.clear()
-    with serve(tmp_path, _proxy_config(tmp_path, standin)) as server:
+    with serve(tmp_path, standin_config(tmp_path, standin)) as server:
         out = claude(server.root)
         recent = _recent(server, 2)
 
@@ -164,7 +164,7 @@ def test_codex_runs_a_command_through_the_proxy(
     codex_home.mkdir(parents=True)
     (work / "note.txt").write_text(SECRET + "\n")
     standin.tool_inputs["exec_command"] = {"cmd": f"cat {work / 'note.txt'}"}
-    with serve(tmp_path, _proxy_config(tmp_path, standin)) as server:
+    with serve(tmp_path, standin_config(tmp_path, standin)) as server:
         (codex_home / "config.toml").write_text(
             "check_for_update_on_startup = false\n"
             'model = "mock-model"\n'
@@ -236,7 +236,7 @@ def test_openclaw_turn_is_clamped_through_the_proxy(
     else:
         standin.script_tool = ("web_fetch", {"url": web_page})
 
-    with serve(tmp_path, _proxy_config(tmp_path, standin)) as server:
+    with serve(tmp_path, standin_config(tmp_path, standin)) as server:
         if wire == "messages":
             name, model, key = "anthropic", "claude-sonnet-4-5", "sk-ant-test"
             provider: dict[str, Any] = {"api": "anthropic-messages", "baseUrl": server.root}
@@ -332,14 +332,6 @@ def test_openclaw_turn_is_clamped_through_the_proxy(
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _proxy_config(tmp_path: Path, standin: StandIn) -> dict[str, Any]:
-    """The budget on; both upstreams the stand-in; no keys of our own (the agents' go on)."""
-    config = base_config(tmp_path, standin.base_url)
-    config["proxy"]["upstream"]["apiKeyEnv"] = None
-    config["proxy"]["anthropic"] = {"baseUrl": standin.root, "apiKeyEnv": None}
-    return config
 
 
 def _recent(server: ProxyServer, n: int) -> list[dict[str, Any]]:

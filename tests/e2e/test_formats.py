@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.checks import as_chat, check_received, skeleton
-from tests.e2e.server import ProxyServer, base_config, sdk, serve, tracked
+from tests.e2e.server import ProxyServer, sdk, serve, standin_config, tracked
 from tests.openclaw import (
     INTERNAL_CONTEXT,
     format_fixtures,
@@ -34,10 +34,7 @@ PAGE = "A paragraph of a long fetched page, with words. " * 800
 
 @pytest.fixture
 def server(tmp_path: Path, standin: StandIn) -> Iterator[ProxyServer]:
-    config = base_config(tmp_path, standin.base_url)
-    config["proxy"]["anthropic"] = {"baseUrl": standin.root, "apiKeyEnv": None}
-    config["proxy"]["upstream"]["apiKeyEnv"] = None
-    with serve(tmp_path, config) as running:
+    with serve(tmp_path, standin_config(tmp_path, standin)) as running:
         yield running
 
 

@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.server import ProxyServer, free_port, serve
-from tests.e2e.test_agents import _describe, _env, _openclaw_model, _proxy_config, _run
+from tests.e2e.server import ProxyServer, free_port, serve, standin_config
+from tests.e2e.test_agents import _describe, _env, _openclaw_model, _run
 from tests.standin import StandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def proxy(
 ) -> Iterator[ProxyServer]:
     tmp = tmp_path_factory.mktemp("proxy")
     # With a proxy key, so that the plugin's key (proxyKeyEnv) is checked by the real proxy.
-    with serve(tmp, _proxy_config(tmp, standin_server), env={KEYS: f"openclaw={KEY}"}) as server:
+    with serve(tmp, standin_config(tmp, standin_server), env={KEYS: f"openclaw={KEY}"}) as server:
         yield server
 
 

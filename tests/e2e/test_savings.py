@@ -15,7 +15,6 @@ blocks, usage in each format's own fields):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.server import ProxyServer, base_config, serve
-from tests.openclaw import format_fixtures
+from tests.e2e.server import ProxyServer, serve, standin_config
+from tests.openclaw import captured_sessions
 from tests.standin import StandIn, billed_as_reported
 
 # USD per token (litellm's model_prices_and_context_window_backup.json, 1.106.2)
@@ -38,30 +37,21 @@ PRICES = {
         "output": 15e-6,
     },
 }
-SESSIONS = [  # (fixture folder, route, model, captures): each folder's requests are one session
-    ("openclaw", "/v1/chat/completions", "gpt-4o", "*-v1_*.json"),
-    ("openclaw-messages", "/v1/messages", "claude-sonnet-4-5", "*-v1_*.json"),
-    # a continuation refers to a turn stored upstream: only the full request replays
-    ("openclaw-responses", "/v1/responses", "gpt-4.1", "store-false-*-v1_*.json"),
-]
+MODELS = {  # route → a model litellm prices, cache reads and writes included
+    "/v1/chat/completions": "gpt-4o",
+    "/v1/messages": "claude-sonnet-4-5",
+    "/v1/responses": "gpt-4.1",
+}
 MEMORY = "The zebra project ships on Friday the 28th, after the design review"
 
 
 def _sessions() -> list[tuple[str, str, str, list[dict[str, Any]]]]:
-    found = []
-    for folder, route, model, pattern in SESSIONS:
-        bodies = [json.loads(raw) for _, raw in format_fixtures(folder, pattern)]
-        if bodies:
-            found.append((folder, route, model, [{**b, "model": model} for b in bodies]))
-    return found
+    return captured_sessions(MODELS)
 
 
 @pytest.fixture
 def server(tmp_path: Path, standin: StandIn) -> Iterator[ProxyServer]:
-    config = base_config(tmp_path, standin.base_url)
-    config["proxy"]["anthropic"] = {"baseUrl": standin.root, "apiKeyEnv": None}
-    config["proxy"]["upstream"]["apiKeyEnv"] = None
-    with serve(tmp_path, config) as running:
+    with serve(tmp_path, standin_config(tmp_path, standin)) as running:
         r = httpx.post(f"{running.base_url}/memories", json={"text": MEMORY})
         assert r.status_code == 201, r.text
         yield running

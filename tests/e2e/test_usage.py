@@ -14,17 +14,14 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.server import ProxyServer, base_config, sdk, serve
+from tests.e2e.server import ProxyServer, sdk, serve, standin_config
 from tests.openclaw import system_prompt
 from tests.standin import StandIn, tokens_of
 
 
 @pytest.fixture
 def server(tmp_path: Path, standin: StandIn) -> Iterator[ProxyServer]:
-    config = base_config(tmp_path, standin.base_url)
-    config["proxy"]["anthropic"] = {"baseUrl": standin.root, "apiKeyEnv": None}
-    config["proxy"]["upstream"]["apiKeyEnv"] = None
-    with serve(tmp_path, config) as running:
+    with serve(tmp_path, standin_config(tmp_path, standin)) as running:
         yield running
 
 

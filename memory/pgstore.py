@@ -33,8 +33,8 @@ from typing import Any
 from memory.monitor import Monitor
 from memory.pg import PgDatabase, PgTx, migrate
 from memory.schema import MIGRATIONS, words_of
-from memory.store import _COLUMNS, STOPWORDS, _row, log_evicted
-from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
+from memory.store import _COLUMNS, STOPWORDS, _row, log_evicted, search_rarest_in_steps
+from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory, Rarest
 
 log = logging.getLogger("ctxbudget.memory")
 
@@ -75,41 +75,74 @@ _INSERT = (
     "  unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::float8[], ?::int[], ?::text[])"
     "  WITH ORDINALITY AS t(text, category, source, scope, at, length, words, ord)"
 )
-_SEARCH = f"""
-WITH c AS (SELECT n::float8 AS n, greatest(length::float8 / greatest(n, 1), 1) AS avgdl
-           FROM owner_counts WHERE owner = ?),
-phrases AS MATERIALIZED (
-    SELECT p.i, (tsvector_to_array(to_tsvector('ctxbudget', p.word)))[1] AS lexeme, p.prefix
-    FROM unnest(?::text[], ?::bool[]) WITH ORDINALITY AS p(word, prefix, i)
-),
-tf AS MATERIALIZED (
-    SELECT p.i, x.id, min(x.length) AS length, sum(x.tf)::float8 AS tf
-    FROM phrases p, LATERAL (
-        SELECT id, tf, length FROM postings WHERE owner = ? AND lexeme >= p.lexeme
-            AND lexeme < p.lexeme || CASE WHEN p.prefix THEN chr(1114111) ELSE chr(1) END
-        OFFSET 0
-    ) x
-    GROUP BY p.i, x.id
-),
-idf AS (
-    SELECT i, greatest(ln((c.n - count(*) + 0.5) / (count(*) + 0.5)), 1e-6) AS w
-    FROM tf, c GROUP BY i, c.n
-),
+_OWNER = """c AS (SELECT n::float8 AS n, greatest(length::float8 / greatest(n, 1), 1) AS avgdl
+      FROM owner_counts WHERE owner = ?)"""
+_LEXEME = "(tsvector_to_array(to_tsvector('ctxbudget', {})))[1]"
+_BM25 = f"""
 scored AS (
-    SELECT tf.id, sum(idf.w * tf.tf * 2.2
-        / (tf.tf + 1.2 * (0.25 + 0.75 * tf.length::float8 / c.avgdl))) AS score
-    FROM tf JOIN idf USING (i), c
-    GROUP BY tf.id ORDER BY score DESC, tf.id LIMIT ?
-)
-SELECT {_M}, s.score FROM scored s JOIN memories m ON m.id = s.id ORDER BY s.score DESC, s.id
+    SELECT x.id, round(sum(greatest(ln((c.n - x.df + 0.5) / (x.df + 0.5)), 1e-6) * x.tf * 2.2
+        / (x.tf + 1.2 * (0.25 + 0.75 * x.length / c.avgdl))) * 1e9) / 1e9 AS score
+    FROM c, phrases p, LATERAL (
+        SELECT id, sum(tf)::float8 AS tf, min(length)::float8 AS length,
+            count(*) OVER ()::float8 AS df
+        FROM postings WHERE owner = ? AND lexeme >= p.lexeme
+            AND lexeme < p.lexeme || CASE WHEN p.prefix THEN chr(1114111) ELSE chr(1) END
+        GROUP BY id
+    ) x
+    GROUP BY x.id ORDER BY score DESC, x.id LIMIT ?
+),
+found AS (SELECT {_M}, s.score FROM scored s JOIN memories m ON m.id = s.id)"""
+"""BM25 as FTS5's bm25() computes it (k1 = 1.2, b = 0.75) over the owner's postings, for the
+`phrases` (i, lexeme, prefix) before it, in one pass: each phrase's range of lexemes in the
+index (one lexeme, or every one a prefix starts) gives its matches with their term
+frequencies and lengths, and their number (the phrase's document frequency, a window over
+the range: no second pass); nothing reads a memory's row but the `limit` returned. (Two
+passes, the ranges materialised and then counted, took ~15% longer.) Each range stays an
+index range of its own (the grouped subquery is never flattened): as one join, on a table
+not yet analysed, the planner read all of the owner's postings once per phrase. An upper
+bound of `lexeme || chr(1)` is the lexeme alone: lexemes are letters and digits. Scores are
+rounded to 1e-9 before ranking: equal scores summed in another order (another plan, after
+ANALYZE) must not swap two memories, which would change the injected block."""
+_SEARCH = f"""
+WITH {_OWNER},
+phrases AS MATERIALIZED (
+    SELECT p.i, {_LEXEME.format("p.word")} AS lexeme, p.prefix
+    FROM unnest(?::text[], ?::bool[]) WITH ORDINALITY AS p(word, prefix, i)
+),{_BM25}
+SELECT * FROM found ORDER BY score DESC, id
 """
-"""BM25 as FTS5's bm25() computes it (k1 = 1.2, b = 0.75), one phrase per query word and
-one per prefix, over the owner's postings: each phrase's range of lexemes in the index (one
-lexeme, or every one a prefix starts) gives its matches with their term frequencies and
-lengths, and nothing reads a memory's row but the `limit` returned. `OFFSET 0` keeps each
-phrase an index range of its own: without it, on a table not yet analysed, the planner read
-all of the owner's postings once per phrase (17 ms a search of 1,600 memories, not 3). An
-upper bound of `lexeme || chr(1)` is the lexeme alone: lexemes are letters and digits."""
+"""`search`: one phrase per query word and one per prefix."""
+_SEARCH_RAREST = f"""
+WITH {_OWNER},
+counted AS MATERIALIZED (
+    SELECT q.i, q.word, coalesce(CASE WHEN ? AND length(q.word) >= 3
+        THEN (SELECT sum(n) FROM words WHERE owner = ? AND word >= q.word
+              AND word < q.word || chr(1114111))
+        ELSE (SELECT n FROM words WHERE owner = ? AND word = q.word) END, 0)::bigint AS n
+    FROM unnest(?::text[]) WITH ORDINALITY AS q(word, i)
+),
+fitting AS MATERIALIZED (
+    SELECT i, word, n, sum(n) OVER (ORDER BY n, i ROWS UNBOUNDED PRECEDING) <= ? AS fits
+    FROM counted
+),
+phrases AS MATERIALIZED (
+    SELECT f.i * 2 + p.prefix::int AS i, {_LEXEME.format("f.word")} AS lexeme, p.prefix
+    FROM fitting f, (VALUES (false), (true)) AS p(prefix)
+    WHERE f.fits AND (NOT p.prefix OR (? AND length(f.word) >= 3))
+),{_BM25},
+words_used AS (
+    SELECT coalesce(array_agg(word ORDER BY i) FILTER (WHERE fits), '{{}}') AS kept,
+           coalesce(array_agg(word ORDER BY n, i) FILTER (WHERE NOT fits), '{{}}') AS skipped,
+           coalesce(array_agg(n ORDER BY n, i) FILTER (WHERE NOT fits), '{{}}') AS skipped_n
+    FROM fitting
+)
+SELECT w.kept, w.skipped, w.skipped_n, f.*
+FROM words_used w LEFT JOIN found f ON true ORDER BY f.score DESC, f.id
+"""
+"""`search_rarest` in one statement (one round trip, not two): each word's memory count from
+`words` (as `frequencies`), the words that fit in the scan rarest first (`rarest_first`: a
+running sum over the words sorted by count), then `_BM25` over them. One row per match, each
+with the words kept and skipped; one row of words alone when nothing matched."""
 
 
 def query_words(query: str) -> list[str]:
@@ -271,6 +304,23 @@ class PgMemoryStore:
         kinds = [False] * len(words) + [True] * (len(phrases) - len(words))
         rows = self.db.fetchall(_SEARCH, (owner, phrases, kinds, owner, limit), prepare=True)
         return [(_row(r[:10]), float(r[10])) for r in rows]
+
+    def search_rarest(
+        self, owner: str, words: Sequence[str], *, scan: int, limit: int, prefix: bool = False
+    ) -> Rarest:
+        if not words or any(tokens(w) != [w] for w in words):
+            # a word `search` would split or fold (`deploy_script`, `café`) is counted as
+            # given but searched as its tokens: the two steps keep that exact
+            return search_rarest_in_steps(self, owner, words, scan=scan, limit=limit, prefix=prefix)
+        args = (owner, prefix, owner, owner, list(words), scan, prefix, owner, limit)
+        rows = self.db.fetchall(_SEARCH_RAREST, args, prepare=True)
+        kept, skipped, skipped_n = rows[0][:3]
+        found = [(_row(r[3:13]), float(r[13])) for r in rows if r[3] is not None]
+        return Rarest(
+            found=found,
+            words=list(kept),
+            skipped=list(zip(skipped, map(int, skipped_n), strict=True)),
+        )
 
     def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
         wanted = sorted({n for i in ids for n in (i - 1, i + 1)})

@@ -20,7 +20,6 @@ prompt cache) except when it crosses a day boundary.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -187,12 +186,13 @@ def recall(
     words = rewrite(query) if profile.expand else [w.lower() for w in _WORD.findall(query)]
     words = list(dict.fromkeys([*words, *(w.lower() for w in extra_words)]))
     result = Recall(profile=profile.name, reason=reason, query_words=words)
-    ranked = _rankable(store, owner, words, profile, result.skipped)
-    found = (
-        store.search(owner, " ".join(ranked), limit=profile.pool, prefix=profile.prefix)
-        if ranked
-        else []
+    # the rarest words while their matches fit the profile's scan, searched in one step
+    content = [w for w in words if w not in STOPWORDS] or words
+    first = store.search_rarest(
+        owner, content, scan=profile.scan, limit=profile.pool, prefix=profile.prefix
     )
+    result.skipped.extend(first.skipped)
+    ranked, found = first.words, first.found
     allowed = {"global", f"agent:{scope}"} if scope else {"global"}
     found = [(m, r) for m, r in found if m.scope in allowed]
     hop: dict[int, float] = {}
@@ -238,14 +238,12 @@ def _second_hop(
     total, counts = store.frequencies(owner, feedback.candidate_words(texts, exclude))
     chosen = feedback.second_hop(texts, counts, total=total, exclude=exclude)
     # rarest first, within the second hop's own (smaller) scan: a word too common to rank
-    # cheaply is not searched
-    narrow = dataclasses.replace(profile, scan=feedback.SCAN, prefix=False)
-    result.hop_words = _rankable(store, owner, chosen, narrow, [])
-    if not result.hop_words:
-        return {}
+    # cheaply is not searched (its words are no stopwords: `feedback.candidate_words`)
+    second = store.search_rarest(owner, chosen, scan=feedback.SCAN, limit=feedback.POOL)
+    result.hop_words = second.words
     have = {m.id for m, _ in found}
     hop: dict[int, float] = {}
-    for memory, relevance in store.search(owner, " ".join(result.hop_words), limit=feedback.POOL):
+    for memory, relevance in second.found:
         if memory.scope not in allowed:
             continue
         hop[memory.id] = feedback.WEIGHT * relevance
@@ -276,30 +274,6 @@ def _context(
     near = context(keyword, [*have.values(), *extra], share=profile.context)
     found.extend((m, 0.0) for m in extra if m.id in near)
     return near
-
-
-def _rankable(
-    store: MemoryStore,
-    owner: str,
-    words: list[str],
-    profile: RetrievalProfile,
-    skipped: list[tuple[str, int]],
-) -> list[str]:
-    """The query words to rank by: rarest first, while their matches fit the profile's scan.
-
-    BM25 scores every memory a word matches, so a word in most memories costs the most and
-    says the least (its IDF is near zero). Skipped words are appended to `skipped`.
-    """
-    content = [w for w in words if w not in STOPWORDS] or words
-    _, counts = store.frequencies(owner, content, prefix=profile.prefix)
-    kept, scanned = [], 0
-    for word in sorted(content, key=lambda w: counts[w]):
-        if counts[word] and scanned + counts[word] > profile.scan:
-            skipped.append((word, counts[word]))
-            continue
-        kept.append(word)
-        scanned += counts[word]
-    return [w for w in content if w in kept]
 
 
 def _pack(

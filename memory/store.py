@@ -15,14 +15,14 @@ import re
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from memory.monitor import Monitor
 from memory.schema import MIGRATIONS, VERSION, apply_sqlite, words_of
 from memory.sqlite import Database, peek, reader
-from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
+from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory, Rarest
 
 log = logging.getLogger("ctxbudget.memory")
 
@@ -64,6 +64,13 @@ class MemoryStore(Protocol):
         """Memories matching `query` with their BM25 relevance (higher is better)."""
         ...
 
+    def search_rarest(
+        self, owner: str, words: Sequence[str], *, scan: int, limit: int, prefix: bool = False
+    ) -> Rarest:
+        """`search` for the rarest of `words`: taken rarest first while their matches fit in
+        `scan` memories; a word too common to fit is skipped (`rarest_first`)."""
+        ...
+
     def remove(self, owner: str, memory_id: int) -> bool: ...
 
     def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
@@ -96,6 +103,51 @@ STOPWORDS = frozenset(
     " we were what when where which who why will with would you your".split()
 )
 _WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def rarest_first(
+    words: Sequence[str], counts: Mapping[str, int], scan: int
+) -> tuple[list[str], list[tuple[str, int]]]:
+    """The words to rank by, in their own order, and the ones skipped with their counts.
+
+    BM25 scores every memory a word matches, so a word in most memories costs the most and
+    says the least (its IDF is near zero). Words are taken rarest first (ties in their own
+    order) while the memories they match fit in `scan`; sorted so, the first word that does
+    not fit is followed only by words that fit even less.
+
+    >>> rarest_first(["the", "orion", "deadline"], {"the": 900, "orion": 3, "deadline": 40}, 100)
+    (['orion', 'deadline'], [('the', 900)])
+    """
+    kept: set[str] = set()
+    skipped: list[tuple[str, int]] = []
+    scanned = 0
+    for word in sorted(words, key=lambda w: counts.get(w, 0)):
+        n = counts.get(word, 0)
+        if n and scanned + n > scan:
+            skipped.append((word, n))
+            continue
+        kept.add(word)
+        scanned += n
+    return [w for w in words if w in kept], skipped
+
+
+def search_rarest_in_steps(
+    store: MemoryStore,
+    owner: str,
+    words: Sequence[str],
+    *,
+    scan: int,
+    limit: int,
+    prefix: bool = False,
+) -> Rarest:
+    """`MemoryStore.search_rarest` as two questions to the store: how common each word is,
+    then the search."""
+    if not words:
+        return Rarest(found=[], words=[], skipped=[])
+    _, counts = store.frequencies(owner, words, prefix=prefix)
+    kept, skipped = rarest_first(words, counts, scan)
+    found = store.search(owner, " ".join(kept), limit=limit, prefix=prefix) if kept else []
+    return Rarest(found=found, words=kept, skipped=skipped)
 
 
 def log_evicted(evicted: Sequence[Memory], limits: MemoryLimits) -> None:
@@ -321,6 +373,12 @@ class SQLiteMemoryStore:
         )
         # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
         return [(_row(r[:10]), -float(r[10])) for r in rows]
+
+    def search_rarest(
+        self, owner: str, words: Sequence[str], *, scan: int, limit: int, prefix: bool = False
+    ) -> Rarest:
+        # SQLite answers in-process: two questions cost no round trip
+        return search_rarest_in_steps(self, owner, words, scan=scan, limit=limit, prefix=prefix)
 
     def _search_own(
         self, owner: str, query: str, match: str, *, limit: int, prefix: bool

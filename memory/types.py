@@ -51,6 +51,18 @@ class Memory:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Rarest:
+    """`MemoryStore.search_rarest`'s answer."""
+
+    found: list[tuple[Memory, float]]
+    """The matches, best first, with their BM25 relevance."""
+    words: list[str]
+    """The words searched (in the order given)."""
+    skipped: list[tuple[str, int]]
+    """Words too common to rank within the scan, rarest first, with their memory counts."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class MemoryLimits:
     """What a new memory must satisfy, from `memory.*` config."""
 

@@ -302,7 +302,7 @@ class PgMemoryStore:
             return []
         phrases = words + ([w for w in words if len(w) >= 3] if prefix else [])
         kinds = [False] * len(words) + [True] * (len(phrases) - len(words))
-        rows = self.db.fetchall(_SEARCH, (owner, phrases, kinds, owner, limit), prepare=True)
+        rows = self.db.fetchall_planned_once(_SEARCH, (owner, phrases, kinds, owner, limit))
         return [(_row(r[:10]), float(r[10])) for r in rows]
 
     def search_rarest(
@@ -313,7 +313,7 @@ class PgMemoryStore:
             # given but searched as its tokens: the two steps keep that exact
             return search_rarest_in_steps(self, owner, words, scan=scan, limit=limit, prefix=prefix)
         args = (owner, prefix, owner, owner, list(words), scan, prefix, owner, limit)
-        rows = self.db.fetchall(_SEARCH_RAREST, args, prepare=True)
+        rows = self.db.fetchall_planned_once(_SEARCH_RAREST, args)
         kept, skipped, skipped_n = rows[0][:3]
         found = [(_row(r[3:13]), float(r[13])) for r in rows if r[3] is not None]
         return Rarest(

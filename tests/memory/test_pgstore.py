@@ -7,6 +7,9 @@ import subprocess
 import sys
 import threading
 
+import psycopg
+import pytest
+
 from memory import MemoryLimits, NewMemory
 from memory.pg import PgDatabase
 from memory.pgstore import PgMemoryStore, tokens
@@ -78,3 +81,21 @@ def test_the_tokenizer_reads_text_as_fts5_unicode61_does(pg_url: str) -> None:
         assert [m.text for m, _ in store.search("default", query)] != [], query
     assert store.search("default", "' | owner:*") == []  # user text is never tsquery syntax
     store.close()
+
+
+def test_a_search_planned_once_leaves_the_connection_planning_each_statement(
+    pg_url: str,
+) -> None:
+    db = PgDatabase(pg_url, pool_size=1)  # one connection: the next statement gets it back
+    try:
+        store = PgMemoryStore(db)
+        store.add(NewMemory(owner="default", text="the orion deadline is friday"))
+        for _ in range(3):
+            found = store.search_rarest("default", ["orion"], scan=100, limit=5)
+            assert [m.text for m, _ in found.found] == ["the orion deadline is friday"]
+            assert db.fetchall("SHOW plan_cache_mode") == [("force_custom_plan",)]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            db.fetchall_planned_once("SELECT 1 / 0")
+        assert db.fetchall("SHOW plan_cache_mode") == [("force_custom_plan",)]
+    finally:
+        db.close()

@@ -37,6 +37,7 @@ from proxy.errors import CtxBudgetError, ServiceUnavailable
 from proxy.guard import BrowserGuard
 from proxy.memories import MemoryRoutes
 from proxy.metrics import Metrics
+from proxy.offload import Offload
 from proxy.pipeline import Pipeline
 from proxy.report import ReportStore, Sink
 from proxy.reporting import Reporting
@@ -60,6 +61,7 @@ def create_app(
     clamp: Clamp = clamp_request,
     telemetry: Telemetry | None = None,
     metrics: Metrics | None = None,
+    offload: Offload | None = None,
 ) -> Starlette:
     """The proxy app. Dependencies are injected; defaults are built from `config`.
 
@@ -87,7 +89,7 @@ def create_app(
     upstream = upstream or HttpUpstream()
     state = ProxyState(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
     reporting = Reporting(state)
-    pipeline = Pipeline(state, reporting)
+    pipeline = Pipeline(state, reporting, offload)
     memories = MemoryRoutes(state)
 
     @contextlib.asynccontextmanager
@@ -102,6 +104,7 @@ def create_app(
             yield
         finally:
             await upstream.close()
+            await pipeline.offload.close()
             state.memory.close()
             if owns_reports:
                 reports.close()
@@ -168,6 +171,7 @@ def create_app(
         },
     )
     app.state.proxy = state
+    app.state.offload = pipeline.offload
     return app
 
 

@@ -32,12 +32,13 @@ from proxy.body import read_body
 from proxy.config import RouteConfig
 from proxy.errors import BadRequest, ClampError, UpstreamError
 from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
+from proxy.offload import Offload, OffloadedRequest
 from proxy.price_map import input_price, prices
 from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord, segment_tokens_saved
 from proxy.report.render import render_text
 from proxy.reporting import Reporting
-from proxy.sessions import Block, ClientPrefix, PrefixChange, session_key
+from proxy.sessions import ClientPrefix, PrefixChange, memory_added, session_key
 from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamReply, redact
@@ -47,17 +48,19 @@ from proxy.wire.types import WireFormat, WireRequest
 log = logging.getLogger("ctxbudget.proxy")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-LARGE_BODY = 1 << 20
-"""Bodies past this many bytes are parsed, clamped, counted and spliced in a worker thread."""
 _T = TypeVar("_T")
 
 
 class Pipeline:
     """Serves proxied requests of any wire format."""
 
-    def __init__(self, state: ProxyState, reporting: Reporting) -> None:
+    def __init__(
+        self, state: ProxyState, reporting: Reporting, offload: Offload | None = None
+    ) -> None:
         self.state = state
         self.reporting = reporting
+        self.offload = offload or Offload()
+        """The worker process for large bodies (started by the first one; the app closes it)."""
 
     def endpoint(self, wire: WireFormat) -> Endpoint:
         """The Starlette endpoint serving `wire`'s route(s)."""
@@ -77,10 +80,21 @@ class Pipeline:
         owner = owner_for(request.headers, settings)
         options = RequestOptions.from_headers(request.headers, default_enabled=settings.enabled)
         raw = await read_body(request, settings.max_body_bytes)
-        # Work that grows with the body runs in a worker thread for a large one, so one 30 MB
-        # request does not stall every other client; small ones skip the ~0.1 ms hop.
-        large = len(raw) > LARGE_BODY
-        body, turn = await _maybe_off_loop(large, _parse, wire, raw, owner)
+        # Work that grows with the body runs in another process for a large one, so one 30 MB
+        # request does not stall every other client (a thread would not do: single C calls
+        # over its 30 MB string hold the GIL for tens of ms); small ones skip the hop.
+        large = self.offload.takes(len(raw))
+        if large:
+            body, turn = await self.offload.prepare(
+                wire,
+                raw,
+                owner=owner,
+                clamp=self.state.clamp,
+                settings=settings,
+                apply=options.enabled,
+            )
+        else:
+            body, turn = _parse(wire, raw, owner)
         marks["parsed"] = time.time_ns()
         request_id = "cb-" + secrets.token_hex(8)
         route = settings.route_for(body.model)
@@ -98,15 +112,13 @@ class Pipeline:
                 mode, wire, body, request_id, settings, request, viewer
             )
 
-        # clamp
-        segments, clamp_error = await _maybe_off_loop(
-            large, self._clamp, body, settings, options.enabled
-        )
+        # clamp (a large body was clamped in the offload process: this reads what it found)
+        segments, clamp_error = self._clamp(body, settings, options.enabled)
         marks["clamped"] = marks["recall_start"] = time.time_ns()
 
         # recall and inject: memory blocks the session placed before go back where they were
         # (the cached prefix holds), and recall runs once per user turn
-        memory = await self._memory(request, wire, body, turn, owner, settings, options, large)
+        memory = await self._memory(request, wire, body, turn, owner, settings, options)
         recalled = memory.recalled
         marks["recall_end"] = time.time_ns()
 
@@ -115,10 +127,11 @@ class Pipeline:
         price = input_price(route.model if route else body.model)
         # Counted here for the x-context-budget-saved-tokens header: ~0.1 ms per 1,000 chars
         # the first time a text is seen, a cache hit on every later turn that resends it.
-        tokens = self.state.tokens
-        seg_tokens = await _maybe_off_loop(
-            large, lambda: tuple(segment_tokens_saved(tokens, s, encoding) for s in segments)
-        )
+        if isinstance(body, OffloadedRequest):
+            seg_tokens = body.segment_tokens  # counted beside the clamp, in the worker process
+        else:
+            tokens = self.state.tokens
+            seg_tokens = tuple(segment_tokens_saved(tokens, s, encoding) for s in segments)
         headers = budget_headers(request_id, options.enabled, segments, clamp_error)
         money_headers(headers, options.enabled, segments, seg_tokens, price)
         if recalled is not None:
@@ -233,7 +246,6 @@ class Pipeline:
         owner: str,
         settings: Settings,
         options: RequestOptions,
-        large: bool,
     ) -> _Memory:
         """The session's memory blocks placed again where they were, recall for a new user
         turn, and what the request did to the session's cached prefix."""
@@ -241,7 +253,8 @@ class Pipeline:
             recalled = await self.state.memory.inject(body, turn, owner, settings, options)
             return _Memory(recalled=recalled)
         sessions = self.state.sessions
-        prefix = await _maybe_off_loop(large, lambda: ClientPrefix(body.blocks()))
+        # a large body's blocks come hashed from the offload process (`Digested`)
+        prefix = ClientPrefix(body.blocks())
         session = session_key(request.headers, body.get, body.model, prefix)
         placed: dict[int, str] = {}
         if settings.recall.inject and options.memories:
@@ -256,11 +269,15 @@ class Pipeline:
         else:
             before = body.blocks()
             recalled = await self.state.memory.inject(body, turn, owner, settings, options)
+            if recalled is not None and not isinstance(body, OffloadedRequest):
+                placed.update(memory_added(before, body.blocks()))
+        if isinstance(body, OffloadedRequest):
+            await body.settle()  # the memory blocks placed in the worker, and hashed there
             if recalled is not None:
-                placed.update(_new_memory(before, body.blocks()))
-        change = await _maybe_off_loop(
-            large, lambda: sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
-        )
+                placed.update(body.memory_added)
+        change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
+        if isinstance(body, OffloadedRequest):
+            change = await body.counted(change)  # large blocks the report prices, if any
         return _Memory(recalled, change, tuple(placed.values()), reused)
 
     def _clamp(
@@ -300,7 +317,7 @@ class Pipeline:
         *,
         large: bool,
     ) -> UpstreamReply:
-        litellm_body = body.litellm_body() if route is not None else None
+        litellm_body = await _maybe_off_loop(large, body.litellm_body) if route else None
         if route is not None and litellm_body is not None:
             from proxy.providers import litellm_reply
 
@@ -364,34 +381,14 @@ def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
     )
 
 
-def _new_memory(before: list[Block], after: list[Block]) -> dict[int, str]:
-    """The block a new memory block went into, and its text (what the wire appended)."""
-    for i, (old, new) in enumerate(zip(before, after, strict=False)):
-        if new.forwarded is not old.forwarded:
-            return {i: _appended(old.forwarded, new.forwarded)}
-    return {}
-
-
-def _appended(old: Any, new: Any) -> str:
-    """The text `place_memory`-style appending added to a block: a string's tail after the
-    blank line, or the new last part's text."""
-    content_old = old.get("content") if isinstance(old, dict) else old
-    content_new = new.get("content") if isinstance(new, dict) else new
-    if isinstance(content_new, str) and isinstance(content_old, str):
-        return content_new[len(content_old) + 2 :]
-    if isinstance(content_new, list) and content_new and isinstance(content_new[-1], dict):
-        text = content_new[-1].get("text")
-        return text if isinstance(text, str) else ""
-    return ""
-
-
 def _parse(wire: WireFormat, raw: bytes, owner: str) -> tuple[WireRequest, UserTurn | None]:
     body = wire.parse(raw, owner=owner)
     return body, body.user_turn()
 
 
 async def _maybe_off_loop(large: bool, work: Callable[..., _T], *args: Any) -> _T:
-    """`work(*args)`, in a worker thread when `large`."""
+    """`work(*args)`, in a worker thread when `large` (an offloaded body's `encode` waits on
+    the worker process)."""
     return await asyncio.to_thread(work, *args) if large else work(*args)
 
 

@@ -28,6 +28,10 @@ history) is a client bust, not ours.
 Sessions are kept per worker process, the newest 2,048 (an LRU), each with its previous
 request's first 1,024 block digests and its last 8 memory blocks: a session whose requests go
 to different workers of one server is compared within each worker.
+
+A large body (`proxy/offload.py`) is parsed in another process, and its blocks reach this one
+as `Digested` stand-ins: the digest, and the bytes of a small block or the token count of a
+large one. Everything here takes either.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +64,8 @@ sessions)."""
 DIGEST = 16
 KEEP_MEMORY_BLOCKS = 8
 """Memory blocks remembered per session, to be placed again where they were."""
+SMALL_BLOCK = 1 << 16
+"""A `Digested` block up to this many bytes keeps them; a larger one keeps its token count."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,70 @@ class Block:
     """Where it is: `tools`, `system`, `messages[3]`, `input[5]`."""
     client: Any
     forwarded: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Digested:
+    """A block's value as hashed in the offload process (`digested`): what sessions and the
+    report read of it, without the value itself."""
+
+    digest: bytes
+    """`serial(value)`'s digest."""
+    size: int
+    """`len(serial(value))`."""
+    data: bytes | None
+    """`serial(value)` when it is at most `SMALL_BLOCK` bytes, else None."""
+    tokens: int | None = None
+    """The tokens of `serial(value)` when `data` is None, once counted (the report prices the
+    blocks a request moved; counting 30 MB takes ~1.5 s, so only those are counted)."""
+    stable: str = ""
+    """`_stable_text(value)`, for the block a stable-prefix session hash reads."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether the report can price the block: its bytes or its token count are here."""
+        return self.data is not None or self.tokens is not None
+
+
+def digested(
+    value: Any, count: Callable[[str], int] | None = None, *, stable: bool = False
+) -> Digested:
+    """`value` as a `Digested`; `count`, when given, counts a large one's tokens.
+
+    >>> d = digested({"role": "user", "content": "hi"})
+    >>> d.data, d.size, d.digest == _digest(d.data)
+    (b'{"role":"user","content":"hi"}', 30, True)
+    >>> big = digested("x" * SMALL_BLOCK, len)
+    >>> big.data, big.size, big.tokens, digested("x" * SMALL_BLOCK).counted
+    (None, 65538, 65538, False)
+    """
+    data = serial(value)
+    small = len(data) <= SMALL_BLOCK
+    return Digested(
+        digest=_digest(data),
+        size=len(data),
+        data=data if small else None,
+        tokens=None if small or count is None else count(data.decode(errors="replace")),
+        stable=_stable_text(value) if stable else "",
+    )
+
+
+def block_tokens(data: bytes | Digested, count: Callable[[str], int]) -> int:
+    """The tokens of a block's serial bytes (`Moved.client`, `Moved.forwarded`); a large
+    block never counted (it should not happen) is estimated at 4 bytes a token."""
+    if isinstance(data, Digested):
+        if data.data is None:
+            return data.tokens if data.tokens is not None else data.size // 4
+        data = data.data
+    return count(data.decode(errors="replace"))
+
+
+def _data(value: Any) -> bytes | Digested:
+    return value if isinstance(value, Digested) else serial(value)
+
+
+def _hash(data: bytes | Digested) -> bytes:
+    return data.digest if isinstance(data, Digested) else _digest(data)
 
 
 def serial(value: Any) -> bytes:
@@ -204,6 +274,8 @@ def _stable_text(value: Any) -> str:
 
 
 def _first_text(value: Any) -> str:
+    if isinstance(value, Digested):
+        return value.stable
     if isinstance(value, str):
         return value
     if isinstance(value, dict):
@@ -222,9 +294,9 @@ class Moved:
     sent it: what the report needs to price the request without ctxbudget."""
 
     label: str
-    client: bytes
-    """The block as the client sent it."""
-    forwarded: bytes
+    client: bytes | Digested
+    """The block as the client sent it (a large body's: its digest and size, `Digested`)."""
+    forwarded: bytes | Digested
     """As ctxbudget forwarded it (the same bytes when only its cache tier moved)."""
     client_cached: bool
     """Whether the client's block was inside the prefix the client shared with the session's
@@ -269,8 +341,8 @@ class ClientPrefix:
 
     def __init__(self, blocks: Sequence[Block]) -> None:
         self.blocks = list(blocks)
-        self.data = [serial(b.client) for b in self.blocks]
-        self.digests = [_digest(data) for data in self.data]
+        self.data = [_data(b.client) for b in self.blocks]
+        self.digests = [_hash(data) for data in self.data]
 
     def index_of(self, label: str) -> int | None:
         for i, block in enumerate(self.blocks):
@@ -320,11 +392,11 @@ class SessionTracker:
         if len(forwarded_blocks) != len(client):  # no stage adds blocks; be safe if one does
             forwarded_blocks = prefix.blocks
         forwarded_bytes = [
-            data if b.forwarded is b.client else serial(b.forwarded)
+            data if b.forwarded is b.client else _data(b.forwarded)
             for b, data in zip(forwarded_blocks, prefix.data, strict=True)
         ]
         forwarded = [
-            digest if b.forwarded is b.client else _digest(data)
+            digest if b.forwarded is b.client else _hash(data)
             for b, digest, data in zip(forwarded_blocks, client, forwarded_bytes, strict=True)
         ]
         memory = memory or {}
@@ -391,3 +463,24 @@ def _common(a: bytes, b: bytes) -> int:
         else:
             high = mid - 1
     return low
+
+
+def memory_added(before: Sequence[Block], after: Sequence[Block]) -> dict[int, str]:
+    """The block a new memory block went into, and its text (what the wire appended)."""
+    for i, (old, new) in enumerate(zip(before, after, strict=False)):
+        if new.forwarded is not old.forwarded:
+            return {i: _appended(old.forwarded, new.forwarded)}
+    return {}
+
+
+def _appended(old: Any, new: Any) -> str:
+    """The text `place_memory`-style appending added to a block: a string's tail after the
+    blank line, or the new last part's text."""
+    content_old = old.get("content") if isinstance(old, dict) else old
+    content_new = new.get("content") if isinstance(new, dict) else new
+    if isinstance(content_new, str) and isinstance(content_old, str):
+        return content_new[len(content_old) + 2 :]
+    if isinstance(content_new, list) and content_new and isinstance(content_new[-1], dict):
+        text = content_new[-1].get("text")
+        return text if isinstance(text, str) else ""
+    return ""

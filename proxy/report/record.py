@@ -16,7 +16,7 @@ import orjson
 from caps import Segment
 from proxy.billing import Shift, cost, without
 from proxy.price_map import Prices
-from proxy.sessions import PrefixChange
+from proxy.sessions import PrefixChange, block_tokens
 from proxy.tokens import TokenCounter
 from proxy.usage import Usage
 
@@ -159,10 +159,14 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     """The request's session, cache busts and money: its cost from the provider's usage, and
     what it would have cost with nothing clamped or injected (`proxy/billing.py`)."""
     prefix = r.prefix
+
+    def count(text: str) -> int:
+        return tokens.count(text, r.encoding)
+
     shifts = [
         Shift(
-            client=tokens.count(m.client.decode(errors="replace"), r.encoding),
-            forwarded=tokens.count(m.forwarded.decode(errors="replace"), r.encoding),
+            client=block_tokens(m.client, count),
+            forwarded=block_tokens(m.forwarded, count),
             client_cached=m.client_cached,
             forwarded_cached=m.forwarded_cached,
         )

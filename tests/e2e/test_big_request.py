@@ -4,17 +4,28 @@ web_fetch result being clamped and counted, and /healthz polled beside it.
 The stand-in upstream and the poller run in processes of their own, so what is measured is
 the proxy, not this test process's own GIL.
 
-Before: clamping and counting ran on the event loop, and /healthz waited seconds (tiktoken
-alone held the GIL 2.2 s for the 30 MB text). Now the work runs in a worker thread and tiktoken
-counts in pieces; what remains are single C calls over the one 30 MB string (orjson parsing
-it, ~40-65 ms on the reference machine). Measured: ~105 ms typical, 257 ms the worst seen on a
-busy CI run. The bound here is 1 s, which still fails for the old behaviour (seconds) without
-flaking on a loaded machine; the issue's 50 ms needs the parse in another process (noted on
-issue 10).
+History: clamping and counting on the event loop made /healthz wait seconds (tiktoken alone
+held the GIL 2.2 s for the 30 MB text); in a worker thread, worst polls of 58-133 ms, because
+single C calls over the one 30 MB string (orjson parsing it, the web_fetch clamp parsing the JSON
+inside it, splitting it) hold the GIL for 20-100 ms each. Now a large body is parsed,
+clamped, counted, hashed and encoded in the offload process (`proxy/offload.py`); what the
+event loop still does per 30 MB body is join its chunks (`read_body`) and hand it to the
+thread that writes it down the pipe, and that is what a poll can still wait on.
+
+Why not "every poll under 50 ms": on the 2-core shared machine these tests run on, an
+*idle* proxy polled the same way already shows maxima of 18-91 ms when other work runs: one
+late poll can be the scheduler, not the proxy. Nor a percentile: the thread version's stalls
+hit only the 2-3 polls in flight during its GIL-holding calls, so its p90 was 6-8 ms, as good
+as now. What tells them apart is how many polls wait: the thread version had 2-3 polls over
+50 ms in every run (53-133 ms), the offload 0 or 1. So the assertion is the issue's 50 ms for
+every poll but one (the scheduler's), and no poll over 250 ms (the event-loop version:
+seconds). Each run prints its figures (`-s` shows them); docs/benchmarks.md has the measured
+ones and the machine's load.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,18 +41,19 @@ from tests.openclaw import openclaw_request, web_fetch_result
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ("A paragraph of a very long fetched page, with words. " * 20 + "\n\n") * 28_000
 POLL = """
-import sys, threading, time, httpx
+import json, sys, threading, time, httpx
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
 waits = []
 with httpx.Client(base_url=sys.argv[1], timeout=10) as client:
+    client.get("/healthz")  # the connection is open before timing starts
     print("ready", flush=True)
     while not stop.is_set():
         started = time.perf_counter()
         assert client.get("/healthz").status_code == 200
         waits.append(time.perf_counter() - started)
         time.sleep(0.01)
-print(len(waits), max(waits), flush=True)
+print(json.dumps(waits), flush=True)
 """
 
 
@@ -63,8 +75,13 @@ def upstream() -> Iterator[str]:
         proc.stdout.close()
 
 
+def _quantile(waits: list[float], q: float) -> float:
+    ordered = sorted(waits)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 @pytest.mark.parametrize("enabled", [True, False], ids=["budget-on", "budget-off"])
-def test_healthz_answers_within_a_second_while_a_30_mb_request_is_clamped(
+def test_healthz_answers_promptly_while_a_30_mb_request_is_clamped(
     tmp_path: Path, upstream: str, enabled: bool
 ) -> None:
     body = openclaw_request(stream=False)
@@ -93,7 +110,7 @@ def test_healthz_answers_within_a_second_while_a_30_mb_request_is_clamped(
         )
         poller.stdin.write("stop\n")
         poller.stdin.flush()
-        polls, worst = poller.stdout.readline().split()
+        waits: list[float] = json.loads(poller.stdout.readline())
         poller.wait(timeout=10)
         poller.stdin.close()
         poller.stdout.close()
@@ -101,5 +118,13 @@ def test_healthz_answers_within_a_second_while_a_30_mb_request_is_clamped(
     saved = "saved" if enabled else "would-save"
     assert int(r.headers[f"x-context-budget-{saved}-chars"]) > 29_000_000
     assert int(r.headers[f"x-context-budget-{saved}-tokens"]) > 6_000_000
-    assert int(polls) > 20
-    assert float(worst) < 1.0, f"/healthz waited {float(worst) * 1000:.0f} ms"
+    median, p90, worst = (_quantile(waits, q) * 1000 for q in (0.5, 0.9, 1.0))
+    print(
+        f"\n/healthz beside a 30 MB request (budget {'on' if enabled else 'off'}): "
+        f"{len(waits)} polls, median {median:.1f} ms, p90 {p90:.1f} ms, worst {worst:.1f} ms; "
+        f"slowest {[round(w * 1000) for w in sorted(waits)[-5:]]}"
+    )
+    assert len(waits) > 20
+    late = [round(w * 1000) for w in waits if w > 0.05]
+    assert len(late) <= 1, f"{len(late)} of {len(waits)} polls waited over 50 ms: {late}"
+    assert worst < 250, f"/healthz waited {worst:.0f} ms (median {median:.0f}, p90 {p90:.0f})"

@@ -1,0 +1,639 @@
+"""Large bodies, parsed and clamped in a process of their own.
+
+A worker thread does not keep a 30 MB request from stalling the event loop: the work is a few
+single C calls over the one 30 MB string (orjson parsing the messages ~60 ms, the web_fetch
+clamp parsing the JSON inside the tool result ~60 ms, splitting it ~20 ms), and each holds the
+GIL from start to end. So a body over `LARGE_BODY` goes to one worker process
+(spawned on the first such body, shut down with the app), which parses it, finds the user
+turn, clamps, counts the tokens saved, hashes the session prefix's blocks and encodes. The
+event loop gets back what the rest of the pipeline reads — an `OffloadedRequest`: model,
+stream, the user turn, the system text, the segments (without their texts) and their token
+counts, the blocks as `Digested` stand-ins (`proxy/sessions.py`: digests, the bytes of small
+blocks, the token counts of large ones), the short top-level fields, and the clamped bytes —
+and never holds the parsed 30 MB nor hashes it.
+
+What changes the body later is recorded and applied in the worker on a second trip: memory
+blocks (`place_memory`, `inject`) when the session stage settles the request (`settle`: the
+changed blocks come back digested, with the text of a new memory block), and
+`stream_options.include_usage` when the body is encoded. A Responses continuation's call
+names are asked of this process's `CallNames` while the worker clamps. A chat command in a
+large request is answered from a small copy of the body with its large values emptied (what
+the answer reads: model, stream, stream_options).
+
+What stays in this process per large body: one copy of it into the pipe to the worker and,
+when the forwarded body is large too, one copy back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+import orjson
+
+from caps import Caps, Clamp, Segment, ToolNames
+from memory.inject import Placement
+from memory.query import UserTurn
+from proxy.command import find_command
+from proxy.errors import CtxBudgetError
+from proxy.report import segment_tokens_saved
+from proxy.sessions import Block, Digested, PrefixChange, digested, memory_added, serial
+from proxy.settings import Settings
+from proxy.tokens import TokenCounter, encoding_name, trim_memory
+from proxy.wire.responses import CallNames, OpenAIResponses
+from proxy.wire.types import WireFormat, WireRequest
+
+LARGE_BODY = 1 << 20
+"""Bodies past this many bytes are parsed, clamped, counted, hashed and spliced in the
+worker process (`Offload.threshold`); smaller ones skip the hop (~1 ms there and back)."""
+_EMPTY = {ord("["): b"[]", ord("{"): b"{}", ord('"'): b'""'}
+SMALL_FIELD = 1 << 16
+"""Top-level fields up to this many bytes come back to the event loop (`get`); a chat
+command's copy of a large body keeps its values up to this size."""
+
+
+class OffloadError(CtxBudgetError):
+    """The worker process that parses large bodies exited while it held this request."""
+
+    status = 500
+    code = "offload_failed"
+
+
+class RemoteTraceback(Exception):
+    """The worker's traceback of an error raised there (the `__cause__` of the re-raise)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# -- what crosses to the worker and back ---------------------------------------------------
+
+_Work = Callable[[Any, bytes], tuple[Any, bytes | None]]
+"""Work the worker does: `(job, body) -> (answer, bytes to send back or None)`."""
+_Lookup = Callable[[str], Any]
+"""Answers the worker's questions during a job (a call id's name, for Responses)."""
+Change = tuple[str, Any, Any]
+"""A recorded change: `("place", block index, text)` or `("inject", lines, placement)`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Prepare:
+    wire: WireFormat | None
+    """The format; None for OpenAI Responses, whose call names stay in this process."""
+    owner: str
+    clamp: Clamp
+    caps: Caps
+    tools: ToolNames
+    apply: bool
+    encoding: str
+    """The default tiktoken encoding (`Settings.default_encoding`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What the worker found in a large body: all the event loop keeps of it (beside the
+    clamped bytes, sent back apart)."""
+
+    model: str | None = None
+    stream: bool = False
+    note: str | None = None
+    turn: UserTurn | None = None
+    system_text: str = ""
+    segments: tuple[Segment, ...] = ()
+    """As the clamp returned them, without their texts (`original`, `clamped`)."""
+    segment_tokens: tuple[int, ...] = ()
+    failure: tuple[BaseException, str] | None = None
+    """The exception the clamp raised, and its traceback there."""
+    asks_usage: bool = False
+    """What `ask_usage()` would answer."""
+    encoding: str = ""
+    """The request's tiktoken encoding (large blocks' tokens are counted in it)."""
+    blocks: tuple[Block, ...] = ()
+    """The cached prefix (`WireRequest.blocks()`) after the clamp, values as `Digested`."""
+    fields: dict[str, Any] | None = None
+    """Top-level fields of at most `SMALL_FIELD` bytes, as `get` reads them."""
+    skeleton: bytes | None = None
+    """For a chat command: the body with its large values emptied."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Finish:
+    wire: WireFormat | None
+    owner: str
+    changes: tuple[Change, ...]
+    ask_usage: bool = False
+    litellm: bool = False
+    blocks: bool = False
+    """Send back the blocks the changes touched, digested (`settle`)."""
+    encoding: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Count:
+    wire: WireFormat | None
+    owner: str
+    labels: frozenset[str]
+    encoding: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settled:
+    """What `_finish` found when asked for blocks: each block as forwarded now (None: as it
+    was before the changes), and the memory block `inject` added."""
+
+    blocks: tuple[Digested | None, ...]
+    added: dict[int, str]
+
+
+# -- the worker's side -----------------------------------------------------------------------
+
+
+_BOOT = "import sys; from proxy.offload import serve; serve(int(sys.argv[1]))"
+_conn: Connection | None = None
+"""The worker's end of the pipe (for `_ask`)."""
+
+
+def serve(fd: int) -> None:
+    """The worker process: one job at a time from the socket `fd` until it closes."""
+    global _conn
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops us
+    conn = _conn = Connection(fd)
+    while True:
+        try:
+            work, job = conn.recv()
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            answer, blob = work(job, data)
+        except Exception as exc:
+            conn.send(("done", True, (_portable(exc), traceback.format_exc()), False))
+            continue
+        finally:
+            del data
+        conn.send(("done", False, answer, blob is not None))
+        if blob is not None:
+            conn.send_bytes(blob)
+        del answer, blob
+        trim_memory()
+
+
+def _ask(question: str) -> Any:
+    """Ask the parent process during a job (`Offload.call`'s `lookup`)."""
+    if _conn is None:
+        return None
+    _conn.send(("ask", question))
+    return _conn.recv()
+
+
+class _Names(CallNames):
+    """Call names looked up in the parent process's `CallNames`."""
+
+    def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
+        found = _ask(call_id)
+        return None if found is None else (found[0], found[1])
+
+
+@functools.cache
+def _tokens() -> TokenCounter:
+    return TokenCounter()
+
+
+def _wire(wire: WireFormat | None) -> WireFormat:
+    return wire if wire is not None else OpenAIResponses(_Names())
+
+
+def _prepare(job: _Prepare, raw: bytes) -> tuple[Prepared, bytes | None]:
+    wire = _wire(job.wire)
+    request = wire.parse(raw, owner=job.owner)
+    turn = request.user_turn()
+    if wire.generates and find_command(turn) is not None:
+        found = Prepared(model=request.model, stream=request.stream, turn=turn)
+        return replace(found, skeleton=_skeleton(raw)), None
+    failure = None
+    segments: tuple[Segment, ...] = ()
+    try:
+        segments = tuple(request.clamp(job.clamp, job.caps, job.tools, apply=job.apply))
+    except Exception as exc:  # the pipeline decides between fail-open and closed
+        failure = (_portable(exc), traceback.format_exc())
+    encoding = encoding_name(request.model, job.encoding)
+    encoded = request.encode() if request.changed else None
+    found = Prepared(
+        model=request.model,
+        stream=request.stream,
+        note=request.note,
+        turn=turn,
+        system_text=request.system_text(),
+        segments=tuple(replace(s, original="", clamped="") for s in segments),
+        segment_tokens=tuple(segment_tokens_saved(_tokens(), s, encoding) for s in segments),
+        failure=failure,
+        encoding=encoding,
+        # token counting has no session: no blocks to hash
+        blocks=_digested_blocks(request.blocks(), encoding) if wire.generates else (),
+        fields=_small_fields(request, raw),
+        asks_usage=request.ask_usage(),  # asked after encoding: only the answer is kept
+    )
+    return found, encoded
+
+
+def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...]:
+    """`blocks` with `Digested` values; the first after `tools` keeps its stable text. Large
+    blocks the clamp changed are counted (the report prices them); one it left alone is
+    counted only if the session stage finds it moved (`OffloadedRequest.counted`)."""
+
+    def count(text: str) -> int:
+        return _tokens().count(text, encoding)
+
+    out = []
+    stable = True
+    for b in blocks:
+        first = stable and b.label != "tools"
+        stable = stable and not first
+        if b.forwarded is b.client:
+            client = forwarded = digested(b.client, stable=first)
+        else:
+            client = digested(b.client, count, stable=first)
+            forwarded = digested(b.forwarded, count)
+        out.append(Block(b.label, client, forwarded))
+    return tuple(out)
+
+
+def _count(job: _Count, raw: bytes) -> tuple[dict[str, int], None]:
+    """The tokens of the client's blocks `job.labels` of `raw`."""
+    request = _wire(job.wire).parse(raw, owner=job.owner)
+    return {
+        b.label: _tokens().count(serial(b.client).decode(errors="replace"), job.encoding)
+        for b in request.blocks()
+        if b.label in job.labels
+    }, None
+
+
+def _finish(job: _Finish, body: bytes) -> tuple[Any, bytes | None]:
+    request = _wire(job.wire).parse(body, owner=job.owner)
+    start = request.blocks() if job.blocks else []
+    before = start
+    for kind, first, second in job.changes:
+        if kind == "place":
+            request.place_memory(first, second)
+        else:
+            if job.blocks and before is start:
+                before = request.blocks()
+            request.inject(first, second)
+    if job.ask_usage:
+        request.ask_usage()
+    if job.litellm:
+        return request.litellm_body(), None
+    encoded = request.encode()
+    if not job.blocks:
+        return None, encoded
+
+    def count(text: str) -> int:
+        return _tokens().count(text, job.encoding)
+
+    after = request.blocks()
+    added = memory_added(before, after) if before is not start else {}
+    if len(after) != len(start):
+        after = start  # no change adds blocks; be safe if one does
+    blocks = tuple(
+        None if new.forwarded is old.forwarded else digested(new.forwarded, count)
+        for old, new in zip(start, after, strict=True)
+    )
+    return Settled(blocks=blocks, added=added), encoded
+
+
+def _small_fields(request: WireRequest, raw: bytes) -> dict[str, Any]:
+    """The top-level fields of at most `SMALL_FIELD` bytes, as `request.get` reads them."""
+    try:
+        fields = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
+    except msgspec.MsgspecError:
+        return {}
+    return {key: request.get(key) for key, value in fields.items() if len(value) <= SMALL_FIELD}
+
+
+def _skeleton(raw: bytes) -> bytes | None:
+    """`raw` with each top-level value over `SMALL_FIELD` bytes emptied, or None when it
+    is not a plain JSON object."""
+    try:
+        fields = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
+    except msgspec.MsgspecError:
+        return None
+    parts = []
+    for key, value in fields.items():
+        data = bytes(value) if len(value) <= SMALL_FIELD else _EMPTY.get(memoryview(value)[0])
+        if data is None:
+            return None
+        parts.append(orjson.dumps(key) + b":" + data)
+    return b"{" + b",".join(parts) + b"}"
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc`, or a RuntimeError saying the same when `exc` does not survive pickling."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{exc.__class__.__name__}: {exc}")
+    return exc
+
+
+# -- the event loop's side -------------------------------------------------------------------
+
+
+class Offload:
+    """The worker process for large bodies: spawned on first use, stopped by `close()`.
+
+    One request at a time over one pipe. The body goes down it with `send_bytes`, which
+    writes straight from the body's buffer in pieces that release the GIL: pickling it
+    (as a `ProcessPoolExecutor` does) copies 30 MB in one call and stalled the loop up to
+    120 ms.
+    """
+
+    def __init__(self, *, threshold: int = LARGE_BODY) -> None:
+        self.threshold = threshold
+        """Bodies of more bytes than this go to the worker (`takes`)."""
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ctxbudget-offload")
+        """Waits on the worker, so large bodies never hold the loop's default threads."""
+
+    def takes(self, size: int) -> bool:
+        """Whether a body of `size` bytes is parsed in the worker."""
+        return size > self.threshold
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id, while one runs."""
+        return self._process.pid if self._process is not None else None
+
+    async def prepare(
+        self,
+        wire: WireFormat,
+        raw: bytes,
+        *,
+        owner: str,
+        clamp: Clamp,
+        settings: Settings,
+        apply: bool,
+    ) -> tuple[WireRequest, UserTurn | None]:
+        """`raw` parsed and clamped in the worker: an `OffloadedRequest`, or for a chat
+        command a request parsed from the body's skeleton. `BadRequest` as `wire.parse`."""
+        responses = isinstance(wire, OpenAIResponses)
+        job = _Prepare(
+            wire=None if responses else wire,
+            owner=owner,
+            clamp=clamp,
+            caps=settings.caps,
+            tools=settings.tool_names,
+            apply=apply,
+            encoding=settings.default_encoding,
+        )
+        lookup = None
+        if isinstance(wire, OpenAIResponses):
+            names = wire.names
+            lookup = functools.partial(names.get, owner)
+        found, encoded = await self.run(_prepare, job, raw, lookup)
+        if found.skeleton is not None:
+            return wire.parse(found.skeleton, owner=owner), found.turn
+        return OffloadedRequest(raw, found, encoded, self, job.wire, owner), found.turn
+
+    async def run(
+        self, work: _Work, job: Any, data: bytes, lookup: _Lookup | None = None
+    ) -> tuple[Any, bytes | None]:
+        """`call` from the worker's own waiting thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self.call, work, job, data, lookup)
+
+    def call(
+        self, work: _Work, job: Any, data: bytes, lookup: _Lookup | None = None
+    ) -> tuple[Any, bytes | None]:
+        """`work(job, data)` in the worker: its answer and the bytes it sent back; `lookup`
+        answers what the worker asks meanwhile. Blocks: call it from a thread, never the
+        event loop."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.send((work, job))
+                conn.send_bytes(data)
+                message = conn.recv()
+                while message[0] == "ask":
+                    conn.send(lookup(message[1]) if lookup is not None else None)
+                    message = conn.recv()
+                _, failed, answer, more = message
+                blob = conn.recv_bytes() if more else None
+            except (EOFError, OSError) as exc:
+                self._stop()
+                raise OffloadError(
+                    f"the worker process for large request bodies exited ({exc!r}); the next "
+                    "large request starts another"
+                ) from exc
+        if failed:
+            error, text = answer
+            raise error from RemoteTraceback(text)
+        return answer, blob
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._process is None or self._process.poll() is not None:
+            self._stop()
+            # A fresh interpreter that imports only this module: not fork (this process has
+            # threads), and not multiprocessing's spawn, which re-runs the parent's __main__.
+            ours, theirs = socket.socketpair()
+            with theirs:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                )
+            self._conn = Connection(ours.detach())
+        return self._conn
+
+    def _stop(self) -> None:
+        conn, process = self._conn, self._process
+        self._conn = self._process = None
+        if conn is not None:
+            conn.close()  # the worker reads EOF and exits
+        if process is not None:
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    async def close(self) -> None:
+        """Stop the worker (after the request it holds, if any) and the waiting thread."""
+
+        def stop() -> None:
+            with self._lock:
+                self._stop()
+
+        await asyncio.to_thread(stop)
+        self._thread.shutdown(wait=False)
+
+
+class OffloadedRequest:
+    """A `WireRequest` parsed and clamped in the worker process (`Offload.prepare`).
+
+    `clamp()` returns what the worker's clamp found (it ran with this request's caps and
+    budget); `blocks()` are `Digested`. `place_memory()`, `inject()` and `ask_usage()` are
+    recorded and applied in the worker: by `settle()` (the pipeline's session stage awaits
+    it, so `blocks()` show the memory blocks) and by `encode()`, which therefore may wait on
+    the worker: call it from a thread, never the event loop.
+    """
+
+    def __init__(
+        self,
+        raw: bytes,
+        found: Prepared,
+        clamped: bytes | None,
+        offload: Offload,
+        wire: WireFormat | None,
+        owner: str,
+    ) -> None:
+        self.raw = raw
+        self.model = found.model
+        self.stream = found.stream
+        self.note = found.note
+        self.found = found
+        self.segment_tokens = found.segment_tokens
+        """Tokens saved per segment, counted in the worker beside the clamp."""
+        self.memory_added: dict[int, str] = {}
+        """The memory block `inject` added, by block index (known once settled)."""
+        self._base = raw if clamped is None else clamped
+        """What goes upstream when nothing is pending: as sent, clamped, or settled."""
+        self._blocks = list(found.blocks)
+        self._pending: list[Change] = []
+        self._offload = offload
+        self._wire = wire
+        self._owner = owner
+        self._ask = False
+        self._encoded: bytes | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self._base is not self.raw or bool(self._pending) or self._ask
+
+    def user_turn(self) -> UserTurn | None:
+        return self.found.turn
+
+    def system_text(self) -> str:
+        return self.found.system_text
+
+    def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        if self.found.failure is not None:
+            exc, text = self.found.failure
+            raise exc from RemoteTraceback(text)
+        return list(self.found.segments)
+
+    def get(self, key: str) -> Any:
+        """A top-level field as a Python value; None for one over `SMALL_FIELD` bytes
+        (what reads fields here reads short ones: session ids, `metadata`)."""
+        return (self.found.fields or {}).get(key)
+
+    def blocks(self) -> list[Block]:
+        """The blocks as `Digested`; a change not yet settled does not show in them."""
+        return list(self._blocks)
+
+    def inject(self, lines: Sequence[str], placement: Placement) -> None:
+        self._change(("inject", tuple(lines), placement))
+
+    def place_memory(self, index: int, text: str) -> None:
+        self._change(("place", index, text))
+
+    def _change(self, change: Change) -> None:
+        self._pending.append(change)
+        self._encoded = None
+
+    async def settle(self) -> None:
+        """Apply the recorded memory blocks in the worker: `blocks()` and `memory_added`
+        then show them."""
+        if not self._pending:
+            return
+        job = self._finish(blocks=True)
+        settled, encoded = await self._offload.run(_finish, job, self._base)
+        if encoded is None:
+            raise OffloadError("the worker process sent no body back")
+        self._blocks = [
+            b if new is None else Block(b.label, b.client, new)
+            for b, new in zip(self._blocks, settled.blocks, strict=True)
+        ]
+        self.memory_added = settled.added
+        self._base = encoded
+        self._pending = []
+        self._encoded = None
+
+    async def counted(self, change: PrefixChange) -> PrefixChange:
+        """`change` with the tokens of each moved block left uncounted (a large block the
+        clamp did not change) counted in the worker, from the body as sent."""
+        labels = frozenset(
+            m.label
+            for m in change.moved
+            for d in (m.client, m.forwarded)
+            if isinstance(d, Digested) and not d.counted
+        )
+        if not labels:
+            return change
+        job = _Count(
+            wire=self._wire, owner=self._owner, labels=labels, encoding=self.found.encoding
+        )
+        tokens, _ = await self._offload.run(_count, job, self.raw)
+
+        def fill(d: bytes | Digested, label: str) -> bytes | Digested:
+            if isinstance(d, Digested) and not d.counted and label in tokens:
+                return replace(d, tokens=tokens[label])
+            return d
+
+        moved = tuple(
+            replace(m, client=fill(m.client, m.label), forwarded=fill(m.forwarded, m.label))
+            for m in change.moved
+        )
+        return replace(change, moved=moved)
+
+    def ask_usage(self) -> bool:
+        if self.found.asks_usage:
+            self._ask = True
+            self._encoded = None
+        return self.found.asks_usage
+
+    def forget_usage(self) -> None:
+        self._ask = False
+        self._encoded = None
+
+    def encode(self) -> bytes:
+        if not self._pending and not self._ask:
+            return self._base
+        if self._encoded is None:
+            _, blob = self._offload.call(_finish, self._finish(ask_usage=self._ask), self._base)
+            if blob is None:
+                raise OffloadError("the worker process sent no body back")
+            self._encoded = blob
+        return self._encoded
+
+    def litellm_body(self) -> dict[str, Any] | None:
+        answer, _ = self._offload.call(_finish, self._finish(litellm=True), self._base)
+        found: dict[str, Any] | None = answer
+        return found
+
+    def _finish(self, **how: bool) -> _Finish:
+        return _Finish(
+            wire=self._wire,
+            owner=self._owner,
+            changes=tuple(self._pending),
+            encoding=self.found.encoding,
+            **how,
+        )

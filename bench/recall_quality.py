@@ -160,6 +160,35 @@ def main() -> None:
     print("\nrecall time per question (dry run, ~1-2k memories per store), p50:")
     for name in profiles:
         print(f"  {name:<10} {statistics.median(took[name]) * 1000:.2f} ms")
+    _verdict(hits, injected, at_n, args.n)
+
+
+def _verdict(
+    hits: dict[tuple[str, int], list[bool]],
+    injected: dict[tuple[str, int], list[int]],
+    at_n: dict[tuple[str, int, int], list[bool]],
+    cuts: list[int],
+) -> None:
+    """Issue 13's target: deep >= balanced + 10 points on hard questions while injecting at
+    most 1.5x as many memories, and ahead of balanced at every equal count."""
+
+    def hard(table: dict[Any, list[bool]], name: str) -> float:
+        values = [v for c in HARD for v in table.get((name, c), [])]
+        return 100 * sum(values) / len(values) if values else 0.0
+
+    def count(name: str) -> float:
+        return statistics.mean(v for c in CATEGORIES for v in injected[(name, c)])
+
+    gap = hard(hits, "deep") - hard(hits, "balanced")
+    ratio = count("deep") / (count("balanced") or 1)
+    print(
+        f"\ndeep - balanced on hard questions: {gap:+.1f} points at {ratio:.2f}x the memories"
+        f" (target: >= +10 at <= 1.5x): {'met' if gap >= 10 and ratio <= 1.5 else 'NOT met'}"
+    )
+    for n in cuts:
+        cut = {name: {(name, c): at_n[(name, c, n)] for c in HARD} for name in ("balanced", "deep")}
+        ahead = hard(cut["deep"], "deep") - hard(cut["balanced"], "balanced")
+        print(f"  at {n} memories each: deep {ahead:+.1f} points on hard questions")
 
 
 def _ranking(store: Store, question: str, name: str, tokens: TokenCounter) -> list[int]:

@@ -4,8 +4,10 @@ A multi-hop question names one thing and needs another: "what did Melanie's kids
 pottery class?" finds the memories about pottery class, and the memory that answers it talks
 about the kids' clay bowls without the word "pottery". The words the best first-hop memories
 share, weighted by how rare they are among the owner's memories, are searched as a second
-query, worth `WEIGHT` of the first. Nothing is learned or stored: the same memories and the
-same query give the same words.
+query, worth `WEIGHT` of the first. When the query names a speaker (`memory/speaker.py`), the
+words are taken from that speaker's best memories first: what Melanie said about the pottery
+class, not what Caroline asked about it. Nothing is learned or stored: the same memories and
+the same query give the same words.
 
     >>> second_hop(
     ...     ["Melanie: the kids made clay bowls at the pottery class",
@@ -26,6 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from memory.schema import words_of
 from memory.store import STOPWORDS
+from memory.types import Memory
 
 FROM = 5
 """First-hop memories the second hop's words are taken from (the best, by keyword score)."""
@@ -33,11 +36,35 @@ TERMS = 10
 """Most words the second hop searches for."""
 WEIGHT = 0.4
 """What a second-hop match is worth against a first-hop match of the same BM25 score."""
+NAMED = 2.0
+"""How much more a first-hop memory said by someone the query names counts when choosing the
+`FROM` memories the second hop reads."""
 POOL = 30
 """Most memories the second hop brings (its best, by BM25): each is one more candidate."""
 SCAN = 2_000
 """Most matching memories the second hop ranks (its words rarest first, as the first hop's):
 its words are meant to be rare, and a common one would cost as much as the first hop."""
+
+
+def sources(
+    found: Sequence[tuple[Memory, float]], named: Collection[int], *, n: int = FROM
+) -> list[Memory]:
+    """The `n` first-hop memories the second hop reads: the best by keyword score, that of a
+    memory whose speaker the query names (`named`, ids) counted `NAMED` times; ties by id.
+
+    >>> from memory.types import Memory
+    >>> def m(i):
+    ...     return Memory(id=i, owner="o", text="", category="fact", source="inferred",
+    ...                   scope="global", created=0.0, last_accessed=0.0, access_count=0)
+    >>> [x.id for x in sources([(m(1), 3.0), (m(2), 2.0), (m(3), 1.2)], named={3}, n=2)]
+    [1, 3]
+    """
+
+    def weight(pair: tuple[Memory, float]) -> tuple[float, int]:
+        memory, score = pair
+        return -score * (NAMED if memory.id in named else 1.0), memory.id
+
+    return [memory for memory, _ in sorted(found, key=weight)[:n]]
 
 
 def candidate_words(texts: Sequence[str], exclude: Collection[str]) -> list[str]:

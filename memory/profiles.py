@@ -3,16 +3,19 @@
 Deterministic and visible: the same query gives the same profile, rewrite and candidates, and
 `auto` always says why it chose.
 
-| profile  | query rewrite                 | signals      | pool | scan   | trust pass | inject |
-|----------|-------------------------------|--------------|------|--------|------------|--------|
-| lean     | none                          | keywords     | 10   | 2,000  | strict     | 3–5    |
-| balanced | split compound words          | + context    | 30   | 8,000  | standard   | 6–10   |
-| deep     | + prefix matching, LLM (*)    | + second hop | 100  | 15,000 | permissive | ≤ 14   |
+| profile  | query rewrite            | signals            | pool | scan   | trust pass | inject |
+|----------|--------------------------|--------------------|------|--------|------------|--------|
+| lean     | none                     | keywords           | 10   | 2,000  | strict     | 3–5    |
+| balanced | split compound words     | + context ±1       | 30   | 8,000  | standard   | 6–10   |
+| deep     | + prefix matching, LLM * | + context ±2, hop, | 100  | 15,000 | permissive | ≤ 14   |
+|          |                          |   speaker          |      |        |            |        |
 
 scan: the most matching memories BM25 ranks; query words are taken rarest first and a word too
-common to fit is skipped (and reported). (*) when `memory.rewrite.model` is configured.
-context: neighbouring memories of one conversation share relevance (`memory/context.py`);
-second hop: pseudo-relevance feedback from the best first-hop memories (`memory/feedback.py`).
+common to fit is skipped (and reported). * when `memory.rewrite.model` is configured.
+context: neighbouring memories of one conversation share relevance (`memory/context.py`), one
+memory either side in balanced, two in deep; hop: the second hop, pseudo-relevance feedback
+from the best first-hop memories (`memory/feedback.py`); speaker: points for a memory said by
+someone the query names (`memory/speaker.py`).
 Deep injects at most 1.4× what balanced does: its extra cost is in ranking, not in volume.
 """
 
@@ -22,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from memory import context
+from memory import context, speaker
 
 RetrievalProfileName = Literal["lean", "balanced", "deep"]
 RequestedProfile = Literal["lean", "balanced", "deep", "auto"]
@@ -54,6 +57,10 @@ class RetrievalProfile:
     """Share of a neighbouring memory's keyword score a memory gets (0: off)."""
     hop: bool = False
     """Search a second time for the words the best first-hop memories share."""
+    window: int = 1
+    """How many memories either side of a candidate lend it context."""
+    speaker: float = 0.0
+    """Points for a memory said by someone the query names (0: off)."""
 
 
 PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
@@ -96,6 +103,8 @@ PROFILES: dict[RetrievalProfileName, RetrievalProfile] = {
         min_relevance=0.0,
         context=context.SHARE,
         hop=True,
+        window=context.WINDOW,
+        speaker=speaker.POINTS,
     ),
 }
 

@@ -4,9 +4,12 @@
           + 50 × hop             deep's second hop: BM25 of the words the best memories share,
                                  × 0.4 (memory/feedback.py)
           + 50 × context         0.2 × the keyword relevance of the memories stored next to
-                                 it in one conversation (memory/context.py)
+                                 it in one conversation, one either side (balanced) or two
+                                 (deep) (memory/context.py)
                                  (the three are normalised together: the best candidate's sum
                                  is 1)
+          + speaker              deep: 25 when the query names who said the memory
+                                 (`Melanie: …`, memory/speaker.py)
           + recency              today 50, yesterday 40, this week 30, this month 15, older 5
           + 10 × category weight (memory.categories)
           + source               user_explicit 10, inferred 0
@@ -25,8 +28,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from memory import feedback
-from memory.context import context
+from memory import feedback, speaker
+from memory.context import around, context
 from memory.monitor import scope_of
 from memory.profiles import RetrievalProfile
 from memory.store import STOPWORDS, MemoryStore
@@ -34,7 +37,8 @@ from memory.types import Memory, MemoryLimits
 
 DAY = 86_400.0
 CONTEXT_FROM = 30
-"""The best candidates (by keyword score) whose neighbours get context points."""
+"""The best candidates (by keyword score) whose neighbours get context points, divided by the
+profile's context window (deep, two either side: 15), so that as many neighbours are read."""
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -66,6 +70,8 @@ class Scored:
     """Second-hop relevance, 0–1."""
     context: float = 0.0
     """Relevance lent by neighbouring memories, 0–1."""
+    speaker: float = 0.0
+    """Points for a memory said by someone the query names (deep)."""
 
     @property
     def total(self) -> float:
@@ -77,6 +83,7 @@ class Scored:
             "relevance": round(50 * self.relevance, 3),
             "hop": round(50 * self.hop, 3),
             "context": round(50 * self.context, 3),
+            "speaker": self.speaker,
             "recency": self.recency,
             "category": round(self.category, 3),
             "source": self.source,
@@ -127,11 +134,13 @@ def score(
     now: float,
     hop: Mapping[int, float] | None = None,
     context: Mapping[int, float] | None = None,
+    speaker: Mapping[int, float] | None = None,
 ) -> list[Scored]:
     """Score candidates: `found` with their keyword BM25, plus raw second-hop and context
-    scores by memory id (a memory only they found comes with keyword score 0)."""
+    scores by memory id (a memory only they found comes with keyword score 0), and speaker
+    points by memory id."""
     found = list(found)
-    hop, context = hop or {}, context or {}
+    hop, context, speaker = hop or {}, context or {}, speaker or {}
     raw = {m.id: r + hop.get(m.id, 0.0) + context.get(m.id, 0.0) for m, r in found}
     best = max(raw.values(), default=0.0) or 1.0
     out = []
@@ -143,6 +152,7 @@ def score(
         cat = 10 * limits.categories.get(memory.category, 1.0)
         src = 10.0 if memory.source == "user_explicit" else 0.0
         acc = math.log(memory.access_count + 1) * 2
+        said = speaker.get(memory.id, 0.0)
         out.append(
             Scored(
                 memory=memory,
@@ -153,7 +163,8 @@ def score(
                 category=cat,
                 source=src,
                 access=acc,
-                score=50 * (rel + two + ctx) + rec + cat + src + acc,
+                speaker=said,
+                score=50 * (rel + two + ctx) + said + rec + cat + src + acc,
             )
         )
     # Highest score first; ties by id, so the order is always the same.
@@ -201,8 +212,10 @@ def recall(
     near: dict[int, float] = {}
     if profile.context and found:
         near = _context(store, owner, found, hop, profile, allowed)
+    said = speaker.points(words, (m for m, _ in found), profile.speaker)
     # the second hop and context add candidates: score them all, keep the profile's pool
-    result.candidates = score(found, limits, now=now, hop=hop, context=near)[: profile.pool]
+    scored = score(found, limits, now=now, hop=hop, context=near, speaker=said)
+    result.candidates = scored[: profile.pool]
     trusted = []
     for cand in result.candidates:
         why = _distrust(cand, profile, now)
@@ -232,8 +245,9 @@ def _second_hop(
 ) -> dict[int, float]:
     """Second-hop scores by memory id (`memory/feedback.py`); memories only the second hop
     found are appended to `found` with keyword score 0."""
-    best = sorted(found, key=lambda pair: (-pair[1], pair[0].id))[: feedback.FROM]
-    texts = [m.text for m, _ in best]
+    # what the query's speaker said first (deep: `memory/speaker.py`)
+    named = speaker.points(words, (m for m, _ in found), profile.speaker)
+    texts = [m.text for m in feedback.sources(found, named)]
     exclude = set(words)
     total, counts = store.frequencies(owner, feedback.candidate_words(texts, exclude))
     chosen = feedback.second_hop(texts, counts, total=total, exclude=exclude)
@@ -268,10 +282,12 @@ def _context(
     best = sorted((i for i, r in keyword.items() if r > 0), key=lambda i: (-keyword[i], i))
     extra = [
         m
-        for m in store.neighbours(owner, best[:CONTEXT_FROM])
+        for m in store.neighbours(
+            owner, around(best[: CONTEXT_FROM // profile.window], profile.window)
+        )
         if m.id not in have and m.scope in allowed
     ]
-    near = context(keyword, [*have.values(), *extra], share=profile.context)
+    near = context(keyword, [*have.values(), *extra], share=profile.context, window=profile.window)
     found.extend((m, 0.0) for m in extra if m.id in near)
     return near
 

@@ -5,7 +5,7 @@ import doctest
 from memory import MemoryLimits, NewMemory
 from memory import context as context_module
 from memory.context import context
-from memory.profiles import PROFILES
+from memory.profiles import PROFILES, RetrievalProfileName
 from memory.recall import recall
 from memory.types import Memory
 from tests.conftest import Backend
@@ -122,3 +122,63 @@ def test_balanced_injects_the_reply_to_a_matching_question(backend: Backend) -> 
         count_tokens=len,
     )
     assert all(c.context == 0 and c.hop == 0 for c in lean.candidates)
+
+
+def test_a_wider_window_lends_from_two_memories_away_within_the_batch_only() -> None:
+    memories = [_memory(i, 1) for i in range(1, 6)] + [_memory(6, 6), _memory(7, 6)]
+    scores = {3: 10.0, 5: 5.0}
+    one = context(scores, memories, share=0.2)
+    assert one == {2: 2.0, 4: 3.0}  # 5's neighbour 6 is another batch
+    two = context(scores, memories, share=0.2, window=2)
+    assert two == {1: 2.0, 2: 2.0, 3: 1.0, 4: 3.0, 5: 2.0}
+    reordered = context(
+        dict(reversed(scores.items())), list(reversed(memories)), share=0.2, window=2
+    )
+    assert reordered == two
+
+
+def test_around_asks_the_store_for_every_memory_within_the_window(backend: Backend) -> None:
+    store = backend.open()
+    added, _ = store.add_many([NewMemory(owner="a", text=f"turn {i}") for i in range(9)])
+    ids = [m.id for m in added]
+    middle = ids[4]
+    assert [m.id for m in store.neighbours("a", context_module.around([middle], 1))] == [
+        ids[3],
+        ids[5],
+    ]
+    assert [m.id for m in store.neighbours("a", context_module.around([middle], 2))] == ids[2:7]
+
+
+def test_deep_takes_context_from_two_turns_away_and_balanced_from_one(backend: Backend) -> None:
+    store = backend.open(clock=lambda: NOW - 86_400)
+    conversation = (
+        "Caroline: did you see the clarinet concert?",
+        "Melanie: oh yes, I loved every minute",
+        "Caroline: you still play, right?",
+        "Melanie: every evening, it keeps me calm",
+        "Caroline: we should go hiking soon",
+    )
+    store.add_many([NewMemory(owner="default", text=text) for text in conversation])
+    for i in range(20):
+        store.add(NewMemory(owner="default", text=f"Caroline: note {i} about the weather"))
+
+    def run(name: RetrievalProfileName) -> dict[str, float]:
+        result = recall(
+            store,
+            "default",
+            "the clarinet concert",
+            PROFILES[name],
+            "",
+            limits=MemoryLimits(),
+            now=NOW,
+            max_chars=10_000,
+            count_tokens=len,
+        )
+        return {c.memory.text: c.signals()["context"] for c in result.candidates}
+
+    two_away = "Caroline: you still play, right?"
+    balanced, deep = run("balanced"), run("deep")
+    assert balanced["Melanie: oh yes, I loved every minute"] > 0
+    assert two_away not in balanced
+    assert deep[two_away] > 0
+    assert run("deep") == deep

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
 import doctest
 
-from memory import MemoryLimits, NewMemory, feedback
-from memory.feedback import candidate_words, second_hop
+from memory import MemoryLimits, NewMemory, feedback, speaker
+from memory.feedback import candidate_words, second_hop, sources
 from memory.profiles import PROFILES
 from memory.recall import recall
+from memory.types import Memory
 from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
@@ -70,3 +72,57 @@ def test_deep_finds_the_second_hop_and_says_which_words_it_searched(backend: Bac
 
 def test_the_second_hop_is_worth_less_than_the_first() -> None:
     assert 0 < feedback.WEIGHT < 1
+
+
+def _memory(i: int) -> Memory:
+    return Memory(
+        id=i,
+        owner="o",
+        text=f"memory {i}",
+        category="fact",
+        source="inferred",
+        scope="global",
+        created=NOW,
+        last_accessed=NOW,
+        access_count=0,
+    )
+
+
+def test_sources_count_the_named_speakers_memories_double_ties_by_id() -> None:
+    found = [(_memory(i), float(10 - i)) for i in range(1, 9)]  # 9.0, 8.0, ... 2.0
+    assert [m.id for m in sources(found, named=set(), n=3)] == [1, 2, 3]
+    # 7 scores 3.0, counted 6.0: past 4 (6.0, by id) and 5 (5.0)
+    assert [m.id for m in sources(found, named={7}, n=5)] == [1, 2, 3, 4, 7]
+    assert [m.id for m in sources(list(reversed(found)), named={7}, n=5)] == [1, 2, 3, 4, 7]
+
+
+def test_deep_reads_the_named_speakers_memories_for_its_second_hop(backend: Backend) -> None:
+    clock = iter(range(0, 10**8, 86_400))
+    store = backend.open(clock=lambda: NOW - 60 * 86_400 + next(clock))
+    texts = [
+        # what Caroline asks Melanie matches the query best (short, both words)
+        *(f"Caroline: Melanie, how is the baking going {i}?" for i in range(6)),
+        "Melanie: baking sourdough with a rye starter has become my weekend ritual",
+        "the rye starter needs feeding twice a day",
+        *(f"Caroline wrote note {i} about the weather" for i in range(20)),
+    ]
+    for text in texts:
+        store.add(NewMemory(owner="default", text=text))
+
+    def run(points: float) -> list[str]:
+        result = recall(
+            store,
+            "default",
+            "what is Melanie baking",
+            dataclasses.replace(PROFILES["deep"], speaker=points),
+            "",
+            limits=MemoryLimits(),
+            now=NOW,
+            max_chars=10_000,
+            count_tokens=len,
+        )
+        return result.hop_words
+
+    assert "rye" not in run(0.0)  # Caroline's five questions are all the second hop reads
+    assert "rye" in run(speaker.POINTS)
+    assert run(speaker.POINTS) == run(speaker.POINTS)

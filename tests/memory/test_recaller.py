@@ -66,6 +66,7 @@ def test_recalls_a_relevant_memory_with_its_report(backend: Backend) -> None:
         "relevance": 50.0,
         "hop": 0.0,
         "context": 0.0,
+        "speaker": 0.0,
         "recency": 50,
         "category": 10.0,
         "source": 10.0,

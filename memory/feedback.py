@@ -31,7 +31,8 @@ from memory.store import STOPWORDS
 from memory.types import Memory
 
 FROM = 5
-"""First-hop memories the second hop's words are taken from (the best, by keyword score)."""
+"""First-hop memories the second hop's words are taken from (the best, by keyword score;
+`sources`)."""
 TERMS = 10
 """Most words the second hop searches for."""
 WEIGHT = 0.4

@@ -62,7 +62,7 @@ def points(
     query_words: Collection[str], memories: Iterable[Memory], per: float
 ) -> dict[int, float]:
     """`per` points by id for each of `memories` whose speaker the query names (only those)."""
-    words = set(query_words)
     if not per:
         return {}
+    words = set(query_words)
     return {m.id: per for m in memories if named(words, m.text)}

@@ -15,8 +15,8 @@ thread that writes it down the pipe, and that is what a poll can still wait on.
 Why not "every poll under 50 ms": on the 2-core shared machine these tests run on, an *idle*
 proxy polled the same way showed maxima of 18-91 ms when other work ran (measured when the
 offload was first built): one late poll can be the scheduler, not the proxy. Nor a
-percentile: the thread version's stalls hit only the 2-3 polls in flight during its GIL-
-holding calls, so its p90 was 1-8 ms, as good as now. What tells them apart is how many
+percentile: the thread version's stalls hit only the 2-3 polls in flight during its
+GIL-holding calls, so its p90 was 1-8 ms, as good as now. What tells them apart is how many
 polls wait: the thread version had 2-3 polls over 50 ms in 5 of 6 runs (53-133 ms); the
 offload at most one in each of 8 runs under load (61 ms the worst) and none in 6 runs on a
 quiet machine (21 ms the worst). So the assertion is the issue's 50 ms for every poll but

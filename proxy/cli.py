@@ -529,8 +529,8 @@ def _recall(args: argparse.Namespace) -> None:
         print(f"  {m['score']:7.2f}  {m['text']}")
         print(
             f"           relevance {m['relevance']}, second hop {m['hop']}, context "
-            f"{m['context']}, recency {m['recency']}, category {m['category']}, source "
-            f"{m['source']}, access {m['access']}"
+            f"{m['context']}, speaker {m.get('speaker', 0)}, recency {m['recency']}, category "
+            f"{m['category']}, source {m['source']}, access {m['access']}"
         )
     if info.get("secondHopWords"):
         print(f"  second hop searched: {', '.join(info['secondHopWords'])}")

@@ -363,6 +363,16 @@ def test_recall_counts_one_candidate_in_the_singular(
     assert ": 1 candidate, 1 injected, bound by candidates\n" in out
 
 
+def test_recall_shows_each_signal_of_a_memory_said_by_the_person_asked_about(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    run(capsys, "memory", "add", "[8 May, 2023] Melanie: I run to de-stress")
+    out = run(capsys, "recall", "how does Melanie de-stress?", "--budget", "deep")[1]
+    assert "Melanie: I run to de-stress" in out
+    assert ", speaker 25.0, " in out
+
+
 # -- analyze -----------------------------------------------------------------------------
 
 

@@ -317,7 +317,9 @@ class Pipeline:
         *,
         large: bool,
     ) -> UpstreamReply:
-        litellm_body = await _maybe_off_loop(large, body.litellm_body) if route else None
+        litellm_body = (
+            await _maybe_off_loop(large, body.litellm_body) if route is not None else None
+        )
         if route is not None and litellm_body is not None:
             from proxy.providers import litellm_reply
 

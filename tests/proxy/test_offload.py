@@ -439,6 +439,33 @@ def test_the_chat_command_is_answered_in_a_large_request(tmp_path: Path) -> None
     assert b'"usage"' in r.content  # the command's answer honours stream_options
 
 
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_the_command_is_answered_in_a_large_request_of_the_other_formats(
+    tmp_path: Path, path: str
+) -> None:
+    page = web_fetch_result(content=PAGE)
+    ask = [{"type": "text", "text": "/context budget"}]
+    if path == "/v1/messages":
+        body = {**test_wire_messages.request(), "stream": False}
+        body["messages"][2]["content"][0]["content"] = page
+        body["messages"] += [
+            {"role": "assistant", "content": [{"type": "text", "text": "Fetched."}]},
+            {"role": "user", "content": ask},
+        ]
+    else:
+        body = {**test_wire_responses.request(), "stream": False}
+        body["input"][5]["output"] = page
+        ask[0]["type"] = "input_text"
+        body["input"].append({"type": "message", "role": "user", "content": ask})
+    assert len(orjson.dumps(body)) > LARGE_BODY
+    with proxy_app(tmp_path, _config(tmp_path, enabled=True)) as (client, fake):
+        r = client.post(path, content=orjson.dumps(body))
+    assert r.status_code == 200
+    assert r.headers["x-context-budget-command"] == "context-budget"
+    assert fake.sent == []
+    assert "ctxbudget" in r.text
+
+
 def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -> None:
     body = _large()
     with proxy_app(tmp_path, _config(tmp_path, enabled=True)) as (client, fake):

@@ -177,7 +177,7 @@ def serve(fd: int) -> None:
     conn = _conn = Connection(fd)
     while True:
         try:
-            work, job = conn.recv()
+            work, job = pickle.loads(conn.recv_bytes())
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return
@@ -426,10 +426,18 @@ class Offload:
         """`work(job, data)` in the worker: its answer and the bytes it sent back; `lookup`
         answers what the worker asks meanwhile. Blocks: call it from a thread, never the
         event loop."""
+        try:
+            payload = pickle.dumps((work, job))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise OffloadError(
+                f"a large request body could not go to the worker process ({exc}): the worker "
+                "imports what it runs by name, so a clamp given to create_app must be a "
+                "module-level function"
+            ) from exc
         with self._lock:
             conn = self._connection()
             try:
-                conn.send((work, job))
+                conn.send_bytes(payload)
                 conn.send_bytes(data)
                 message = conn.recv()
                 while message[0] == "ask":

@@ -302,6 +302,18 @@ def test_a_clamp_that_raises_answers_as_in_process(tmp_path: Path, fail_closed: 
         assert answers[0][1] == body
 
 
+def test_a_clamp_the_worker_cannot_import_is_a_clear_error(tmp_path: Path) -> None:
+    def local_clamp(request: ChatRequest, caps: Caps, *, tools: ToolNames) -> ClampResult:
+        return clamp_request(request, caps, tools=tools)
+
+    config = config_for(tmp_path)
+    with _proxy(tmp_path, config, Offload(threshold=0), local_clamp) as (client, fake):
+        r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+    assert r.status_code == 500
+    assert "must be a module-level function" in r.json()["error"]["message"]
+    assert fake.sent == []
+
+
 # -- real large bodies, at the default threshold ---------------------------------------------
 
 

@@ -36,7 +36,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -254,9 +254,10 @@ def _prepare(job: _Prepare, raw: bytes) -> tuple[Prepared, bytes | None]:
 
 
 def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...]:
-    """`blocks` with `Digested` values; the first after `tools` keeps its stable text. Large
-    blocks the clamp changed are counted (the report prices them); one it left alone is
-    counted only if the session stage finds it moved (`OffloadedRequest.counted`)."""
+    """`blocks` with `Digested` values; the first after `tools` keeps its stable text. A
+    large block as forwarded is counted here (the clamp made it: rare), one as the client sent
+    it only if the session stage finds it moved, while the request goes on
+    (`OffloadedRequest.defer_count`)."""
 
     def count(text: str) -> int:
         return _tokens().count(text, encoding)
@@ -266,11 +267,8 @@ def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...
     for b in blocks:
         first = stable and b.label != "tools"
         stable = stable and not first
-        if b.forwarded is b.client:
-            client = forwarded = digested(b.client, stable=first)
-        else:
-            client = digested(b.client, count, stable=first)
-            forwarded = digested(b.forwarded, count)
+        client = digested(b.client, stable=first)
+        forwarded = client if b.forwarded is b.client else digested(b.forwarded, count)
         out.append(Block(b.label, client, forwarded))
     return tuple(out)
 
@@ -372,6 +370,7 @@ class Offload:
         self._process: subprocess.Popen[bytes] | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ctxbudget-offload")
         """Waits on the worker, so large bodies never hold the loop's default threads."""
+        self._closed = False
 
     def takes(self, size: int) -> bool:
         """Whether a body of `size` bytes is parsed in the worker."""
@@ -456,7 +455,28 @@ class Offload:
             raise error from RemoteTraceback(text)
         return answer, blob
 
+    def later(self, work: _Work, job: Any, data: bytes) -> Future[Any]:
+        """`work(job, data)`'s answer, from the worker's own waiting thread after what is
+        queued there."""
+        late: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                answer, _ = self.call(work, job, data)
+            except BaseException as exc:
+                late.set_exception(exc)
+            else:
+                late.set_result(answer)
+
+        try:
+            self._thread.submit(run)
+        except RuntimeError as exc:  # shut down with the app
+            late.set_exception(exc)
+        return late
+
     def _connection(self) -> Connection:
+        if self._closed:
+            raise OffloadError("the worker process for large request bodies was stopped")
         if self._conn is None or self._process is None or self._process.poll() is not None:
             self._stop()
             # A fresh interpreter that imports only this module: not fork (this process has
@@ -488,6 +508,7 @@ class Offload:
 
         def stop() -> None:
             with self._lock:
+                self._closed = True
                 self._stop()
 
         await asyncio.to_thread(stop)
@@ -531,6 +552,7 @@ class OffloadedRequest:
         self._owner = owner
         self._ask = False
         self._encoded: bytes | None = None
+        self._late: tuple[frozenset[str], Future[dict[str, int]]] | None = None
 
     @property
     def changed(self) -> bool:
@@ -585,9 +607,10 @@ class OffloadedRequest:
         self._pending = []
         self._encoded = None
 
-    async def counted(self, change: PrefixChange) -> PrefixChange:
-        """`change` with the tokens of each moved block left uncounted (a large block the
-        clamp did not change) counted in the worker, from the body as sent."""
+    def defer_count(self, change: PrefixChange) -> PrefixChange:
+        """`change`, with its moved blocks that were not counted (large, as the client sent
+        them) to be counted in the worker once the body has gone upstream (`encode`): the
+        report's writer waits for them (`PrefixChange.late`), the request does not."""
         labels = frozenset(
             m.label
             for m in change.moved
@@ -596,21 +619,21 @@ class OffloadedRequest:
         )
         if not labels:
             return change
+        self._late = (labels, Future())
+        return replace(change, late=self._late[1])
+
+    def _count_late(self) -> None:
+        """Start the count `defer_count` set aside (once)."""
+        late, self._late = self._late, None
+        if late is None:
+            return
+        labels, future = late
         job = _Count(
             wire=self._wire, owner=self._owner, labels=labels, encoding=self.found.encoding
         )
-        tokens, _ = await self._offload.run(_count, job, self.raw)
-
-        def fill(d: bytes | Digested, label: str) -> bytes | Digested:
-            if isinstance(d, Digested) and not d.counted and label in tokens:
-                return replace(d, tokens=tokens[label])
-            return d
-
-        moved = tuple(
-            replace(m, client=fill(m.client, m.label), forwarded=fill(m.forwarded, m.label))
-            for m in change.moved
+        self._offload.later(_count, job, self.raw).add_done_callback(
+            lambda done: _copy(done, future)
         )
-        return replace(change, moved=moved)
 
     def ask_usage(self) -> bool:
         if self.found.asks_usage:
@@ -623,17 +646,24 @@ class OffloadedRequest:
         self._encoded = None
 
     def encode(self) -> bytes:
-        if not self._pending and not self._ask:
-            return self._base
-        if self._encoded is None:
-            _, blob = self._offload.call(_finish, self._finish(ask_usage=self._ask), self._base)
-            if blob is None:
-                raise OffloadError("the worker process sent no body back")
-            self._encoded = blob
-        return self._encoded
+        try:
+            if not self._pending and not self._ask:
+                return self._base
+            if self._encoded is None:
+                job = self._finish(ask_usage=self._ask)
+                _, blob = self._offload.call(_finish, job, self._base)
+                if blob is None:
+                    raise OffloadError("the worker process sent no body back")
+                self._encoded = blob
+            return self._encoded
+        finally:
+            self._count_late()  # after the body it waits behind
 
     def litellm_body(self) -> dict[str, Any] | None:
-        answer, _ = self._offload.call(_finish, self._finish(litellm=True), self._base)
+        try:
+            answer, _ = self._offload.call(_finish, self._finish(litellm=True), self._base)
+        finally:
+            self._count_late()
         found: dict[str, Any] | None = answer
         return found
 
@@ -645,3 +675,11 @@ class OffloadedRequest:
             encoding=self.found.encoding,
             **how,
         )
+
+
+def _copy(done: Future[Any], to: Future[Any]) -> None:
+    exc = done.exception()
+    if exc is not None:
+        to.set_exception(exc)
+    else:
+        to.set_result(done.result())

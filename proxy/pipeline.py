@@ -277,7 +277,7 @@ class Pipeline:
                 placed.update(body.memory_added)
         change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
         if isinstance(body, OffloadedRequest):
-            change = await body.counted(change)  # large blocks the report prices, if any
+            change = body.defer_count(change)  # large moved blocks, counted after forwarding
         return _Memory(recalled, change, tuple(placed.values()), reused)
 
     def _clamp(

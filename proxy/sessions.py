@@ -41,6 +41,7 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,8 @@ sessions)."""
 DIGEST = 16
 KEEP_MEMORY_BLOCKS = 8
 """Memory blocks remembered per session, to be placed again where they were."""
+LATE_SECONDS = 60.0
+"""How long the report's writer waits for a large block's late token count."""
 SMALL_BLOCK = 1 << 16
 """A `Digested` block up to this many bytes keeps them; a larger one keeps its token count."""
 
@@ -94,8 +97,9 @@ class Digested:
     data: bytes | None
     """`serial(value)` when it is at most `SMALL_BLOCK` bytes, else None."""
     tokens: int | None = None
-    """The tokens of `serial(value)` when `data` is None, once counted (the report prices the
-    blocks a request moved; counting 30 MB takes ~1.5 s, so only those are counted)."""
+    """The tokens of `serial(value)` when `data` is None and they were counted (the report
+    prices the blocks a request moved; counting 30 MB takes ~1.5 s, so the client's large
+    blocks are counted only when moved, while the request goes on: `PrefixChange.late`)."""
     stable: str = ""
     """`_stable_text(value)`, for the block a stable-prefix session hash reads."""
 
@@ -128,12 +132,16 @@ def digested(
     )
 
 
-def block_tokens(data: bytes | Digested, count: Callable[[str], int]) -> int:
-    """The tokens of a block's serial bytes (`Moved.client`, `Moved.forwarded`); a large
-    block never counted (it should not happen) is estimated at 4 bytes a token."""
+def block_tokens(
+    data: bytes | Digested, count: Callable[[str], int], late: int | None = None
+) -> int:
+    """The tokens of a block's serial bytes (`Moved.client`, `Moved.forwarded`); `late`, a
+    large block's count from `PrefixChange.late_tokens`. One never counted (the offload
+    process failed) is estimated at 4 bytes a token."""
     if isinstance(data, Digested):
         if data.data is None:
-            return data.tokens if data.tokens is not None else data.size // 4
+            found = data.tokens if data.tokens is not None else late
+            return found if found is not None else data.size // 4
         data = data.data
     return count(data.decode(errors="replace"))
 
@@ -324,6 +332,18 @@ class PrefixChange:
     """The first block the client kept but ctxbudget forwarded differently, and why
     (`messages[3] memory`, `system clamp`); None when ctxbudget kept the cache."""
     moved: tuple[Moved, ...] = ()
+    late: Future[dict[str, int]] | None = field(default=None, compare=False, repr=False)
+    """The tokens of moved large blocks by label, counted in the offload process while the
+    request goes on (`OffloadedRequest.defer_count`); the report's writer waits for them."""
+
+    def late_tokens(self) -> dict[str, int]:
+        """What `late` counted; {} when nothing is late or the count failed."""
+        if self.late is None:
+            return {}
+        try:
+            return self.late.result(timeout=LATE_SECONDS)
+        except Exception:  # the worker exited, the app stopped: the report estimates
+            return {}
 
 
 @dataclass

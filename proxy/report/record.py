@@ -159,14 +159,15 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     """The request's session, cache busts and money: its cost from the provider's usage, and
     what it would have cost with nothing clamped or injected (`proxy/billing.py`)."""
     prefix = r.prefix
+    late = prefix.late_tokens() if prefix is not None else {}
 
     def count(text: str) -> int:
         return tokens.count(text, r.encoding)
 
     shifts = [
         Shift(
-            client=block_tokens(m.client, count),
-            forwarded=block_tokens(m.forwarded, count),
+            client=block_tokens(m.client, count, late.get(m.label)),
+            forwarded=block_tokens(m.forwarded, count, late.get(m.label)),
             client_cached=m.client_cached,
             forwarded_cached=m.forwarded_cached,
         )

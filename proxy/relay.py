@@ -23,6 +23,17 @@ log = logging.getLogger("ctxbudget.proxy")
 
 CLIENT_GONE = 499
 """Status recorded for a stream whose client went away (nginx's convention)."""
+FINAL_EVENTS = (
+    b"\ndata: [DONE]",  # at a line's start: inside an event's JSON a newline is escaped
+    b'"message_stop"',  # a quote inside JSON text is escaped: only the event's own type
+    b'"response.completed"',
+    b'"response.incomplete"',
+    b'"response.failed"',
+)
+"""What ends an answer in each format (chat completions, Messages, Responses). A client that
+closes the connection once it has one (Codex does, as soon as `response.completed` arrives)
+got the whole answer: its request is recorded as completed, not as 499."""
+_TAIL = max(map(len, FINAL_EVENTS)) - 1
 
 
 class Recorder:
@@ -163,6 +174,9 @@ async def relay(
     reader read them too; `dropper` removes the usage chunk the client did not ask for);
     close the upstream if the client goes."""
     completed = False
+    delivered = False
+    """The client was sent the answer's final event (`FINAL_EVENTS`)."""
+    tail = b""
     failure: UpstreamError | None = None
     usage = recorder.usage
     try:
@@ -175,6 +189,13 @@ async def relay(
                 chunk = dropper.feed(chunk)
                 if not chunk:
                     continue
+            if not delivered:  # looked for across chunk boundaries
+                seen = tail + chunk
+                found = any(event in seen for event in FINAL_EVENTS)
+                tail = seen[-_TAIL:]
+                yield chunk
+                delivered = found
+                continue
             yield chunk
         completed = True
         if dropper is not None and (rest := dropper.close()):
@@ -196,7 +217,7 @@ async def relay(
             reply.release()
         else:
             reply.close()  # client gone or upstream broke: the connection is not reusable
-        if completed:
+        if completed or (delivered and failure is None):
             recorder.finish(reply.status)
         elif failure is not None:
             recorder.finish(failure.status, upstream_error=failure.message)

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import pickle
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,6 +72,29 @@ class OffloadError(CtxBudgetError):
 
     status = 500
     code = "offload_failed"
+
+
+class OffloadBusy(OffloadError):
+    """Too many large bodies wait for the worker process already: try again shortly."""
+
+    status = 503
+    code = "offload_busy"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers = {"retry-after": "2"}
+
+
+JOB_SECONDS = 60.0
+"""The longest one job may hold the worker (a 30 MB body takes ~1-2 s): past it the worker is
+stopped (it is stuck) and the request gets `OffloadError`; the next starts another."""
+WAIT_SECONDS = 30.0
+"""The longest a large body waits for the worker behind others: then `OffloadBusy` (503)."""
+MAX_WAITING = 8
+"""Large bodies that may wait for the worker at once; one more gets `OffloadBusy` at once."""
+WORKER_RSS = 1 << 30
+"""Past this resident size after a job, the worker drops the clamp caches (`caps`): they are
+keyed by whole texts, and each distinct 30 MB tool result kept ~60-70 MB."""
 
 
 class RemoteTraceback(Exception):
@@ -165,7 +190,11 @@ class Settled:
 # -- the worker's side -----------------------------------------------------------------------
 
 
-_BOOT = "import sys; from proxy.offload import serve; serve(int(sys.argv[1]))"
+_BOOT = (
+    "import sys; sys.path[:] = sys.argv[2:]; from proxy.offload import serve; "
+    "serve(int(sys.argv[1]))"
+)
+"""The worker's start: the parent's import path, then `serve`."""
 _conn: Connection | None = None
 """The worker's end of the pipe (for `_ask`)."""
 
@@ -192,7 +221,26 @@ def serve(fd: int) -> None:
         if blob is not None:
             conn.send_bytes(blob)
         del answer, blob
+        if _resident() > WORKER_RSS:
+            _clear_caps_caches()
         trim_memory()
+
+
+def _resident() -> int:
+    """This process's resident size in bytes (Linux; elsewhere 0)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _clear_caps_caches() -> None:
+    from caps import bootstrap, toolresults
+
+    bootstrap._clamp_cached.cache_clear()
+    bootstrap.clamp_body.cache_clear()
+    toolresults._clamp_cached.cache_clear()
 
 
 def _ask(question: str) -> Any:
@@ -366,6 +414,10 @@ class Offload:
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
         self._lock = threading.Lock()
+        """Held by the one job the worker runs."""
+        self._waiting = 0
+        """Jobs waiting for `_lock`."""
+        self._waiting_lock = threading.Lock()
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ctxbudget-offload")
@@ -433,23 +485,45 @@ class Offload:
                 "imports what it runs by name, so a clamp given to create_app must be a "
                 "module-level function"
             ) from exc
-        with self._lock:
+        with self._waiting_lock:
+            if self._waiting >= MAX_WAITING:
+                raise OffloadBusy(self._busy(f"{self._waiting} large request bodies wait"))
+            self._waiting += 1
+        try:
+            acquired = self._lock.acquire(timeout=WAIT_SECONDS)
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        if not acquired:
+            raise OffloadBusy(self._busy(f"this one waited {WAIT_SECONDS:.0f} s"))
+        try:
             conn = self._connection()
+            deadline = time.monotonic() + JOB_SECONDS
+
+            def receive() -> Any:
+                if not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"no answer within {JOB_SECONDS:.0f} s")
+                return conn.recv()
+
             try:
                 conn.send_bytes(payload)
                 conn.send_bytes(data)
-                message = conn.recv()
+                message = receive()
                 while message[0] == "ask":
                     conn.send(lookup(message[1]) if lookup is not None else None)
-                    message = conn.recv()
+                    message = receive()
                 _, failed, answer, more = message
+                if more and not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"no body back within {JOB_SECONDS:.0f} s")
                 blob = conn.recv_bytes() if more else None
-            except (EOFError, OSError) as exc:
-                self._stop()
+            except (EOFError, OSError) as exc:  # TimeoutError is an OSError
+                self._stop(kill=isinstance(exc, TimeoutError))
                 raise OffloadError(
-                    f"the worker process for large request bodies exited ({exc!r}); the next "
+                    f"the worker process for large request bodies stopped ({exc}); the next "
                     "large request starts another"
                 ) from exc
+        finally:
+            self._lock.release()
         if failed:
             error, text = answer
             raise error from RemoteTraceback(text)
@@ -468,11 +542,22 @@ class Offload:
             else:
                 late.set_result(answer)
 
+        def dropped(job: Future[None]) -> None:
+            if job.cancelled():  # never ran: the app stopped first
+                late.set_exception(OffloadError("stopped before the count ran"))
+
         try:
-            self._thread.submit(run)
+            self._thread.submit(run).add_done_callback(dropped)
         except RuntimeError as exc:  # shut down with the app
             late.set_exception(exc)
         return late
+
+    @staticmethod
+    def _busy(why: str) -> str:
+        return (
+            f"ctxbudget is busy with large request bodies ({why}): retry in a few seconds, or "
+            "send smaller bodies (each over 1 MiB is parsed in one worker process, in turn)"
+        )
 
     def _connection(self) -> Connection:
         if self._closed:
@@ -483,17 +568,24 @@ class Offload:
             # threads), and not multiprocessing's spawn, which re-runs the parent's __main__.
             ours, theirs = socket.socketpair()
             with theirs:
+                # It imports what this process would (its sys.path), never from the working
+                # directory as `python -c` does by default: a stray `orjson.py` in a project
+                # folder would run with every key in the environment.
+                path = [p for p in sys.path if p]
                 self._process = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, str(theirs.fileno())],
+                    [sys.executable, "-P", "-c", _BOOT, str(theirs.fileno()), *path],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
+                    cwd="/",
                 )
             self._conn = Connection(ours.detach())
         return self._conn
 
-    def _stop(self) -> None:
+    def _stop(self, *, kill: bool = False) -> None:
         conn, process = self._conn, self._process
         self._conn = self._process = None
+        if process is not None and kill:
+            process.kill()  # stuck: it would not read the EOF
         if conn is not None:
             conn.close()  # the worker reads EOF and exits
         if process is not None:
@@ -504,15 +596,23 @@ class Offload:
                 process.wait()
 
     async def close(self) -> None:
-        """Stop the worker (after the request it holds, if any) and the waiting thread."""
+        """Stop the worker and the waiting thread. A job still running (the server waited
+        for its requests already) fails with `OffloadError`: shutting down never waits for
+        a stuck worker."""
 
         def stop() -> None:
-            with self._lock:
-                self._closed = True
-                self._stop()
+            self._closed = True
+            process = self._process
+            if process is not None and process.poll() is None:
+                process.kill()  # a job holding the lock reads EOF and lets go
+            if self._lock.acquire(timeout=5):
+                try:
+                    self._stop()
+                finally:
+                    self._lock.release()
 
         await asyncio.to_thread(stop)
-        self._thread.shutdown(wait=False)
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
 
 class OffloadedRequest:

@@ -32,7 +32,7 @@ from proxy.body import read_body
 from proxy.config import RouteConfig
 from proxy.errors import BadRequest, ClampError, UpstreamError
 from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
-from proxy.offload import Offload, OffloadedRequest
+from proxy.offload import Offload, OffloadedRequest, OffloadError
 from proxy.price_map import input_price, prices
 from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord, segment_tokens_saved
@@ -85,14 +85,25 @@ class Pipeline:
         # over its 30 MB string hold the GIL for tens of ms); small ones skip the hop.
         large = self.offload.takes(len(raw))
         if large:
-            body, turn = await self.offload.prepare(
-                wire,
-                raw,
-                owner=owner,
-                clamp=self.state.clamp,
-                settings=settings,
-                apply=options.enabled,
-            )
+            # it may wait behind other large bodies: a client that gives up meanwhile costs
+            # no job (a job not yet started is dropped with the cancelled wait)
+            early = _DisconnectWatch(request)
+            try:
+                body, turn = await self.offload.prepare(
+                    wire,
+                    raw,
+                    owner=owner,
+                    clamp=self.state.clamp,
+                    settings=settings,
+                    apply=options.enabled,
+                )
+            except asyncio.CancelledError:
+                if not early.fired():
+                    raise
+                log.info("client disconnected while its large body waited to be parsed")
+                return Response(status_code=CLIENT_GONE)
+            finally:
+                early.stop()
         else:
             body, turn = _parse(wire, raw, owner)
         marks["parsed"] = time.time_ns()
@@ -208,7 +219,7 @@ class Pipeline:
                     body.forget_usage()
                     dropper = None
                     reply = await self._forward(request, wire, body, settings, route, large=large)
-            except UpstreamError as exc:
+            except (UpstreamError, OffloadError) as exc:  # the worker stopped while encoding
                 exc.headers = {**exc.headers, **headers}
                 recorder.finish(exc.status, upstream_error=exc.message)
                 raise

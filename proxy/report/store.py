@@ -280,6 +280,9 @@ class ReportStore:
         self._flush_now = threading.Event()
         self._tokens = TokenCounter()
         self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
+        self._deferred = 0
+        """Records waiting for a late token count before they are queued (`add`)."""
+        self._deferred_lock = threading.Lock()
         self._started = started if started is not None else time.time()
         self.lost = 0
         """Requests this process could not record (the database did not answer)."""
@@ -305,13 +308,28 @@ class ReportStore:
     # -- writing -------------------------------------------------------------------------
 
     def add(self, record: RequestRecord) -> None:
-        """Queue `record`; returns at once."""
-        self._queue.put(record)
+        """Queue `record`; returns at once. A record still waiting for a large block's token
+        count (counted in the offload process after the body went upstream) is queued when
+        the count is done, so the writer never waits on one: the records behind it, small
+        requests' too, are written meanwhile."""
+        late = record.prefix.late if record.prefix is not None else None
+        if late is None or late.done():
+            self._queue.put(record)
+            return
+        with self._deferred_lock:
+            self._deferred += 1
+
+        def queue(_: object) -> None:
+            self._queue.put(record)
+            with self._deferred_lock:
+                self._deferred -= 1
+
+        late.add_done_callback(queue)
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Wait until every queued record is written."""
+        """Wait until every queued record is written (and those waiting for a count)."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while (self._queue.unfinished_tasks or self._deferred) and time.monotonic() < deadline:
             self._flush_now.set()
             time.sleep(0.001)
 

@@ -1,0 +1,127 @@
+"""The offload process under attack and fault (issue 10): a stuck worker, a queue of large
+bodies, a stray module in the working directory, a report that must not wait on it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import proxy.offload
+from proxy.offload import Offload
+from proxy.report import ReportStore, RequestRecord
+from proxy.sessions import PrefixChange
+from tests.inproc import config_for
+from tests.openclaw import openclaw_request
+from tests.proxy.test_offload import _proxy
+
+
+def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proxy.offload, "JOB_SECONDS", 2.0)
+    offload = Offload(threshold=0)
+    with _proxy(tmp_path, config_for(tmp_path), offload) as (client, fake):
+        first = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        assert first.status_code == 200
+        stuck = offload.pid
+        assert stuck is not None
+        os.kill(stuck, signal.SIGSTOP)  # a worker that never answers (swapping, a bug)
+        started = time.monotonic()
+        r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        took = time.monotonic() - started
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "offload_failed"
+        assert "no answer within 2 s" in r.json()["error"]["message"]
+        assert took < 10
+        again = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        assert again.status_code == 200
+        assert offload.pid not in (None, stuck)
+    with pytest.raises(ProcessLookupError):  # killed, not left stopped
+        os.kill(stuck, 0)
+
+
+def test_too_many_large_bodies_waiting_get_a_503_to_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proxy.offload, "MAX_WAITING", 0)  # as if the queue were full
+    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
+        r = client.post("/v1/messages", json=_messages_request())
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "2"
+    error = r.json()
+    assert error["type"] == "error"  # in the client's own format (Anthropic Messages)
+    assert "busy with large request bodies" in error["error"]["message"]
+    assert fake.sent == []
+
+
+def test_the_worker_never_imports_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = tmp_path / "project"
+    here.mkdir()
+    marker = tmp_path / "ran"
+    (here / "orjson.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    monkeypatch.chdir(here)
+    with _proxy(tmp_path / "p", config_for(tmp_path / "p"), Offload(threshold=0)) as (client, _):
+        r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+    assert r.status_code == 200
+    assert not marker.exists()
+
+
+def _record(i: int, late: Future[dict[str, int]] | None = None) -> RequestRecord:
+    record = RequestRecord(
+        id=f"cb-{i}",
+        ts=time.time() + i,
+        model="gpt-4o",
+        enabled=True,
+        stream=False,
+        status=200,
+        duration_ms=1.0,
+        segments=(),
+        encoding="o200k_base",
+    )
+    if late is None:
+        return record
+    change = PrefixChange(
+        session="s",
+        first=True,
+        blocks=1,
+        shared_client=0,
+        shared_forwarded=0,
+        client_cache_bust=False,
+        bust=None,
+        late=late,
+    )
+    return replace(record, prefix=change)
+
+
+def test_a_record_waiting_for_its_late_count_does_not_hold_the_others(tmp_path: Path) -> None:
+    store = ReportStore(tmp_path / "report.db", run="r")
+    try:
+        late: Future[dict[str, int]] = Future()
+        store.add(_record(0, late))  # a large request's record: its count is not done
+        store.add(_record(1))
+        store.add(_record(2))
+        store.flush(timeout=1)  # waits for the late one: gives up after a second
+        ids = [r["id"] for r in store.summary(recent=5)["recent"]]
+        assert ids == ["cb-2", "cb-1"]  # written meanwhile
+        late.set_result({})
+        store.flush()
+        ids = [r["id"] for r in store.summary(recent=5)["recent"]]
+        assert sorted(ids) == ["cb-0", "cb-1", "cb-2"]
+    finally:
+        store.close()
+
+
+def _messages_request() -> dict[str, object]:
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hello"}],
+    }

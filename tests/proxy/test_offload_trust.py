@@ -9,6 +9,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,8 @@ import proxy.offload
 from proxy.offload import Offload
 from proxy.report import ReportStore, RequestRecord
 from proxy.sessions import PrefixChange
-from tests.inproc import config_for
+from tests.fakes import chat_chunks
+from tests.inproc import config_for, state_of
 from tests.openclaw import openclaw_request
 from tests.proxy.test_offload import _proxy
 
@@ -125,3 +127,28 @@ def _messages_request() -> dict[str, object]:
         "max_tokens": 100,
         "messages": [{"role": "user", "content": "hello"}],
     }
+
+
+def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = Offload.call
+
+    def dies_on_encode(self: Offload, work: Any, job: Any, data: bytes, lookup: Any = None) -> Any:
+        if work is proxy.offload._finish:  # the second trip, after the recorder exists
+            raise proxy.offload.OffloadError("the worker process exited (EOFError())")
+        return real(self, work, job, data, lookup)
+
+    monkeypatch.setattr(Offload, "call", dies_on_encode)
+    body = openclaw_request(stream=True)
+    body.pop("stream_options")  # ctxbudget asks for usage: the body is encoded in the worker
+    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
+        fake.answer_sse(chat_chunks("hi"))
+        r = client.post("/v1/chat/completions", json=body)
+        state_of(client).reports.flush()
+        recent = client.get("/context/budget").json()["recent"]
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "offload_failed"
+    assert r.headers["x-context-budget-request-id"] == recent[0]["id"]
+    assert recent[0]["status"] == 500
+    assert fake.sent == []

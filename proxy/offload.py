@@ -415,9 +415,8 @@ class Offload:
         """Bodies of more bytes than this go to the worker (`takes`)."""
         self._lock = threading.Lock()
         """Held by the one job the worker runs."""
-        self._waiting = 0
-        """Jobs waiting for `_lock`."""
-        self._waiting_lock = threading.Lock()
+        self._queued = 0
+        """Jobs `run` queued for the waiting thread (the event loop's count)."""
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ctxbudget-offload")
@@ -467,16 +466,38 @@ class Offload:
     async def run(
         self, work: _Work, job: Any, data: bytes, lookup: _Lookup | None = None
     ) -> tuple[Any, bytes | None]:
-        """`call` from the worker's own waiting thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self.call, work, job, data, lookup)
+        """`call` from the worker's own waiting thread, behind the jobs queued there: at
+        most `MAX_WAITING` of them, each for at most `WAIT_SECONDS`, else `OffloadBusy`. A
+        job whose request is cancelled (its client left) before it starts never runs."""
+        if self._queued >= MAX_WAITING:
+            raise OffloadBusy(self._busy(f"{self._queued} large request bodies wait"))
+        self._queued += 1
+        gone = threading.Event()
+        run = functools.partial(
+            self.call, work, job, data, lookup, until=time.monotonic() + WAIT_SECONDS, gone=gone
+        )
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
+        finally:
+            self._queued -= 1
 
     def call(
-        self, work: _Work, job: Any, data: bytes, lookup: _Lookup | None = None
+        self,
+        work: _Work,
+        job: Any,
+        data: bytes,
+        lookup: _Lookup | None = None,
+        *,
+        until: float | None = None,
+        gone: threading.Event | None = None,
     ) -> tuple[Any, bytes | None]:
         """`work(job, data)` in the worker: its answer and the bytes it sent back; `lookup`
-        answers what the worker asks meanwhile. Blocks: call it from a thread, never the
-        event loop."""
+        answers what the worker asks meanwhile. Waits for the worker until `until`
+        (monotonic; default `WAIT_SECONDS` from now), and skips the job when `gone` is set
+        by then. Blocks: call it from a thread, never the event loop."""
         try:
             payload = pickle.dumps((work, job))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -485,18 +506,13 @@ class Offload:
                 "imports what it runs by name, so a clamp given to create_app must be a "
                 "module-level function"
             ) from exc
-        with self._waiting_lock:
-            if self._waiting >= MAX_WAITING:
-                raise OffloadBusy(self._busy(f"{self._waiting} large request bodies wait"))
-            self._waiting += 1
-        try:
-            acquired = self._lock.acquire(timeout=WAIT_SECONDS)
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-        if not acquired:
+        if until is None:
+            until = time.monotonic() + WAIT_SECONDS
+        if not self._lock.acquire(timeout=max(0.0, until - time.monotonic())):
             raise OffloadBusy(self._busy(f"this one waited {WAIT_SECONDS:.0f} s"))
         try:
+            if gone is not None and gone.is_set():
+                raise OffloadError("the client left before its body was parsed")
             conn = self._connection()
             deadline = time.monotonic() + JOB_SECONDS
 

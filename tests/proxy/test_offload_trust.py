@@ -3,6 +3,8 @@ bodies, a stray module in the working directory, a report that must not wait on 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import time
@@ -14,12 +16,15 @@ from typing import Any
 import pytest
 
 import proxy.offload
+from proxy.app import create_app
+from proxy.config import ConfigSource
 from proxy.offload import Offload
 from proxy.report import ReportStore, RequestRecord
 from proxy.sessions import PrefixChange
-from tests.fakes import chat_chunks
+from tests.fakes import FakeUpstream, chat_chunks
 from tests.inproc import config_for, state_of
 from tests.openclaw import openclaw_request
+from tests.proxy.test_disconnect import _abandon
 from tests.proxy.test_offload import _proxy
 
 
@@ -134,10 +139,10 @@ def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
 ) -> None:
     real = Offload.call
 
-    def dies_on_encode(self: Offload, work: Any, job: Any, data: bytes, lookup: Any = None) -> Any:
+    def dies_on_encode(self: Offload, work: Any, *args: Any, **kwargs: Any) -> Any:
         if work is proxy.offload._finish:  # the second trip, after the recorder exists
             raise proxy.offload.OffloadError("the worker process exited (EOFError())")
-        return real(self, work, job, data, lookup)
+        return real(self, work, *args, **kwargs)
 
     monkeypatch.setattr(Offload, "call", dies_on_encode)
     body = openclaw_request(stream=True)
@@ -151,4 +156,27 @@ def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
     assert r.json()["error"]["code"] == "offload_failed"
     assert r.headers["x-context-budget-request-id"] == recent[0]["id"]
     assert recent[0]["status"] == 500
+    assert fake.sent == []
+
+
+def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config_for(tmp_path)))
+    fake = FakeUpstream()
+    offload = Offload(threshold=0)
+    app = create_app(ConfigSource(path, {}, {}), upstream=fake, env={}, run="t", offload=offload)
+
+    async def run() -> list[dict[str, Any]]:
+        async with app.router.lifespan_context(app):
+            offload._lock.acquire()  # the worker is busy with another body
+            try:
+                out = await asyncio.wait_for(_abandon(app, after=0.2), 10)
+            finally:
+                offload._lock.release()
+            await asyncio.sleep(0.2)  # the waiting thread gets the lock, and skips the job
+            assert offload.pid is None  # no worker was started for it
+            return out
+
+    out = asyncio.run(run())
+    assert out[0]["status"] == 499
     assert fake.sent == []

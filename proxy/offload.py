@@ -472,14 +472,28 @@ class Offload:
         if self._queued >= MAX_WAITING:
             raise OffloadBusy(self._busy(f"{self._queued} large request bodies wait"))
         self._queued += 1
-        gone = threading.Event()
+        gone, started = threading.Event(), threading.Event()
         run = functools.partial(
-            self.call, work, job, data, lookup, until=time.monotonic() + WAIT_SECONDS, gone=gone
+            self.call,
+            work,
+            job,
+            data,
+            lookup,
+            until=time.monotonic() + WAIT_SECONDS,
+            gone=gone,
+            started=started,
         )
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+            answer = asyncio.get_running_loop().run_in_executor(self._thread, run)
+            await asyncio.wait([answer], timeout=WAIT_SECONDS)
+            if not answer.done() and not started.is_set():
+                gone.set()  # behind a job that holds the worker long: never run this one
+                answer.cancel()
+                raise OffloadBusy(self._busy(f"this one waited {WAIT_SECONDS:.0f} s"))
+            return await answer
         except asyncio.CancelledError:
             gone.set()
+            answer.cancel()  # still queued: dropped from the waiting thread's queue
             raise
         finally:
             self._queued -= 1
@@ -493,6 +507,7 @@ class Offload:
         *,
         until: float | None = None,
         gone: threading.Event | None = None,
+        started: threading.Event | None = None,
     ) -> tuple[Any, bytes | None]:
         """`work(job, data)` in the worker: its answer and the bytes it sent back; `lookup`
         answers what the worker asks meanwhile. Waits for the worker until `until`
@@ -513,6 +528,8 @@ class Offload:
         try:
             if gone is not None and gone.is_set():
                 raise OffloadError("the client left before its body was parsed")
+            if started is not None:
+                started.set()
             conn = self._connection()
             deadline = time.monotonic() + JOB_SECONDS
 

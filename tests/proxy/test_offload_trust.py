@@ -180,3 +180,25 @@ def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) 
     out = asyncio.run(run())
     assert out[0]["status"] == 499
     assert fake.sent == []
+
+
+def test_a_body_that_waits_too_long_for_the_worker_gets_a_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proxy.offload, "WAIT_SECONDS", 0.5)
+    offload = Offload(threshold=0)
+    with _proxy(tmp_path, config_for(tmp_path), offload) as (client, fake):
+        offload._lock.acquire()  # another body holds the worker
+        try:
+            started = time.monotonic()
+            r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+            took = time.monotonic() - started
+        finally:
+            offload._lock.release()
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "offload_busy"
+        assert "waited 0 s" in r.json()["error"]["message"]  # WAIT_SECONDS, rounded
+        assert took < 5
+        assert fake.sent == []
+        again = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
+        assert again.status_code == 200

@@ -26,6 +26,10 @@ ANALYSIS_DAYS = 7.0
 """Window of the `analyze` recommendations in the report."""
 PAGE_REQUESTS = 200
 """Latest requests on the report page (its savings-over-time plot)."""
+READ_LATE = 2.0
+"""How long a report read waits for records still waiting for a large block's token count
+(`ReportStore.add`): one 30 MB body's count takes ~1.5 s; a burst of them must not hold the
+report page (it shows them a moment later)."""
 
 
 class Reporting:
@@ -49,7 +53,7 @@ class Reporting:
 
         # Waiting for the writer and reading SQLite block: keep them off the event loop.
         def read() -> tuple[dict[str, Any], dict[str, Any]]:
-            state.reports.flush()
+            state.reports.flush(late=READ_LATE)
             summary = state.reports.summary(
                 recent=recent or settings.recent_requests, owner=owner, since=since
             )
@@ -101,7 +105,7 @@ class Reporting:
         reports = self.state.reports
 
         def read() -> dict[str, Any] | None:
-            reports.flush()
+            reports.flush(late=READ_LATE)
             return reports.request(request_id, owner=owner)  # another key's: not found
 
         found = await asyncio.to_thread(read)

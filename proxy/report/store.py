@@ -326,10 +326,15 @@ class ReportStore:
 
         late.add_done_callback(queue)
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Wait until every queued record is written (and those waiting for a count)."""
-        deadline = time.monotonic() + timeout
-        while (self._queue.unfinished_tasks or self._deferred) and time.monotonic() < deadline:
+    def flush(self, timeout: float = 10.0, *, late: float | None = None) -> None:
+        """Wait until every queued record is written, and those waiting for a late token
+        count (`add`) for up to `late` seconds (default: as long as the rest)."""
+        now = time.monotonic()
+        deadline = now + timeout
+        late_deadline = now + (timeout if late is None else min(late, timeout))
+        while (now := time.monotonic()) < deadline:
+            if not (self._queue.unfinished_tasks or (self._deferred and now < late_deadline)):
+                return
             self._flush_now.set()
             time.sleep(0.001)
 

@@ -7,25 +7,8 @@ from memory import context as context_module
 from memory.context import context
 from memory.profiles import PROFILES, RetrievalProfileName
 from memory.recall import recall
-from memory.types import Memory
 from tests.conftest import Backend
-
-NOW = 2_000_000_000.0
-
-
-def _memory(i: int, batch: int | None, scope: str = "global") -> Memory:
-    return Memory(
-        id=i,
-        owner="o",
-        text=f"memory {i}",
-        category="fact",
-        source="inferred",
-        scope=scope,
-        created=NOW,
-        last_accessed=NOW,
-        access_count=0,
-        batch=batch,
-    )
+from tests.memory.memories import NOW, memory
 
 
 def test_the_docstring_example_holds() -> None:
@@ -34,13 +17,13 @@ def test_the_docstring_example_holds() -> None:
 
 def test_neighbours_lend_a_share_both_ways_within_one_batch_and_scope() -> None:
     memories = [
-        _memory(1, 1),
-        _memory(2, 1),
-        _memory(3, 1, scope="agent:coder"),  # another scope: no share
-        _memory(4, 1),
-        _memory(5, 5),  # added later, in another batch: another conversation
-        _memory(6, None),  # stored before batches were recorded: alone
-        _memory(7, None),
+        memory(1, batch=1),
+        memory(2, batch=1),
+        memory(3, batch=1, scope="agent:coder"),  # another scope: no share
+        memory(4, batch=1),
+        memory(5, batch=5),  # added later, in another batch: another conversation
+        memory(6, batch=None),  # stored before batches were recorded: alone
+        memory(7, batch=None),
     ]
     scores = {2: 10.0, 4: 5.0, 6: 10.0}
     assert context(scores, memories, share=0.2) == {1: 2.0}
@@ -48,7 +31,7 @@ def test_neighbours_lend_a_share_both_ways_within_one_batch_and_scope() -> None:
 
 
 def test_context_is_deterministic_whatever_the_order_of_its_inputs() -> None:
-    memories = [_memory(i, 1 if i < 15 else 15) for i in range(1, 30)]
+    memories = [memory(i, batch=1 if i < 15 else 15) for i in range(1, 30)]
     scores = {i: float(i % 7) for i in range(1, 30)}
     first = context(scores, memories, share=0.2)
     assert context(dict(reversed(scores.items())), list(reversed(memories)), share=0.2) == first
@@ -125,7 +108,7 @@ def test_balanced_injects_the_reply_to_a_matching_question(backend: Backend) -> 
 
 
 def test_a_wider_window_lends_from_two_memories_away_within_the_batch_only() -> None:
-    memories = [_memory(i, 1) for i in range(1, 6)] + [_memory(6, 6), _memory(7, 6)]
+    memories = [memory(i, batch=1) for i in range(1, 6)] + [memory(6, batch=6), memory(7, batch=6)]
     scores = {3: 10.0, 5: 5.0}
     one = context(scores, memories, share=0.2)
     assert one == {2: 2.0, 4: 3.0}  # 5's neighbour 6 is another batch

@@ -7,10 +7,8 @@ from memory import MemoryLimits, NewMemory, feedback, speaker
 from memory.feedback import candidate_words, second_hop, sources
 from memory.profiles import PROFILES
 from memory.recall import recall
-from memory.types import Memory
 from tests.conftest import Backend
-
-NOW = 2_000_000_000.0
+from tests.memory.memories import NOW, memory
 
 
 def test_the_docstring_example_holds() -> None:
@@ -74,22 +72,8 @@ def test_the_second_hop_is_worth_less_than_the_first() -> None:
     assert 0 < feedback.WEIGHT < 1
 
 
-def _memory(i: int) -> Memory:
-    return Memory(
-        id=i,
-        owner="o",
-        text=f"memory {i}",
-        category="fact",
-        source="inferred",
-        scope="global",
-        created=NOW,
-        last_accessed=NOW,
-        access_count=0,
-    )
-
-
 def test_sources_count_the_named_speakers_memories_double_ties_by_id() -> None:
-    found = [(_memory(i), float(10 - i)) for i in range(1, 9)]  # 9.0, 8.0, ... 2.0
+    found = [(memory(i), float(10 - i)) for i in range(1, 9)]  # 9.0, 8.0, ... 2.0
     assert [m.id for m in sources(found, named=set(), n=3)] == [1, 2, 3]
     # 7 scores 3.0, counted 6.0: past 4 (6.0, by id) and 5 (5.0)
     assert [m.id for m in sources(found, named={7}, n=5)] == [1, 2, 3, 4, 7]

@@ -7,24 +7,8 @@ from memory import MemoryLimits, NewMemory, speaker
 from memory.profiles import PROFILES, RetrievalProfileName
 from memory.recall import Recall, recall
 from memory.speaker import named, points
-from memory.types import Memory
 from tests.conftest import Backend
-
-NOW = 2_000_000_000.0
-
-
-def _memory(i: int, text: str) -> Memory:
-    return Memory(
-        id=i,
-        owner="o",
-        text=text,
-        category="fact",
-        source="inferred",
-        scope="global",
-        created=NOW,
-        last_accessed=NOW,
-        access_count=0,
-    )
+from tests.memory.memories import NOW, memory
 
 
 def test_the_docstring_examples_hold() -> None:
@@ -54,7 +38,7 @@ def test_any_word_of_the_label_names_it_but_a_stopword_does_not() -> None:
 
 
 def test_points_go_only_to_the_named_speakers_memories_and_only_when_on() -> None:
-    memories = [_memory(1, "Melanie: hi"), _memory(2, "Caroline: hi Melanie"), _memory(3, "x")]
+    memories = [memory(1, "Melanie: hi"), memory(2, "Caroline: hi Melanie"), memory(3, "x")]
     assert points(["melanie"], memories, 25.0) == {1: 25.0}
     assert points(["melanie"], iter(memories), 25.0) == {1: 25.0}  # any iterable, once
     assert points(["melanie"], memories, 0.0) == {}

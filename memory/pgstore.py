@@ -33,8 +33,15 @@ from typing import Any
 from memory.monitor import Monitor
 from memory.pg import PgDatabase, PgTx, migrate
 from memory.schema import MIGRATIONS, words_of
-from memory.store import _COLUMNS, STOPWORDS, _row, log_evicted, search_rarest_in_steps
-from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory, Rarest
+from memory.store import (
+    _COLUMNS,
+    STOPWORDS,
+    _row,
+    checked_batch,
+    log_evicted,
+    search_rarest_in_steps,
+)
+from memory.types import Memory, MemoryLimits, NewMemory, Rarest
 
 log = logging.getLogger("ctxbudget.memory")
 
@@ -193,22 +200,9 @@ class PgMemoryStore:
 
     def add_many(self, memories: Sequence[NewMemory]) -> tuple[list[Memory], list[Memory]]:
         """`SQLiteMemoryStore.add_many`: one owner, one transaction, all or nothing."""
-        checked = []
-        for number, memory in enumerate(memories, 1):
-            try:
-                checked.append(memory.validate(self.limits))
-            except InvalidMemory as exc:
-                raise InvalidMemory(f"item {number}: {exc}") from None
+        checked = checked_batch(memories, self.limits)
         if not checked:
             return [], []
-        owners = {m.owner for m in checked}
-        if len(owners) > 1:
-            raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
-        if len(checked) > self.limits.max_memories:
-            raise InvalidMemory(
-                f"{len(checked):,} memories are more than memory.maxMemories "
-                f"({self.limits.max_memories:,}): raise it, or import fewer"
-            )
         owner = checked[0].owner
         now = self._clock()
         split = [tokens(m.text) for m in checked]

@@ -105,6 +105,27 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
+def checked_batch(memories: Sequence[NewMemory], limits: MemoryLimits) -> list[NewMemory]:
+    """`memories` validated as one batch for `add_many` (both stores): `InvalidMemory` names
+    the first bad one by its position (`item 3: …`), a batch of several owners, or one larger
+    than `memory.maxMemories`."""
+    checked = []
+    for number, memory in enumerate(memories, 1):
+        try:
+            checked.append(memory.validate(limits))
+        except InvalidMemory as exc:
+            raise InvalidMemory(f"item {number}: {exc}") from None
+    owners = {m.owner for m in checked}
+    if len(owners) > 1:
+        raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
+    if len(checked) > limits.max_memories:
+        raise InvalidMemory(
+            f"{len(checked):,} memories are more than memory.maxMemories "
+            f"({limits.max_memories:,}): raise it, or import fewer"
+        )
+    return checked
+
+
 def rarest_first(
     words: Sequence[str], counts: Mapping[str, int], scan: int
 ) -> tuple[list[str], list[tuple[str, int]]]:
@@ -260,22 +281,9 @@ class SQLiteMemoryStore:
         …`); a batch larger than `memory.maxMemories` is refused the same way. Past the limit,
         the least recently used *older* memories are evicted.
         """
-        checked = []
-        for number, memory in enumerate(memories, 1):
-            try:
-                checked.append(memory.validate(self.limits))
-            except InvalidMemory as exc:
-                raise InvalidMemory(f"item {number}: {exc}") from None
+        checked = checked_batch(memories, self.limits)
         if not checked:
             return [], []
-        owners = {m.owner for m in checked}
-        if len(owners) > 1:
-            raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
-        if len(checked) > self.limits.max_memories:
-            raise InvalidMemory(
-                f"{len(checked):,} memories are more than memory.maxMemories "
-                f"({self.limits.max_memories:,}): raise it, or import fewer"
-            )
         owner = checked[0].owner
         now = self._clock()
         # One write transaction: concurrent adders (CLI, API, workers) queue on the lock

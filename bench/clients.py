@@ -2,7 +2,7 @@
 
 Posts a 170 KB chat request to the stand-in upstream (a separate process on core 1) from this
 process (core 0), with each client library, at concurrency 1 and 32, and prints the median
-latency and requests/s of each, repeated. This is the measurement behind proxy/upstream.py
+latency and requests/s of each, repeated. This is the measurement behind proxy/upstream/http.py
 using aiohttp.
 
     .venv/bin/python bench/clients.py

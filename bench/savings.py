@@ -51,7 +51,7 @@ def _free_port() -> int:
 
 
 def _prices(model: str) -> dict[str, float]:
-    from proxy.price_map import prices
+    from proxy.report.prices import prices
 
     p = prices(model)
     assert p is not None, model

@@ -1,14 +1,14 @@
 """The Starlette app: dependencies, lifespan, the route table and the one error handler.
 
-POST /v1/chat/completions        the pipeline (proxy/pipeline.py), one wire adapter each:
+POST /v1/chat/completions        the pipeline (proxy/pipeline/stages.py), one wire adapter each:
 POST /v1/messages                  chat completions, Anthropic Messages (and its
 POST /v1/messages/count_tokens     count_tokens), OpenAI Responses (proxy/wire/)
 POST /v1/responses
 GET  /v1/models                  passed through
-GET  /metrics                    Prometheus text (proxy/metrics.py)
-GET  /context/budget             the report: JSON, text or the page (proxy/reporting.py)
+GET  /metrics                    Prometheus text (proxy/report/metrics.py)
+GET  /context/budget             the report: JSON, text or the page (proxy/routes/report.py)
 GET  /context/budget/requests/{id}
-POST|GET /v1/memories, DELETE /v1/memories/{id}   (proxy/memories.py)
+POST|GET /v1/memories, DELETE /v1/memories/{id}   (proxy/routes/memories.py)
 GET  /healthz
 """
 
@@ -30,20 +30,20 @@ from starlette.routing import Route
 
 from caps import Clamp, clamp_request
 from memory.pg import DatabaseUnavailable
-from proxy.auth import check_metrics_reader, owner_for
-from proxy.config import ConfigSource
-from proxy.database import open_database
+from proxy.access.auth import check_metrics_reader, owner_for
+from proxy.access.guard import BrowserGuard
+from proxy.config.database import open_database
+from proxy.config.schema import ConfigSource
 from proxy.errors import CtxBudgetError, ServiceUnavailable
-from proxy.guard import BrowserGuard
-from proxy.memories import MemoryRoutes
-from proxy.metrics import Metrics
-from proxy.offload import Offload
-from proxy.pipeline import Pipeline
+from proxy.pipeline.offload import Offload
+from proxy.pipeline.stages import Pipeline
 from proxy.report import ReportStore, Sink
-from proxy.reporting import Reporting
+from proxy.report.metrics import Metrics
+from proxy.report.telemetry import Telemetry
+from proxy.routes.memories import MemoryRoutes
+from proxy.routes.report import Reporting
 from proxy.state import ProxyState
-from proxy.telemetry import Telemetry
-from proxy.upstream import HttpUpstream, UpstreamClient
+from proxy.upstream.http import HttpUpstream, UpstreamClient
 from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
@@ -97,7 +97,7 @@ def create_app(
         await upstream.start()
         settings = state.settings()
         if settings.routes or settings.rewrite is not None:
-            from proxy.providers import preload_litellm
+            from proxy.upstream.litellm import preload_litellm
 
             preload_litellm()
         try:

@@ -14,7 +14,7 @@
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
 `./ctxbudget.json`, else `~/.ctxbudget/config.jsonc`, else built-in defaults: see
-`proxy/configfile.py`) and says on stderr which file it used. `--json` prints
+`proxy/config/file.py`) and says on stderr which file it used. `--json` prints
 machine-readable JSON on stdout and nothing else.
 """
 
@@ -39,7 +39,7 @@ from memory.profiles import REQUESTED_PROFILES
 from proxy.errors import ConfigError
 
 if TYPE_CHECKING:
-    from proxy.config import ConfigSource
+    from proxy.config.schema import ConfigSource
 
 # Set by `serve` for its uvicorn workers, which rebuild the app from them.
 _ENV_CONFIG = "CTXBUDGET_SERVE_CONFIG"
@@ -173,8 +173,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _source(config: str | None, overrides: dict[str, Any]) -> ConfigSource:
     """The config in force, after saying on stderr which file it is (stdout stays clean for
     `--json` and pipes)."""
-    from proxy.config import ConfigSource
-    from proxy.configfile import find_config
+    from proxy.config.file import find_config
+    from proxy.config.schema import ConfigSource
 
     location = find_config(config, os.environ, cwd=Path.cwd(), home=Path.home())
     print(f"ctxbudget: {location.describe()}", file=sys.stderr)
@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from proxy.metrics import shared_between_workers
-    from proxy.upstream import redact
+    from proxy.report.metrics import shared_between_workers
+    from proxy.upstream.http import redact
 
     overrides = _overrides(args)
     if args.workers < 1:
@@ -257,7 +257,7 @@ def _start_run(cfg: Any, run: str) -> None:
     """Record this serving run in the report (SQLite file or PostgreSQL) before workers start.
     A database that does not answer is said once here; each worker retries on its own."""
     from memory.pg import DatabaseUnavailable
-    from proxy.database import open_database
+    from proxy.config.database import open_database
     from proxy.report import start_run
 
     db = open_database(cfg.database, os.environ)
@@ -275,8 +275,8 @@ def _start_run(cfg: Any, run: str) -> None:
 
 def _warn_if_open(cfg: Any) -> None:
     """Say it loudly when anyone on the network can use the proxy (and its upstream key)."""
-    from proxy.config import proxy_keys
-    from proxy.guard import is_loopback
+    from proxy.access.guard import is_loopback
+    from proxy.config.schema import proxy_keys
 
     if is_loopback(cfg.proxy.host) or proxy_keys(cfg, os.environ):
         return
@@ -308,8 +308,8 @@ def _check_port(host: str, port: int) -> None:
 def _warn_if_keys_without_upstream_key(cfg: Any) -> None:
     """With proxy keys, the client's credential is a proxy key and is not forwarded: without
     an upstream key every request reaches the provider with no credentials."""
-    from proxy.config import proxy_keys, upstream_api_key
-    from proxy.upstream import redact
+    from proxy.config.schema import proxy_keys, upstream_api_key
+    from proxy.upstream.http import redact
 
     if proxy_keys(cfg, os.environ) and not upstream_api_key(cfg, os.environ):
         log.warning(
@@ -326,7 +326,7 @@ SWITCH_INTERVAL = 0.001
 def app_factory() -> Any:
     """Build the app inside a uvicorn worker from what `serve` put in the environment."""
     from proxy.app import create_app
-    from proxy.config import ConfigSource
+    from proxy.config.schema import ConfigSource
 
     raw_path = os.environ.get(_ENV_CONFIG) or None
     overrides = json.loads(os.environ.get(_ENV_OVERRIDES) or "{}")
@@ -340,8 +340,8 @@ def app_factory() -> Any:
 
 def _memory(args: argparse.Namespace) -> None:
     from memory import InvalidMemory, Memory, NewMemory
-    from proxy.injection import open_store
-    from proxy.settings import settings_for
+    from proxy.config.settings import settings_for
+    from proxy.pipeline.recall import open_store
 
     cfg = _source(args.config, {}).get()
     store = open_store(settings_for(cfg, os.environ), os.environ)
@@ -451,7 +451,7 @@ def _import(args: argparse.Namespace, store: Any) -> None:
 
 def _where(cfg: Any) -> str:
     """Where the memories are: the SQLite file, or the database (password hidden)."""
-    from proxy.database import redacted
+    from proxy.config.database import redacted
 
     return redacted(cfg.database.url) if cfg.database.url else str(cfg.memory.store.path)
 
@@ -471,10 +471,10 @@ def _plural(n: int, word: str) -> str:
 def _recall(args: argparse.Namespace) -> None:
     from memory.query import UserTurn
     from memory.recaller import Recaller, RecallRequest
-    from proxy.injection import open_store
-    from proxy.rewrite import Rewriter
-    from proxy.settings import settings_for
+    from proxy.config.settings import settings_for
+    from proxy.pipeline.recall import open_store
     from proxy.tokens import TokenCounter
+    from proxy.upstream.rewrite import Rewriter
 
     settings = settings_for(_source(args.config, {}).get(), os.environ)
     store = open_store(settings, os.environ)
@@ -540,8 +540,8 @@ def _recall(args: argparse.Namespace) -> None:
 
 def _analyze(args: argparse.Namespace) -> None:
     from memory.monitor import MIN_REQUESTS, analysis
-    from proxy.injection import open_store
-    from proxy.settings import settings_for
+    from proxy.config.settings import settings_for
+    from proxy.pipeline.recall import open_store
 
     minimum = MIN_REQUESTS if args.min_requests is None else args.min_requests
     if minimum < 1:
@@ -568,7 +568,7 @@ def _analyze(args: argparse.Namespace) -> None:
 
 
 def _analysis_text(result: dict[str, Any], days: float, path: Path | None) -> str:
-    from proxy.configfile import snippet
+    from proxy.config.file import snippet
     from proxy.report.render import change_text, profile_of
 
     needs = result["minRequests"]
@@ -631,7 +631,7 @@ def _config(args: argparse.Namespace) -> None:
     if args.action == "init":
         _config_init(args)
         return
-    from proxy.configfile import effective_values, nest, render_jsonc
+    from proxy.config.file import effective_values, nest, render_jsonc
 
     source = _source(args.config, _overrides(args))
     config = source.get()
@@ -663,7 +663,7 @@ def _config(args: argparse.Namespace) -> None:
 
 
 def _config_init(args: argparse.Namespace) -> None:
-    from proxy.configfile import absolute, find_config, home_config, starter_text
+    from proxy.config.file import absolute, find_config, home_config, starter_text
 
     if args.path and args.config and args.path != args.config:
         raise SystemExit("ctxbudget: give the file once: PATH or --config, not both")
@@ -701,11 +701,11 @@ def _config_init(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     from memory.pg import DatabaseUnavailable
-    from proxy.database import open_database
+    from proxy.config.database import open_database
+    from proxy.config.settings import settings_for
     from proxy.report import build_report, open_db, read_summary, render_text
     from proxy.report.store import open_pg
     from proxy.report.summary import parse_since
-    from proxy.settings import settings_for
 
     try:
         since = parse_since(args.since) if args.since else None

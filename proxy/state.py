@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from caps import Clamp, clamp_request
-from proxy.config import ConfigSource
-from proxy.injection import MemoryInjection
+from proxy.cache.sessions import SessionTracker
+from proxy.config.schema import ConfigSource
+from proxy.config.settings import Settings, settings_for
+from proxy.pipeline.recall import MemoryInjection
 from proxy.report import ReportStore
-from proxy.sessions import SessionTracker
-from proxy.settings import Settings, settings_for
 from proxy.tokens import TokenCounter
-from proxy.upstream import UpstreamClient
+from proxy.upstream.http import UpstreamClient
 
 
 class ProxyState:

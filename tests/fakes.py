@@ -1,6 +1,6 @@
 """A fake upstream for in-process tests: canned JSON or SSE, and a record of what it got.
 
-It implements `proxy.upstream.UpstreamClient`, the Protocol the pipeline talks to, so the
+It implements `proxy.upstream.http.UpstreamClient`, the Protocol the pipeline talks to, so the
 proxy's own code runs unchanged; only the network is gone. The real stand-in server
 (`tests/standin.py`) is for the end-to-end tests.
 

@@ -23,8 +23,8 @@ from starlette.applications import Starlette
 
 from caps import Clamp, clamp_request
 from proxy.app import create_app
-from proxy.config import Config, ConfigSource
-from proxy.settings import Settings, settings_for
+from proxy.config.schema import Config, ConfigSource
+from proxy.config.settings import Settings, settings_for
 from proxy.state import ProxyState
 from tests.fakes import FakeUpstream
 

@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 
 from caps import Segment
-from proxy.billing import Shift, cost, without
-from proxy.price_map import Prices
-from proxy.sessions import PrefixChange, block_tokens
+from proxy.cache.sessions import PrefixChange, block_tokens
+from proxy.report.billing import Shift, cost, without
+from proxy.report.prices import Prices
+from proxy.report.usage import Usage
 from proxy.tokens import TokenCounter
-from proxy.usage import Usage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,7 @@ class RequestRecord:
     usage: Usage | None = None
     """The provider's usage from the reply; None when the reply had none."""
     session: str | None = None
-    """The session it was counted in (`proxy/sessions.py`)."""
+    """The session it was counted in (`proxy/cache/sessions.py`)."""
     prefix: PrefixChange | None = None
     """What it did to the session's cached prefix: busts, and the blocks ctxbudget changed."""
     prices: Prices | None = None
@@ -157,7 +157,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
 
 def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     """The request's session, cache busts and money: its cost from the provider's usage, and
-    what it would have cost with nothing clamped or injected (`proxy/billing.py`)."""
+    what it would have cost with nothing clamped or injected (`proxy/report/billing.py`)."""
     prefix = r.prefix
     late = prefix.late_tokens() if prefix is not None else {}
 

@@ -9,8 +9,8 @@ Totals are kept per hour (and owner, and kind), so the report covers every insta
 restart that used the file, over any window (`?since=`, `--since`), to the hour; requests and
 hours older than `report.keepDays` are pruned. `runs` records each `ctxbudget serve` start.
 
-Sinks (OpenTelemetry in `proxy/telemetry.py`, Prometheus in `proxy/metrics.py`) get each
-record with its JSON entry on the same thread, so the request path pays for none of them.
+Sinks (OpenTelemetry in `proxy/report/telemetry.py`, Prometheus in `proxy/report/metrics.py`)
+get each record with its JSON entry on the same thread, so the request path pays for none of them.
 """
 
 from __future__ import annotations

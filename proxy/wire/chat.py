@@ -2,7 +2,7 @@
 
 System prompt: `system`/`developer` messages. Tool results: `tool` messages, named by the
 assistant's `tool_calls`. Latest user turn: the last `user` message that is not OpenClaw's
-internal-context block. Changes are spliced back into the client's bytes (`proxy/body.py`):
+internal-context block. Changes are spliced back into the client's bytes (`proxy/wire/body.py`):
 only `messages` is re-serialised, and only when something changed.
 """
 
@@ -17,11 +17,11 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, inject
 from memory.query import UserTurn, user_turn
-from proxy.body import ChatBody, parse_chat_body
+from proxy.cache.sessions import Block
+from proxy.config.settings import Settings
 from proxy.errors import CtxBudgetError
-from proxy.sessions import Block
-from proxy.settings import Settings
-from proxy.upstream import forward_request_headers
+from proxy.upstream.http import forward_request_headers
+from proxy.wire.body import ChatBody, parse_chat_body
 from proxy.wire.types import Reply, WireRequest
 from proxy.wire.view import paired, with_text
 

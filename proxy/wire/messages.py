@@ -24,11 +24,11 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, block, inject
 from memory.query import UserTurn, user_turn
-from proxy.body import JsonBody, check_model, parse_object, type_name
+from proxy.cache.sessions import Block
+from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
-from proxy.sessions import Block
-from proxy.settings import Settings
-from proxy.upstream import forward_request_headers
+from proxy.upstream.http import forward_request_headers
+from proxy.wire.body import JsonBody, check_model, parse_object, type_name
 from proxy.wire.types import Reply, WireRequest
 from proxy.wire.view import ChatView, arguments_json, paired, set_item, set_part, with_text
 

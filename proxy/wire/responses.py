@@ -32,10 +32,10 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, block
 from memory.query import UserTurn, user_turn
-from proxy.body import JsonBody, check_model, parse_object, type_name
+from proxy.cache.sessions import Block
+from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError
-from proxy.sessions import Block
-from proxy.settings import Settings
+from proxy.wire.body import JsonBody, check_model, parse_object, type_name
 from proxy.wire.chat import openai_headers
 from proxy.wire.types import Reply, WireRequest
 from proxy.wire.view import ChatView, paired, set_item, set_part, with_text

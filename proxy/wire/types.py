@@ -1,6 +1,6 @@
 """The wire adapter interface: everything the pipeline needs to know about one API format.
 
-The pipeline (`proxy/pipeline.py`) is format-neutral. What differs between OpenAI chat
+The pipeline (`proxy/pipeline/stages.py`) is format-neutral. What differs between OpenAI chat
 completions, Anthropic Messages and OpenAI Responses sits behind two small Protocols:
 
 - `WireFormat`: one per format, stateless. Parses a body into a `WireRequest`; says where
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement
 from memory.query import UserTurn
+from proxy.cache.sessions import Block
+from proxy.config.settings import Settings
 from proxy.errors import CtxBudgetError
-from proxy.sessions import Block
-from proxy.settings import Settings
 
 
 @dataclass(frozen=True)

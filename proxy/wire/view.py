@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames
-from proxy.sessions import Block
+from proxy.cache.sessions import Block
 
 Place = tuple[Any, ...]
 """Where a view message's text lives in the real request: `(kind, real index, ...)`; the

@@ -8,7 +8,7 @@ History: clamping and counting on the event loop made /healthz wait seconds (tik
 held the GIL 2.2 s for the 30 MB text); in a worker thread, worst polls of 58-133 ms, because
 single C calls over the one 30 MB string (orjson parsing it, the web_fetch clamp parsing the JSON
 inside it, splitting it) hold the GIL for 20-100 ms each. Now a large body is parsed,
-clamped, counted, hashed and encoded in the offload process (`proxy/offload.py`); what the
+clamped, counted, hashed and encoded in the offload process (`proxy/pipeline/offload.py`); what the
 event loop still does per 30 MB body is join its chunks (`read_body`) and hand it to the
 thread that writes it down the pipe, and that is what a poll can still wait on.
 

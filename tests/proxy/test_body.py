@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-import proxy.body
-from proxy.body import parse_chat_body
+import proxy.wire.body
 from proxy.errors import BadRequest
+from proxy.wire.body import parse_chat_body
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.body).failed == 0
+    assert doctest.testmod(proxy.wire.body).failed == 0
 
 
 def test_unchanged_fields_are_spliced_back_byte_for_byte() -> None:

@@ -15,7 +15,7 @@ import pytest
 from memory import SQLiteMemoryStore
 from memory.monitor import Usage
 from proxy.cli import _warn_if_keys_without_upstream_key, main
-from proxy.config import Config, load_config
+from proxy.config.schema import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

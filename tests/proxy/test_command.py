@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from memory.query import user_turn
-from proxy.command import find_command
+from proxy.pipeline.chat_command import find_command
 
 INTERNAL = {
     "role": "user",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from proxy.config import (
+from proxy.config.schema import (
     BudgetProfileConfig,
     Config,
     ConfigSource,

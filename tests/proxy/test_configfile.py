@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy import configfile
-from proxy.config import Config, load_config
-from proxy.configfile import (
+from proxy.config import file as configfile
+from proxy.config.file import (
     ConfigLocation,
     effective_values,
     find_config,
@@ -17,6 +16,7 @@ from proxy.configfile import (
     snippet,
     starter_text,
 )
+from proxy.config.schema import Config, load_config
 from proxy.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

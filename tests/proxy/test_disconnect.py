@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.app import create_app
-from proxy.config import ConfigSource
+from proxy.config.schema import ConfigSource
 from tests.fakes import FakeUpstream
 from tests.inproc import config_for
 

@@ -116,7 +116,7 @@ def test_listening_beyond_loopback_without_keys_is_warned_about(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from proxy.cli import _warn_if_open
-    from proxy.config import Config
+    from proxy.config.schema import Config
 
     monkeypatch.delenv("CTXBUDGET_PROXY_KEYS", raising=False)
     with caplog.at_level(logging.WARNING, logger="ctxbudget"):
@@ -131,7 +131,7 @@ def test_listening_beyond_loopback_without_keys_is_warned_about(
 
 
 def test_dns_names_that_look_like_loopback_are_not(tmp_path: Path) -> None:
-    from proxy.guard import is_loopback
+    from proxy.access.guard import is_loopback
 
     for name in ("127.attacker.example", "127.0.0.1.nip.io", "localhost.evil.example"):
         assert not is_loopback(name), name

@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 import pytest
 
-import proxy.sessions
+import proxy.cache.sessions
 from caps import Caps, ChatRequest, Clamp, ClampResult, ToolNames, clamp_request
 from proxy.app import create_app
-from proxy.config import Config, ConfigSource
-from proxy.offload import LARGE_BODY, Offload, OffloadedRequest
-from proxy.sessions import SMALL_BLOCK, ClientPrefix, Digested
-from proxy.settings import settings_for
+from proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
+from proxy.config.schema import Config, ConfigSource
+from proxy.config.settings import settings_for
+from proxy.pipeline.offload import LARGE_BODY, Offload, OffloadedRequest
 from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses
 from tests.fakes import FakeUpstream, chat_chunks, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, state_of
@@ -490,7 +490,7 @@ def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -
 
 
 def test_the_digested_examples_hold() -> None:
-    assert doctest.testmod(proxy.sessions).failed == 0
+    assert doctest.testmod(proxy.cache.sessions).failed == 0
 
 
 def test_the_worker_stops_with_the_app(tmp_path: Path) -> None:

@@ -269,7 +269,7 @@ def test_the_report_store_gets_one_record_per_request(tmp_path: Path) -> None:
 
 
 def test_a_huge_json_answer_passes_through_without_being_held(tmp_path: Path) -> None:
-    from proxy.relay import BUFFER_BYTES
+    from proxy.pipeline.relay import BUFFER_BYTES
 
     piece = b" " * (1 << 20)
     chunks = [b'{"id": "big", "pad": "'] + [piece] * 10 + [b'"}']

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config import RouteConfig
+from proxy.config.schema import RouteConfig
 from proxy.errors import UpstreamError
-from proxy.providers import LitellmReply, _upstream_error
+from proxy.upstream.litellm import LitellmReply, _upstream_error
 
 ROUTE = RouteConfig(model="anthropic/claude-x")
 

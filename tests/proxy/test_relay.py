@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.relay import CLIENT_GONE, relay
+from proxy.pipeline.relay import CLIENT_GONE, relay
 from proxy.wire.chat import ChatCompletions
 
 CHAT = [b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from caps import Caps, ClampResult, ToolNames, clamp_request
-from proxy.billing import Shift, cost, without
-from proxy.price_map import Prices, prices
-from proxy.sessions import ClientPrefix, SessionTracker, serial, session_key
-from proxy.usage import Usage
+from proxy.cache.sessions import ClientPrefix, SessionTracker, serial, session_key
+from proxy.report.billing import Shift, cost, without
+from proxy.report.prices import Prices, prices
+from proxy.report.usage import Usage
 from proxy.wire.chat import ChatCompletions
 from tests.fakes import chat_completion
 from tests.inproc import config_for, proxy_app, state_of

@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from memory import NewMemory, SQLiteMemoryStore
 from proxy.app import create_app
-from proxy.config import ConfigSource, TelemetryConfig
+from proxy.config.schema import ConfigSource, TelemetryConfig
 from proxy.report import ReportStore
-from proxy.telemetry import Telemetry, wanted
+from proxy.report.telemetry import Telemetry, wanted
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn, run_standin, serve_app
 
@@ -185,7 +185,7 @@ def test_off_means_the_sdk_is_never_imported(tmp_path: Path) -> None:
         "import sys\n"
         "from pathlib import Path\n"
         "from proxy.app import create_app\n"
-        "from proxy.config import ConfigSource\n"
+        "from proxy.config.schema import ConfigSource\n"
         f"p = Path({str(tmp_path / 'c.json')!r})\n"
         f'p.write_text(\'{{"report": {{"path": "{tmp_path / "r.db"}"}}}}\')\n'
         "create_app(ConfigSource(p, {}, {}), env={})\n"

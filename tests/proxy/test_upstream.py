@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from proxy.errors import UpstreamError
-from proxy.upstream import HttpUpstream, forward_request_headers, response_headers
+from proxy.upstream.http import HttpUpstream, forward_request_headers, response_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of proxied requests, for `GET /metrics`, updated off the request path.
 
-The same counters and histograms as the OpenTelemetry metrics (`proxy/telemetry.py`), under
+The same counters and histograms as the OpenTelemetry metrics (`proxy/report/telemetry.py`), under
 Prometheus names and units, through prometheus_client:
 
 | OpenTelemetry | Prometheus | labels |
@@ -18,7 +18,7 @@ each finished request adds it to the counters, so the request path does no work 
 is on whether or not OpenTelemetry is. Labels are bounded and name no owner, key, URL, path
 or text: `kind`, `action`, `format` and `profile` come from fixed sets, `status_class` is
 `2xx`…`5xx`, and `model` is the client's model name for the first `MAX_MODELS` names of a
-plain shape, `other` after that. Who may read it: `proxy/auth.py` `check_metrics_reader`.
+plain shape, `other` after that. Who may read it: `proxy/access/auth.py` `check_metrics_reader`.
 
 Several workers (`ctxbudget serve --workers N`) are separate processes: `serve` runs them in
 prometheus_client's multiprocess mode (`shared_between_workers`), each writing its values to

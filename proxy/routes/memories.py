@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory
-from proxy.auth import is_admin, owner_for
-from proxy.body import read_body
+from proxy.access.auth import is_admin, owner_for
+from proxy.config.settings import Settings
 from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
-from proxy.settings import Settings
 from proxy.state import ProxyState
+from proxy.wire.body import read_body
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest memory request accepted: a list of a few thousand memories (read only after the

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
-from proxy.upstream import UpstreamReply
-from proxy.usage import UsageChunkDropper, UsageReader
+from proxy.report.usage import UsageChunkDropper, UsageReader
+from proxy.upstream.http import UpstreamReply
 from proxy.wire.types import ReplyWatcher, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")

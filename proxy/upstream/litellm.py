@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config import RouteConfig
+from proxy.config.schema import RouteConfig
 from proxy.errors import UpstreamError
 
 log = logging.getLogger("ctxbudget.providers")

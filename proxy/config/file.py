@@ -28,9 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.config import Config
+from proxy.config.schema import Config
 from proxy.errors import ConfigError
-from proxy.upstream import redact
+from proxy.upstream.http import redact
 
 ENV_CONFIG = "CTXBUDGET_CONFIG"
 LOCAL_FILES = ("ctxbudget.jsonc", "ctxbudget.json")

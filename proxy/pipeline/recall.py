@@ -19,12 +19,12 @@ from memory import MemoryStore, SQLiteMemoryStore
 from memory.pg import DatabaseUnavailable
 from memory.query import UserTurn
 from memory.recaller import Recaller, RecallReport, RecallRequest
-from proxy.database import open_database, redacted
-from proxy.headers import RequestOptions
-from proxy.price_map import context_window
-from proxy.rewrite import Rewriter
-from proxy.settings import Settings
+from proxy.config.database import open_database, redacted
+from proxy.config.settings import Settings
+from proxy.pipeline.headers import RequestOptions
+from proxy.report.prices import context_window
 from proxy.tokens import TokenCounter
+from proxy.upstream.rewrite import Rewriter
 from proxy.wire.types import WireRequest
 
 log = logging.getLogger("ctxbudget.memory")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from caps import SEGMENT_KINDS
 
 if TYPE_CHECKING:
-    from proxy.config import TelemetryConfig
+    from proxy.config.schema import TelemetryConfig
     from proxy.report.record import RequestRecord
 
 log = logging.getLogger("ctxbudget.telemetry")

@@ -4,7 +4,7 @@ The pipeline sees two Protocols: an `UpstreamClient` that sends one request, and
 `UpstreamReply` it gets back (status and headers first, then the body read whole or relayed
 chunk by chunk). `HttpUpstream` is the real one: one shared, pooled aiohttp session. Tests
 replay canned answers through the same Protocols (`tests/fakes.py`), and litellm routes answer
-with their own `UpstreamReply` (`proxy/providers.py`).
+with their own `UpstreamReply` (`proxy/upstream/litellm.py`).
 
 aiohttp rather than httpx because it measured faster on this exact path: relaying a 170 KB
 chat request to a local upstream, 0.77 ms vs 1.2 ms median at concurrency 1 and 2,550 vs

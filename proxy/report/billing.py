@@ -1,11 +1,11 @@
 """What a request cost, and what it would have cost without ctxbudget, net of cache effects.
 
-The actual cost is the provider's own usage (`proxy/usage.py`) times the model's prices
-(`proxy/price_map.py`), each token class at its price: uncached input, cache reads, cache
+The actual cost is the provider's own usage (`proxy/report/usage.py`) times the model's prices
+(`proxy/report/prices.py`), each token class at its price: uncached input, cache reads, cache
 writes, output.
 
 The cost without ctxbudget starts from the same usage and moves the tokens ctxbudget changed
-(`proxy/sessions.py` `Moved`): each changed block's forwarded tokens come out of the class
+(`proxy/cache/sessions.py` `Moved`): each changed block's forwarded tokens come out of the class
 they were billed in, and the client's own tokens for that block go into the class they would
 have been billed in. A block inside the prefix the client shared with the session's previous
 request would have been a cache read; a new one is billed as a cache write when the reply
@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.price_map import Prices
-from proxy.usage import Usage
+from proxy.report.prices import Prices
+from proxy.report.usage import Usage
 
 
 @dataclass(frozen=True, kw_only=True)

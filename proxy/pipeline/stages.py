@@ -5,7 +5,7 @@
 
 What differs between formats is behind `WireFormat`/`WireRequest` (`proxy/wire/`); the caps
 are pure functions reached through `caps.Clamp`; memory's front door is `memory.recaller`
-(through `proxy/injection.py`, off the event loop); the upstream is an `UpstreamClient`.
+(through `proxy/pipeline/recall.py`, off the event loop); the upstream is an `UpstreamClient`.
 """
 
 from __future__ import annotations
@@ -26,23 +26,23 @@ from starlette.responses import Response, StreamingResponse
 from caps import Segment
 from memory.query import UserTurn
 from memory.recaller import RecallReport
-from proxy import command
-from proxy.auth import owner_for
-from proxy.body import read_body
-from proxy.config import RouteConfig
+from proxy.access.auth import owner_for
+from proxy.cache.sessions import ClientPrefix, PrefixChange, memory_added, session_key
+from proxy.config.schema import RouteConfig
+from proxy.config.settings import Settings
 from proxy.errors import BadRequest, ClampError, UpstreamError
-from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
-from proxy.offload import Offload, OffloadedRequest, OffloadError
-from proxy.price_map import input_price, prices
-from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
+from proxy.pipeline import chat_command as command
+from proxy.pipeline.headers import PREFIX, RequestOptions, budget_headers, money_headers
+from proxy.pipeline.offload import Offload, OffloadedRequest, OffloadError
+from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord, segment_tokens_saved
+from proxy.report.prices import input_price, prices
 from proxy.report.render import render_text
-from proxy.reporting import Reporting
-from proxy.sessions import ClientPrefix, PrefixChange, memory_added, session_key
-from proxy.settings import Settings
+from proxy.report.usage import UsageChunkDropper, UsageReader
+from proxy.routes.report import Reporting
 from proxy.state import ProxyState
-from proxy.upstream import UpstreamReply, redact
-from proxy.usage import UsageChunkDropper, UsageReader
+from proxy.upstream.http import UpstreamReply, redact
+from proxy.wire.body import read_body
 from proxy.wire.types import WireFormat, WireRequest
 
 log = logging.getLogger("ctxbudget.proxy")
@@ -332,7 +332,7 @@ class Pipeline:
             await _maybe_off_loop(large, body.litellm_body) if route is not None else None
         )
         if route is not None and litellm_body is not None:
-            from proxy.providers import litellm_reply
+            from proxy.upstream.litellm import litellm_reply
 
             return await litellm_reply(litellm_body, route, stream=body.stream, env=self.state.env)
         return await self.state.upstream.request(

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from proxy.config import RewriteConfig
-from proxy.providers import import_litellm
+from proxy.config.schema import RewriteConfig
+from proxy.upstream.litellm import import_litellm
 
 log = logging.getLogger("ctxbudget.memory")
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 
 from memory.pg import PgDatabase
-from proxy.config import DatabaseConfig
+from proxy.config.schema import DatabaseConfig
 
 log = logging.getLogger("ctxbudget.database")
 

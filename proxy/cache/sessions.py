@@ -29,9 +29,9 @@ Sessions are kept per worker process, the newest 2,048 (an LRU), each with its p
 request's first 1,024 block digests and its last 8 memory blocks: a session whose requests go
 to different workers of one server is compared within each worker.
 
-A large body (`proxy/offload.py`) is parsed in another process, and its blocks reach this one
-as `Digested` stand-ins: the digest, and the bytes of a small block or the token count of a
-large one. Everything here takes either.
+A large body (`proxy/pipeline/offload.py`) is parsed in another process, and its blocks reach
+this one as `Digested` stand-ins: the digest, and the bytes of a small block or the token count
+of a large one. Everything here takes either.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from memory.monitor import analysis
-from proxy.auth import report_viewer
+from proxy.access.auth import report_viewer
+from proxy.config.settings import Settings
 from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
 from proxy.report.page import render_html
 from proxy.report.render import render_text
 from proxy.report.summary import parse_since
-from proxy.settings import Settings
 from proxy.state import ProxyState
 
 ANALYSIS_DAYS = 7.0

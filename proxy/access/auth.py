@@ -15,8 +15,8 @@ import secrets
 from collections.abc import Mapping
 
 from memory import DEFAULT_OWNER
+from proxy.config.settings import Settings
 from proxy.errors import Forbidden, Unauthorized
-from proxy.settings import Settings
 
 
 def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool = False) -> str:

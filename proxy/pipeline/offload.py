@@ -8,7 +8,7 @@ GIL from start to end. So a body over `LARGE_BODY` goes to one worker process
 turn, clamps, counts the tokens saved, hashes the session prefix's blocks and encodes. The
 event loop gets back what the rest of the pipeline reads — an `OffloadedRequest`: model,
 stream, the user turn, the system text, the segments (without their texts) and their token
-counts, the blocks as `Digested` stand-ins (`proxy/sessions.py`: digests, the bytes of small
+counts, the blocks as `Digested` stand-ins (`proxy/cache/sessions.py`: digests, the bytes of small
 blocks, the token counts of large ones), the short top-level fields, and the clamped bytes —
 and never holds the parsed 30 MB nor hashes it.
 
@@ -49,11 +49,11 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement
 from memory.query import UserTurn
-from proxy.command import find_command
+from proxy.cache.sessions import Block, Digested, PrefixChange, digested, memory_added, serial
+from proxy.config.settings import Settings
 from proxy.errors import CtxBudgetError
+from proxy.pipeline.chat_command import find_command
 from proxy.report import segment_tokens_saved
-from proxy.sessions import Block, Digested, PrefixChange, digested, memory_added, serial
-from proxy.settings import Settings
 from proxy.tokens import TokenCounter, encoding_name, trim_memory
 from proxy.wire.responses import CallNames, OpenAIResponses
 from proxy.wire.types import WireFormat, WireRequest
@@ -191,7 +191,7 @@ class Settled:
 
 
 _BOOT = (
-    "import sys; sys.path[:] = sys.argv[2:]; from proxy.offload import serve; "
+    "import sys; sys.path[:] = sys.argv[2:]; from proxy.pipeline.offload import serve; "
     "serve(int(sys.argv[1]))"
 )
 """The worker's start: the parent's import path, then `serve`."""

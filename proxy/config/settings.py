@@ -16,7 +16,7 @@ from caps import Caps, ToolNames
 from memory import MemoryLimits
 from memory.budget import BudgetProfile
 from memory.recaller import RecallConfig
-from proxy.config import (
+from proxy.config.schema import (
     Config,
     ConfigSource,
     DatabaseConfig,

@@ -1,0 +1,2 @@
+"""Who may call what: proxy keys, the admin key and report viewers (`auth`); the door every
+request passes first (`guard`)."""

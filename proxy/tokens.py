@@ -16,6 +16,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from caps import Segment
+
 _lock = threading.Lock()
 _encodings: dict[str, Any] = {}
 
@@ -127,3 +129,11 @@ class TokenCounter:
             if len(self._cache) > self._max:
                 self._cache.popitem(last=False)
         return n
+
+    def saved(self, segment: Segment, encoding: str) -> int:
+        """Tokens a clamp saved (or would save) on `segment`: before minus after."""
+        if segment.action == "kept" or segment.saved <= 0:
+            return 0
+        return max(
+            0, self.count(segment.original, encoding) - self.count(segment.clamped, encoding)
+        )

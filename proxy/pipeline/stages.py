@@ -1,11 +1,19 @@
-"""The request pipeline: one path for every wire format, read top to bottom in `handle`.
+"""The request pipeline: one path for every wire format, in stages that each own their cleanup.
 
-    authenticate → read and parse → (chat command?) → clamp → recall and inject
-                 → forward → relay → record
+    handle ─► _receive   authenticate, read, parse (here, or a large body in the offload
+              │          process), the litellm route
+              ├► _answer_command   the chat command, answered here: nothing goes upstream
+              ├► _prepare   clamp ─► _recall (session, memory placed again or recalled)
+              │             ─► headers ─► the record's draft (`Recorder`)
+              └► _send      forward ─► _forward (retried without `stream_options` when the
+                            upstream refuses it) ─► relay (SSE) or read whole; a client that
+                            leaves cancels the upstream request
 
-What differs between formats is behind `WireFormat`/`WireRequest` (`proxy/wire/`); the caps
-are pure functions reached through `caps.Clamp`; memory's front door is `memory.recaller`
-(through `proxy/pipeline/recall.py`, off the event loop); the upstream is an `UpstreamClient`.
+What differs between formats is behind `WireFormat`/`WireRequest` (`proxy/wire/`); what
+differs for a large body is behind the offload's own `WireRequest` (`proxy/pipeline/offload.py`):
+no stage asks which it holds. The caps are pure functions reached through `caps.Clamp`;
+memory's front door is `memory.recaller` (through `proxy/pipeline/recall.py`, off the event
+loop); the upstream is an `UpstreamClient`, or litellm for a model in `proxy.routes`.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -27,15 +35,15 @@ from caps import Segment
 from memory.query import UserTurn
 from memory.recaller import RecallReport
 from proxy.access.auth import owner_for
-from proxy.cache.sessions import ClientPrefix, PrefixChange, memory_added, session_key
+from proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
 from proxy.config.schema import RouteConfig
 from proxy.config.settings import Settings
-from proxy.errors import BadRequest, ClampError, UpstreamError
-from proxy.pipeline import chat_command as command
+from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
+from proxy.pipeline.chat_command import CommandMode, find_command
 from proxy.pipeline.headers import PREFIX, RequestOptions, budget_headers, money_headers
-from proxy.pipeline.offload import Offload, OffloadedRequest, OffloadError
+from proxy.pipeline.offload import Offload
 from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
-from proxy.report import RequestRecord, segment_tokens_saved
+from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
 from proxy.report.render import render_text
 from proxy.report.usage import UsageChunkDropper, UsageReader
@@ -48,7 +56,34 @@ from proxy.wire.types import WireFormat, WireRequest
 log = logging.getLogger("ctxbudget.proxy")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-_T = TypeVar("_T")
+
+
+@dataclass(kw_only=True)
+class Call:
+    """One request on its way through the stages."""
+
+    request: Request
+    wire: WireFormat
+    settings: Settings
+    owner: str
+    options: RequestOptions
+    body: WireRequest
+    turn: UserTurn | None
+    route: RouteConfig | None
+    """The litellm route of the request's model, if it has one."""
+    started: float
+    """`perf_counter()` when the request arrived."""
+    marks: dict[str, int]
+    """Wall-clock ns of each phase, for the telemetry spans."""
+    id: str = field(default_factory=lambda: "cb-" + secrets.token_hex(8))
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What `_prepare` made for the request's answer: its headers and its record."""
+
+    headers: dict[str, str]
+    recorder: Recorder
 
 
 class Pipeline:
@@ -72,42 +107,30 @@ class Pipeline:
         return serve
 
     async def handle(self, request: Request, wire: WireFormat) -> Response:
-        started = time.perf_counter()
-        marks = {"start": time.time_ns()}  # phase times for telemetry spans
-        settings = self.state.settings()
+        call = await self._receive(request, wire)
+        if call is None:
+            return Response(status_code=CLIENT_GONE)
+        mode = find_command(call.turn) if wire.generates else None
+        if mode is not None:
+            return await self._answer_command(call, mode)
+        return await self._send(call, await self._prepare(call))
 
-        # authenticate, read and parse
+    # -- stages --------------------------------------------------------------------------
+
+    async def _receive(self, request: Request, wire: WireFormat) -> Call | None:
+        """Authenticate, read and parse; None when the client left while its large body
+        waited for the offload process."""
+        started = time.perf_counter()
+        marks = {"start": time.time_ns()}
+        settings = self.state.settings()
         owner = owner_for(request.headers, settings)
         options = RequestOptions.from_headers(request.headers, default_enabled=settings.enabled)
         raw = await read_body(request, settings.max_body_bytes)
-        # Work that grows with the body runs in another process for a large one, so one 30 MB
-        # request does not stall every other client (a thread would not do: single C calls
-        # over its 30 MB string hold the GIL for tens of ms); small ones skip the hop.
-        large = self.offload.takes(len(raw))
-        if large:
-            # it may wait behind other large bodies: a client that gives up meanwhile costs
-            # no job (a job not yet started is dropped with the cancelled wait)
-            early = _DisconnectWatch(request)
-            try:
-                body, turn = await self.offload.prepare(
-                    wire,
-                    raw,
-                    owner=owner,
-                    clamp=self.state.clamp,
-                    settings=settings,
-                    apply=options.enabled,
-                )
-            except asyncio.CancelledError:
-                if not early.fired():
-                    raise
-                log.info("client disconnected while its large body waited to be parsed")
-                return Response(status_code=CLIENT_GONE)
-            finally:
-                early.stop()
-        else:
-            body, turn = _parse(wire, raw, owner)
+        parsed = await self._parse(request, wire, raw, owner, settings, options.enabled)
+        if parsed is None:
+            return None
+        body, turn = parsed
         marks["parsed"] = time.time_ns()
-        request_id = "cb-" + secrets.token_hex(8)
         route = settings.route_for(body.model)
         if route is not None and wire.name != "chat":
             raise BadRequest(
@@ -115,192 +138,109 @@ class Pipeline:
                 f"ctxbudget serves for chat completions only, not {wire.name}: send this "
                 "model's requests to /v1/chat/completions, or remove its route"
             )
-
-        mode = command.find_command(turn) if wire.generates else None
-        if mode is not None:
-            viewer = owner if settings.proxy_keys else None  # a key sees its own report
-            return await self._answer_command(
-                mode, wire, body, request_id, settings, request, viewer
-            )
-
-        # clamp (a large body was clamped in the offload process: this reads what it found)
-        segments, clamp_error = self._clamp(body, settings, options.enabled)
-        marks["clamped"] = marks["recall_start"] = time.time_ns()
-
-        # recall and inject: memory blocks the session placed before go back where they were
-        # (the cached prefix holds), and recall runs once per user turn
-        memory = await self._memory(request, wire, body, turn, owner, settings, options)
-        recalled = memory.recalled
-        marks["recall_end"] = time.time_ns()
-
-        # forward
-        encoding = settings.encoding_for(body.model)
-        price = input_price(route.model if route else body.model)
-        # Counted here for the x-context-budget-saved-tokens header: ~0.1 ms per 1,000 chars
-        # the first time a text is seen, a cache hit on every later turn that resends it.
-        if isinstance(body, OffloadedRequest):
-            seg_tokens = body.segment_tokens  # counted beside the clamp, in the worker process
-        else:
-            tokens = self.state.tokens
-            seg_tokens = tuple(segment_tokens_saved(tokens, s, encoding) for s in segments)
-        headers = budget_headers(request_id, options.enabled, segments, clamp_error)
-        money_headers(headers, options.enabled, segments, seg_tokens, price)
-        if recalled is not None:
-            headers[f"{PREFIX}-memories"] = str(recalled.injected)
-            headers[f"{PREFIX}-profile"] = recalled.applied
-        elif memory.reused:
-            headers[f"{PREFIX}-memories"] = str(memory.reused)
-        if memory.change is not None:
-            headers[f"{PREFIX}-session"] = memory.change.session
-            if memory.change.bust is not None:
-                headers[f"{PREFIX}-cache-bust"] = memory.change.bust
-        recorder = Recorder(
-            self.state.reports,
-            RequestRecord(
-                id=request_id,
-                ts=0.0,
-                model=body.model,
-                enabled=options.enabled,
-                stream=body.stream,
-                status=0,
-                duration_ms=0.0,
-                segments=segments,
-                encoding=encoding,
-                route=route.model if route else wire.provider,
-                wire=wire.name,
-                clamp_error=clamp_error,
-                segment_tokens=seg_tokens,
-                input_price=price,
-                marks=marks,
-                memory=recalled.to_dict() if recalled is not None else None,
-                worker=os.getpid(),
-                owner=owner,
-                note=body.note,
-                session=memory.change.session if memory.change else None,
-                prefix=memory.change,
-                prices=prices(route.model if route else body.model),
-                memory_texts=memory.texts,
-                memory_reused=memory.reused,
-            ),
+        return Call(
+            request=request,
+            wire=wire,
+            settings=settings,
+            owner=owner,
+            options=options,
+            body=body,
+            turn=turn,
+            route=route,
             started=started,
-            record=wire.generates,
-            usage=UsageReader(wire.name) if wire.generates else None,
+            marks=marks,
         )
-        # A chat stream carries usage only when asked: ask for it, and hide the answer from
-        # a client that did not (litellm routes keep the client's own choice).
-        dropper = None
-        upstream_url = wire.upstream_url(settings, request.url.path, "")
-        if (
-            settings.request_usage
-            and route is None
-            and upstream_url not in self.state.refuses_usage
-            and body.ask_usage()
-        ):
-            dropper = UsageChunkDropper()
-        watcher = wire.watch_reply(body, owner)
-        marks["upstream_start"] = time.time_ns()
-        reply: UpstreamReply | None = None
-        # An abandoned request must not keep the upstream generating tokens for nobody.
-        watch = _DisconnectWatch(request)
-        try:
-            try:
-                try:
-                    reply = await self._forward(request, wire, body, settings, route, large=large)
-                except UpstreamError as exc:
-                    if dropper is None or not _refuses_usage(exc):
-                        raise
-                    # An upstream that does not know stream_options (older OpenAI-compatible
-                    # servers): send the client's request as it was, and stop asking this one.
-                    log.warning(
-                        "%s refused stream_options; usage of its streams stays unknown",
-                        redact(upstream_url),
-                    )
-                    self.state.refuses_usage.add(upstream_url)
-                    body.forget_usage()
-                    dropper = None
-                    reply = await self._forward(request, wire, body, settings, route, large=large)
-            except (UpstreamError, OffloadError) as exc:  # the worker stopped while encoding
-                exc.headers = {**exc.headers, **headers}
-                recorder.finish(exc.status, upstream_error=exc.message)
-                raise
 
-            # relay and record (a stream's relay closes the upstream itself if the client goes)
-            headers = {**reply.headers, **headers}
-            if body.stream:
-                return StreamingResponse(
-                    relay(reply, recorder, wire, watcher, dropper),
-                    status_code=reply.status,
-                    headers=headers,
-                )
-            data = await read_whole(reply, recorder, watcher)
-        except asyncio.CancelledError:
-            if not watch.fired():
-                raise
-            if reply is not None:
-                reply.close()
-            recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
-            return Response(status_code=CLIENT_GONE)
-        finally:
-            watch.stop()
-        if not isinstance(data, bytes):  # too large to hold: passed through as it arrives
-            return StreamingResponse(data, status_code=reply.status, headers=headers)
-        return Response(data, status_code=reply.status, headers=headers)
-
-    # -- stages --------------------------------------------------------------------------
-
-    async def _memory(
+    async def _parse(
         self,
         request: Request,
         wire: WireFormat,
-        body: WireRequest,
-        turn: UserTurn | None,
+        raw: bytes,
         owner: str,
         settings: Settings,
-        options: RequestOptions,
-    ) -> _Memory:
-        """The session's memory blocks placed again where they were, recall for a new user
-        turn, and what the request did to the session's cached prefix."""
-        if not wire.generates:  # token counting: no session, recall as for any request
-            recalled = await self.state.memory.inject(body, turn, owner, settings, options)
-            return _Memory(recalled=recalled)
-        sessions = self.state.sessions
-        # a large body's blocks come hashed from the offload process (`Digested`)
-        prefix = ClientPrefix(body.blocks())
-        session = session_key(request.headers, body.get, body.model, prefix)
-        placed: dict[int, str] = {}
-        if settings.recall.inject and options.memories:
-            placed = sessions.placed_memory(owner, session, prefix)
-        for at, text in placed.items():
-            body.place_memory(at, text)
-        turn_at = _block_of(prefix, turn)
-        recalled = None
-        reused = 0
-        if placed and turn_at is not None and max(placed) >= turn_at:
-            reused = placed[max(placed)].count("\n")  # a line a memory, after the header
-        else:
-            before = body.blocks()
-            recalled = await self.state.memory.inject(body, turn, owner, settings, options)
-            if recalled is not None and not isinstance(body, OffloadedRequest):
-                placed.update(memory_added(before, body.blocks()))
-        if isinstance(body, OffloadedRequest):
-            await body.settle()  # the memory blocks placed in the worker, and hashed there
-            if recalled is not None:
-                placed.update(body.memory_added)
-        change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
-        if isinstance(body, OffloadedRequest):
-            change = body.defer_count(change)  # large moved blocks, counted after forwarding
-        return _Memory(recalled, change, tuple(placed.values()), reused)
+        apply: bool,
+    ) -> tuple[WireRequest, UserTurn | None] | None:
+        """The parsed body and its user turn. Work that grows with the body runs in another
+        process for a large one, so one 30 MB request does not stall every other client (a
+        thread would not do: single C calls over its 30 MB string hold the GIL for tens of
+        ms); small ones skip the hop."""
+        if not self.offload.takes(len(raw)):
+            body = wire.parse(raw, owner=owner)
+            return body, body.user_turn()
+        # it may wait behind other large bodies: a client that gives up meanwhile costs no
+        # job (a job not yet started is dropped with the cancelled wait)
+        early = _DisconnectWatch(request)
+        try:
+            return await self.offload.prepare(
+                wire, raw, owner=owner, clamp=self.state.clamp, settings=settings, apply=apply
+            )
+        except asyncio.CancelledError:
+            if not early.fired():
+                raise
+            log.info("client disconnected while its large body waited to be parsed")
+            return None
+        finally:
+            early.stop()
 
-    def _clamp(
-        self, body: WireRequest, settings: Settings, enabled: bool
-    ) -> tuple[tuple[Segment, ...], str | None]:
+    async def _prepare(self, call: Call) -> Outgoing:
+        """Clamp, recall and inject; the answer's headers and the record's draft."""
+        segments, clamp_error = self._clamp(call)
+        call.marks["clamped"] = call.marks["recall_start"] = time.time_ns()
+        # memory blocks the session placed before go back where they were (the cached prefix
+        # holds), and recall runs once per user turn
+        recall = await self._recall(call)
+        call.marks["recall_end"] = time.time_ns()
+        model = call.route.model if call.route else call.body.model
+        encoding = call.settings.encoding_for(call.body.model)
+        price = input_price(model)
+        # ~0.1 ms per 1,000 chars the first time a text is seen, a cache hit on every later
+        # turn that resends it (a large body's were counted in the offload process)
+        saved = call.body.saved_tokens(segments, self.state.tokens, encoding)
+        headers = budget_headers(call.id, call.options.enabled, segments, clamp_error)
+        money_headers(headers, call.options.enabled, segments, saved, price)
+        recall.headers(headers)
+        draft = RequestRecord(
+            id=call.id,
+            ts=0.0,
+            model=call.body.model,
+            enabled=call.options.enabled,
+            stream=call.body.stream,
+            status=0,
+            duration_ms=0.0,
+            segments=segments,
+            encoding=encoding,
+            route=call.route.model if call.route else call.wire.provider,
+            wire=call.wire.name,
+            clamp_error=clamp_error,
+            segment_tokens=saved,
+            input_price=price,
+            marks=call.marks,
+            worker=os.getpid(),
+            owner=call.owner,
+            note=call.body.note,
+            prices=prices(model),
+            **recall.record_fields(),
+        )
+        recorder = Recorder(
+            self.state.reports,
+            draft,
+            started=call.started,
+            record=call.wire.generates,
+            usage=UsageReader(call.wire.name) if call.wire.generates else None,
+        )
+        return Outgoing(headers, recorder)
+
+    def _clamp(self, call: Call) -> tuple[tuple[Segment, ...], str | None]:
         """Segments found (clamped, kept, or would-clamp with the budget off) and any error.
 
         A clamp that raises forwards the request untouched (fail-open), unless
         `failClosed` is set and the budget is on.
         """
+        settings, enabled = call.settings, call.options.enabled
         try:
-            found = body.clamp(self.state.clamp, settings.caps, settings.tool_names, apply=enabled)
+            found = call.body.clamp(
+                self.state.clamp, settings.caps, settings.tool_names, apply=enabled
+            )
         except Exception as exc:  # a clamp bug must not lose the user's request
             message = f"{exc.__class__.__name__}: {exc}"
             refuse = settings.fail_closed and enabled
@@ -318,51 +258,126 @@ class Pipeline:
             found = [_would(s) for s in found]
         return tuple(found), None
 
-    async def _forward(
-        self,
-        request: Request,
-        wire: WireFormat,
-        body: WireRequest,
-        settings: Settings,
-        route: RouteConfig | None,
-        *,
-        large: bool,
-    ) -> UpstreamReply:
-        litellm_body = (
-            await _maybe_off_loop(large, body.litellm_body) if route is not None else None
-        )
-        if route is not None and litellm_body is not None:
-            from proxy.upstream.litellm import litellm_reply
+    async def _recall(self, call: Call) -> RecallOutcome:
+        """The session's memory blocks placed again where they were, recall for a new user
+        turn, and what the request did to the session's cached prefix."""
+        body, owner, settings, options = call.body, call.owner, call.settings, call.options
+        memory = self.state.memory
+        if not call.wire.generates:  # token counting: no session, recall as for any request
+            return RecallOutcome(await memory.inject(body, call.turn, owner, settings, options))
+        sessions = self.state.sessions
+        prefix = ClientPrefix(body.blocks())  # a large body's blocks come hashed (`Digested`)
+        session = session_key(call.request.headers, body.get, body.model, prefix)
+        placed: dict[int, str] = {}
+        if settings.recall.inject and options.memories:
+            placed = sessions.placed_memory(owner, session, prefix)
+        for at, text in placed.items():
+            body.place_memory(at, text)
+        turn_at = _block_of(prefix, call.turn)
+        recalled = None
+        reused = 0
+        before: list[Block] = []
+        if placed and turn_at is not None and max(placed) >= turn_at:
+            reused = placed[max(placed)].count("\n")  # a line a memory, after the header
+        else:
+            before = body.blocks()
+            recalled = await memory.inject(body, call.turn, owner, settings, options)
+        await body.settle()  # what was placed, applied (a large body's in its worker)
+        if recalled is not None:
+            placed.update(body.memory_added(before))
+        change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
+        return RecallOutcome(recalled, body.defer_count(change), tuple(placed.values()), reused)
 
-            return await litellm_reply(litellm_body, route, stream=body.stream, env=self.state.env)
+    async def _send(self, call: Call, out: Outgoing) -> Response:
+        """Forward, then relay the answer (SSE) or read it whole; an abandoned request must not
+        keep the upstream generating tokens for nobody."""
+        watcher = call.wire.watch_reply(call.body, call.owner)
+        call.marks["upstream_start"] = time.time_ns()
+        reply: UpstreamReply | None = None
+        watch = _DisconnectWatch(call.request)
+        try:
+            reply, dropper = await self._forward(call, out)
+            headers = {**reply.headers, **out.headers}
+            if call.body.stream:
+                # the relay closes the upstream itself if the client goes
+                relayed = relay(reply, out.recorder, call.wire, watcher, dropper)
+                return StreamingResponse(relayed, status_code=reply.status, headers=headers)
+            data = await read_whole(reply, out.recorder, watcher)
+        except asyncio.CancelledError:
+            if not watch.fired():
+                raise
+            if reply is not None:
+                reply.close()
+            out.recorder.finish(CLIENT_GONE, upstream_error="client disconnected before the answer")
+            return Response(status_code=CLIENT_GONE)
+        finally:
+            watch.stop()
+        if not isinstance(data, bytes):  # too large to hold: passed through as it arrives
+            return StreamingResponse(data, status_code=reply.status, headers=headers)
+        return Response(data, status_code=reply.status, headers=headers)
+
+    async def _forward(
+        self, call: Call, out: Outgoing
+    ) -> tuple[UpstreamReply, UsageChunkDropper | None]:
+        """The upstream's reply, and the dropper that hides the usage chunk ctxbudget asked
+        for. A chat stream carries usage only when asked: ask for it (litellm routes keep the
+        client's own choice); an upstream that refuses `stream_options` (older
+        OpenAI-compatible servers) gets the client's request as it was, and is not asked
+        again. An error is recorded with the request's headers."""
+        url = call.wire.upstream_url(call.settings, call.request.url.path, "")
+        asks = (
+            call.settings.request_usage
+            and call.route is None
+            and url not in self.state.refuses_usage
+            and call.body.ask_usage()
+        )
+        try:
+            try:
+                return await self._upstream(call), UsageChunkDropper() if asks else None
+            except UpstreamError as exc:
+                if not asks or not _refuses_usage(exc):
+                    raise
+                log.warning(
+                    "%s refused stream_options; usage of its streams stays unknown", redact(url)
+                )
+                self.state.refuses_usage.add(url)
+                call.body.forget_usage()
+                return await self._upstream(call), None
+        except CtxBudgetError as exc:  # the upstream's, or the offload's while encoding
+            exc.headers = {**exc.headers, **out.headers}
+            out.recorder.finish(exc.status, upstream_error=exc.message)
+            raise
+
+    async def _upstream(self, call: Call) -> UpstreamReply:
+        body, settings = call.body, call.settings
+        if call.route is not None:
+            values = await body.litellm_values()
+            if values is not None:
+                from proxy.upstream.litellm import litellm_reply
+
+                return await litellm_reply(
+                    values, call.route, stream=body.stream, env=self.state.env
+                )
         return await self.state.upstream.request(
             "POST",
-            wire.upstream_url(settings, request.url.path, request.url.query),
-            body=await _maybe_off_loop(large, body.encode),
-            headers=wire.upstream_headers(request.headers, settings),
+            call.wire.upstream_url(settings, call.request.url.path, call.request.url.query),
+            body=await body.upstream_body(),
+            headers=call.wire.upstream_headers(call.request.headers, settings),
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
         )
 
-    async def _answer_command(
-        self,
-        mode: command.CommandMode,
-        wire: WireFormat,
-        body: WireRequest,
-        request_id: str,
-        settings: Settings,
-        request: Request,
-        viewer: str | None,
-    ) -> Response:
-        report = await self.reporting.report(settings, request, owner=viewer)
+    async def _answer_command(self, call: Call, mode: CommandMode) -> Response:
+        viewer = call.owner if call.settings.proxy_keys else None  # a key sees its own report
+        report = await self.reporting.report(call.settings, call.request, owner=viewer)
         text = (
             orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
             if mode == "json"
             else render_text(report)
         )
-        headers = budget_headers(request_id, settings.enabled, (), None)
+        headers = budget_headers(call.id, call.settings.enabled, (), None)
         headers[f"{PREFIX}-command"] = "context-budget"
-        reply = wire.command_reply(text, body, request_id=request_id)
+        reply = call.wire.command_reply(text, call.body, request_id=call.id)
         if isinstance(reply.body, bytes):
             return Response(reply.body, media_type=reply.media_type, headers=headers)
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
@@ -374,8 +389,8 @@ def _refuses_usage(exc: UpstreamError) -> bool:
 
 
 @dataclass(frozen=True)
-class _Memory:
-    """What the memory stage did."""
+class RecallOutcome:
+    """What the recall stage did."""
 
     recalled: RecallReport | None
     change: PrefixChange | None = None
@@ -383,6 +398,28 @@ class _Memory:
     """Every memory block in the request (new or placed again)."""
     reused: int = 0
     """Memories of this user turn placed again (recall already ran for the turn)."""
+
+    def headers(self, headers: dict[str, str]) -> None:
+        """Add the memory and session headers."""
+        if self.recalled is not None:
+            headers[f"{PREFIX}-memories"] = str(self.recalled.injected)
+            headers[f"{PREFIX}-profile"] = self.recalled.applied
+        elif self.reused:
+            headers[f"{PREFIX}-memories"] = str(self.reused)
+        if self.change is not None:
+            headers[f"{PREFIX}-session"] = self.change.session
+            if self.change.bust is not None:
+                headers[f"{PREFIX}-cache-bust"] = self.change.bust
+
+    def record_fields(self) -> dict[str, Any]:
+        """The `RequestRecord` fields this stage fills."""
+        return {
+            "memory": self.recalled.to_dict() if self.recalled is not None else None,
+            "session": self.change.session if self.change else None,
+            "prefix": self.change,
+            "memory_texts": self.texts,
+            "memory_reused": self.reused,
+        }
 
 
 def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
@@ -392,17 +429,6 @@ def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
     return next(
         (i for i, b in enumerate(prefix.blocks) if b.label.endswith(f"[{turn.index}]")), None
     )
-
-
-def _parse(wire: WireFormat, raw: bytes, owner: str) -> tuple[WireRequest, UserTurn | None]:
-    body = wire.parse(raw, owner=owner)
-    return body, body.user_turn()
-
-
-async def _maybe_off_loop(large: bool, work: Callable[..., _T], *args: Any) -> _T:
-    """`work(*args)`, in a worker thread when `large` (an offloaded body's `encode` waits on
-    the worker process)."""
-    return await asyncio.to_thread(work, *args) if large else work(*args)
 
 
 class _DisconnectWatch:

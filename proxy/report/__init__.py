@@ -4,7 +4,7 @@
 JSON and the text, `page` the HTML page; `record` is one request.
 """
 
-from proxy.report.record import RequestRecord, describe, segment_tokens_saved, usd
+from proxy.report.record import RequestRecord, describe, usd
 from proxy.report.render import build_report, money, render_text
 from proxy.report.store import SCHEMA_VERSION, ReportStore, Sink, open_db, start_run
 from proxy.report.summary import read_summary
@@ -20,7 +20,6 @@ __all__ = [
     "open_db",
     "read_summary",
     "render_text",
-    "segment_tokens_saved",
     "start_run",
     "usd",
 ]

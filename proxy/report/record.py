@@ -76,15 +76,6 @@ class RequestRecord:
     """Memories placed again from an earlier request of the session (recall did not run)."""
 
 
-def segment_tokens_saved(tokens: TokenCounter, segment: Segment, encoding: str) -> int:
-    """Tokens a clamp saved (or would save) on `segment`: before minus after."""
-    if segment.action == "kept" or segment.saved <= 0:
-        return 0
-    return max(
-        0, tokens.count(segment.original, encoding) - tokens.count(segment.clamped, encoding)
-    )
-
-
 def usd(tokens: int, price: float | None) -> float | None:
     """`tokens` of input at `price` USD per token (unrounded: sums stay exact to display)."""
     return None if price is None else tokens * price
@@ -97,7 +88,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         if i < len(r.segment_tokens):
             saved_tokens = r.segment_tokens[i]
         else:
-            saved_tokens = segment_tokens_saved(tokens, s, r.encoding)
+            saved_tokens = tokens.saved(s, r.encoding)
         segments.append(
             {
                 "kind": s.kind,

@@ -22,13 +22,13 @@ from proxy.config.settings import Settings
 from proxy.errors import CtxBudgetError
 from proxy.upstream.http import forward_request_headers
 from proxy.wire.body import ChatBody, parse_chat_body
-from proxy.wire.types import Reply, WireRequest
+from proxy.wire.types import InProcessRequest, Reply, WireRequest
 from proxy.wire.view import paired, with_text
 
 _SYSTEM_ROLES = ("system", "developer")
 
 
-class ChatCompletionsRequest:
+class ChatCompletionsRequest(InProcessRequest):
     """A parsed chat completions request (`WireRequest`)."""
 
     def __init__(self, body: ChatBody) -> None:

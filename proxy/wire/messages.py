@@ -29,7 +29,7 @@ from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.upstream.http import forward_request_headers
 from proxy.wire.body import JsonBody, check_model, parse_object, type_name
-from proxy.wire.types import Reply, WireRequest
+from proxy.wire.types import InProcessRequest, Reply, WireRequest
 from proxy.wire.view import ChatView, arguments_json, paired, set_item, set_part, with_text
 
 _EXAMPLE = '{"model": ..., "max_tokens": ..., "messages": [...]}'
@@ -44,7 +44,7 @@ _ERROR_TYPES = {
 }
 
 
-class MessagesRequest:
+class MessagesRequest(InProcessRequest):
     """A parsed Messages request (`WireRequest`)."""
 
     def __init__(self, body: JsonBody, messages: list[Any], system: Any, *, counting: bool):

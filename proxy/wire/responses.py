@@ -37,7 +37,7 @@ from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError
 from proxy.wire.body import JsonBody, check_model, parse_object, type_name
 from proxy.wire.chat import openai_headers
-from proxy.wire.types import Reply, WireRequest
+from proxy.wire.types import InProcessRequest, Reply, WireRequest
 from proxy.wire.view import ChatView, paired, set_item, set_part, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
@@ -69,7 +69,7 @@ class CallNames:
         return len(self._calls)
 
 
-class ResponsesRequest:
+class ResponsesRequest(InProcessRequest):
     """A parsed Responses request (`WireRequest`)."""
 
     def __init__(self, body: JsonBody, owner: str, names: CallNames) -> None:

@@ -22,9 +22,10 @@ from typing import Any, Protocol
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement
 from memory.query import UserTurn
-from proxy.cache.sessions import Block
+from proxy.cache.sessions import Block, PrefixChange, memory_added
 from proxy.config.settings import Settings
 from proxy.errors import CtxBudgetError
+from proxy.tokens import TokenCounter
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,75 @@ class WireRequest(Protocol):
     def litellm_body(self) -> dict[str, Any] | None:
         """The request as OpenAI chat values for a litellm route; None if the format has none."""
         ...
+
+    # What the pipeline asks of every request beside the above. A request parsed here answers
+    # at once (`InProcessRequest`); the offload process's stand-in for a large body
+    # (`proxy/pipeline/offload.py`) answers from its worker, so the pipeline never asks which
+    # of the two it holds.
+
+    def saved_tokens(
+        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str
+    ) -> tuple[int, ...]:
+        """Tokens each of `segments` (what `clamp` returned) saved, in `encoding`."""
+        ...
+
+    async def settle(self) -> None:
+        """Apply what `place_memory` and `inject` recorded, so `blocks()` shows it."""
+        ...
+
+    def memory_added(self, before: Sequence[Block]) -> dict[int, str]:
+        """The memory block `inject` added since `before` (the blocks then), by block index,
+        with its text; {} when it added none. Read after `settle`."""
+        ...
+
+    def defer_count(self, change: PrefixChange) -> PrefixChange:
+        """`change` as the report will price it (the offload counts large moved blocks after
+        the body went upstream)."""
+        ...
+
+    async def upstream_body(self) -> bytes:
+        """`encode()`, without blocking the event loop."""
+        ...
+
+    async def litellm_values(self) -> dict[str, Any] | None:
+        """`litellm_body()`, without blocking the event loop."""
+        ...
+
+
+class InProcessRequest:
+    """The pipeline's hooks for a request parsed in this process: each is immediate.
+
+    Subclasses implement the rest of `WireRequest`.
+    """
+
+    def blocks(self) -> list[Block]:
+        raise NotImplementedError
+
+    def encode(self) -> bytes:
+        raise NotImplementedError
+
+    def litellm_body(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def saved_tokens(
+        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str
+    ) -> tuple[int, ...]:
+        return tuple(tokens.saved(s, encoding) for s in segments)
+
+    async def settle(self) -> None:
+        return None
+
+    def memory_added(self, before: Sequence[Block]) -> dict[int, str]:
+        return memory_added(before, self.blocks())
+
+    def defer_count(self, change: PrefixChange) -> PrefixChange:
+        return change
+
+    async def upstream_body(self) -> bytes:
+        return self.encode()
+
+    async def litellm_values(self) -> dict[str, Any] | None:
+        return self.litellm_body()
 
 
 class ReplyWatcher(Protocol):

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-import proxy.pipeline.offload
+import proxy.pipeline.jobs
+import proxy.pipeline.worker
 from proxy.app import create_app
 from proxy.cache.sessions import PrefixChange
 from proxy.config.schema import ConfigSource
@@ -31,7 +32,7 @@ from tests.proxy.test_offload import _proxy
 def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(proxy.pipeline.offload, "JOB_SECONDS", 2.0)
+    monkeypatch.setattr(proxy.pipeline.worker, "JOB_SECONDS", 2.0)
     offload = Offload(threshold=0)
     with _proxy(tmp_path, config_for(tmp_path), offload) as (client, fake):
         first = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
@@ -56,7 +57,7 @@ def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
 def test_too_many_large_bodies_waiting_get_a_503_to_retry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(proxy.pipeline.offload, "MAX_WAITING", 0)  # as if the queue were full
+    monkeypatch.setattr(proxy.pipeline.worker, "MAX_WAITING", 0)  # as if the queue were full
     with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
         r = client.post("/v1/messages", json=_messages_request())
     assert r.status_code == 503
@@ -142,8 +143,8 @@ def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
     real = Offload.call
 
     def dies_on_encode(self: Offload, work: Any, *args: Any, **kwargs: Any) -> Any:
-        if work is proxy.pipeline.offload._finish:  # the second trip, after the recorder exists
-            raise proxy.pipeline.offload.OffloadError("the worker process exited (EOFError())")
+        if work is proxy.pipeline.jobs.finish:  # the second trip, after the recorder exists
+            raise proxy.pipeline.worker.OffloadError("the worker process exited (EOFError())")
         return real(self, work, *args, **kwargs)
 
     monkeypatch.setattr(Offload, "call", dies_on_encode)
@@ -187,7 +188,7 @@ def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) 
 def test_a_body_that_waits_too_long_for_the_worker_gets_a_503(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(proxy.pipeline.offload, "WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(proxy.pipeline.worker, "WAIT_SECONDS", 0.5)
     offload = Offload(threshold=0)
     with _proxy(tmp_path, config_for(tmp_path), offload) as (client, fake):
         offload._lock.acquire()  # another body holds the worker

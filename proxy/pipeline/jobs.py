@@ -1,0 +1,245 @@
+"""The jobs a large body takes to the worker process (`proxy/pipeline/worker.py`), and what
+crosses the pipe for them: `prepare` (parse, find the user turn, clamp, count, digest the
+blocks, encode), `finish` (apply the memory blocks and `stream_options` recorded since, and
+encode again) and `count` (the tokens of large moved blocks, after the body went upstream).
+Each runs in the worker, by reference: module-level functions of plain dataclasses.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+import orjson
+
+from caps import Caps, Clamp, Segment, ToolNames
+from memory.query import UserTurn
+from proxy.cache.sessions import Block, Digested, digested, memory_added, serial
+from proxy.pipeline.chat_command import find_command
+from proxy.pipeline.worker import ask, portable
+from proxy.tokens import TokenCounter, encoding_name
+from proxy.wire.responses import CallNames, OpenAIResponses
+from proxy.wire.types import WireFormat, WireRequest
+
+_EMPTY = {ord("["): b"[]", ord("{"): b"{}", ord('"'): b'""'}
+SMALL_FIELD = 1 << 16
+"""Top-level fields up to this many bytes come back to the event loop (`get`); a chat
+command's copy of a large body keeps its values up to this size."""
+
+
+Change = tuple[str, Any, Any]
+"""A recorded change: `("place", block index, text)` or `("inject", lines, placement)`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareJob:
+    wire: WireFormat | None
+    """The format; None for OpenAI Responses, whose call names stay in this process."""
+    owner: str
+    clamp: Clamp
+    caps: Caps
+    tools: ToolNames
+    apply: bool
+    encoding: str
+    """The default tiktoken encoding (`Settings.default_encoding`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What the worker found in a large body: all the event loop keeps of it (beside the
+    clamped bytes, sent back apart)."""
+
+    model: str | None = None
+    stream: bool = False
+    note: str | None = None
+    turn: UserTurn | None = None
+    system_text: str = ""
+    segments: tuple[Segment, ...] = ()
+    """As the clamp returned them, without their texts (`original`, `clamped`)."""
+    segment_tokens: tuple[int, ...] = ()
+    failure: tuple[BaseException, str] | None = None
+    """The exception the clamp raised, and its traceback there."""
+    asks_usage: bool = False
+    """What `ask_usage()` would answer."""
+    encoding: str = ""
+    """The request's tiktoken encoding (large blocks' tokens are counted in it)."""
+    blocks: tuple[Block, ...] = ()
+    """The cached prefix (`WireRequest.blocks()`) after the clamp, values as `Digested`."""
+    fields: dict[str, Any] | None = None
+    """Top-level fields of at most `SMALL_FIELD` bytes, as `get` reads them."""
+    skeleton: bytes | None = None
+    """For a chat command: the body with its large values emptied."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinishJob:
+    wire: WireFormat | None
+    owner: str
+    changes: tuple[Change, ...]
+    ask_usage: bool = False
+    litellm: bool = False
+    blocks: bool = False
+    """Send back the blocks the changes touched, digested (`settle`)."""
+    encoding: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountJob:
+    wire: WireFormat | None
+    owner: str
+    labels: frozenset[str]
+    encoding: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settled:
+    """What `_finish` found when asked for blocks: each block as forwarded now (None: as it
+    was before the changes), and the memory block `inject` added."""
+
+    blocks: tuple[Digested | None, ...]
+    added: dict[int, str]
+
+
+# -- the jobs, run in the worker ---------------------------------------------------------------
+
+
+class _Names(CallNames):
+    """Call names looked up in the parent process's `CallNames`."""
+
+    def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
+        found = ask(call_id)
+        return None if found is None else (found[0], found[1])
+
+
+@functools.cache
+def _tokens() -> TokenCounter:
+    return TokenCounter()
+
+
+def _wire(wire: WireFormat | None) -> WireFormat:
+    return wire if wire is not None else OpenAIResponses(_Names())
+
+
+def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
+    wire = _wire(job.wire)
+    request = wire.parse(raw, owner=job.owner)
+    turn = request.user_turn()
+    if wire.generates and find_command(turn) is not None:
+        found = Prepared(model=request.model, stream=request.stream, turn=turn)
+        return replace(found, skeleton=_skeleton(raw)), None
+    failure = None
+    segments: tuple[Segment, ...] = ()
+    try:
+        segments = tuple(request.clamp(job.clamp, job.caps, job.tools, apply=job.apply))
+    except Exception as exc:  # the pipeline decides between fail-open and closed
+        failure = (portable(exc), traceback.format_exc())
+    encoding = encoding_name(request.model, job.encoding)
+    encoded = request.encode() if request.changed else None
+    found = Prepared(
+        model=request.model,
+        stream=request.stream,
+        note=request.note,
+        turn=turn,
+        system_text=request.system_text(),
+        segments=tuple(replace(s, original="", clamped="") for s in segments),
+        segment_tokens=tuple(_tokens().saved(s, encoding) for s in segments),
+        failure=failure,
+        encoding=encoding,
+        # token counting has no session: no blocks to hash
+        blocks=_digested_blocks(request.blocks(), encoding) if wire.generates else (),
+        fields=_small_fields(request, raw),
+        asks_usage=request.ask_usage(),  # asked after encoding: only the answer is kept
+    )
+    return found, encoded
+
+
+def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...]:
+    """`blocks` with `Digested` values; the first after `tools` keeps its stable text. A
+    large block as forwarded is counted here (the clamp made it: rare), one as the client sent
+    it only if the session stage finds it moved, while the request goes on
+    (`OffloadedRequest.defer_count`)."""
+
+    def count(text: str) -> int:
+        return _tokens().count(text, encoding)
+
+    out = []
+    stable = True
+    for b in blocks:
+        first = stable and b.label != "tools"
+        stable = stable and not first
+        client = digested(b.client, stable=first)
+        forwarded = client if b.forwarded is b.client else digested(b.forwarded, count)
+        out.append(Block(b.label, client, forwarded))
+    return tuple(out)
+
+
+def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
+    """The tokens of the client's blocks `job.labels` of `raw`."""
+    request = _wire(job.wire).parse(raw, owner=job.owner)
+    return {
+        b.label: _tokens().count(serial(b.client).decode(errors="replace"), job.encoding)
+        for b in request.blocks()
+        if b.label in job.labels
+    }, None
+
+
+def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
+    request = _wire(job.wire).parse(body, owner=job.owner)
+    start = request.blocks() if job.blocks else []
+    before = start
+    for kind, first, second in job.changes:
+        if kind == "place":
+            request.place_memory(first, second)
+        else:
+            if job.blocks and before is start:
+                before = request.blocks()
+            request.inject(first, second)
+    if job.ask_usage:
+        request.ask_usage()
+    if job.litellm:
+        return request.litellm_body(), None
+    encoded = request.encode()
+    if not job.blocks:
+        return None, encoded
+
+    def count(text: str) -> int:
+        return _tokens().count(text, job.encoding)
+
+    after = request.blocks()
+    added = memory_added(before, after) if before is not start else {}
+    if len(after) != len(start):
+        after = start  # no change adds blocks; be safe if one does
+    blocks = tuple(
+        None if new.forwarded is old.forwarded else digested(new.forwarded, count)
+        for old, new in zip(start, after, strict=True)
+    )
+    return Settled(blocks=blocks, added=added), encoded
+
+
+def _small_fields(request: WireRequest, raw: bytes) -> dict[str, Any]:
+    """The top-level fields of at most `SMALL_FIELD` bytes, as `request.get` reads them."""
+    try:
+        fields = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
+    except msgspec.MsgspecError:
+        return {}
+    return {key: request.get(key) for key, value in fields.items() if len(value) <= SMALL_FIELD}
+
+
+def _skeleton(raw: bytes) -> bytes | None:
+    """`raw` with each top-level value over `SMALL_FIELD` bytes emptied, or None when it
+    is not a plain JSON object."""
+    try:
+        fields = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
+    except msgspec.MsgspecError:
+        return None
+    parts = []
+    for key, value in fields.items():
+        data = bytes(value) if len(value) <= SMALL_FIELD else _EMPTY.get(memoryview(value)[0])
+        if data is None:
+            return None
+        parts.append(orjson.dumps(key) + b":" + data)
+    return b"{" + b",".join(parts) + b"}"

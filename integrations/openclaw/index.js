@@ -2,9 +2,14 @@
 // ctxbudget proxy's report (GET <proxyUrl>/context/budget), in every chat surface that goes
 // through the gateway (Control UI, `openclaw tui`, channels).
 //
-// `context` is a reserved command name, so `/context budget` is caught by a `before_dispatch`
+// `context` is a reserved command name, so `/context budget` is caught by a `reply_dispatch`
 // hook, which runs before OpenClaw's own `/context` handler; every other message (plain
-// `/context` included) is left alone. No dependencies: Node built-ins and `fetch`.
+// `/context` included) is left alone. Both spellings answer only senders OpenClaw authorizes
+// for commands: OpenClaw checks /ctxbudget itself, and the hook asks OpenClaw's own
+// `resolveCommandAuthorization` about the same message context. No npm dependencies: Node
+// built-ins, `fetch`, and the `openclaw/plugin-sdk` that the gateway provides to plugins.
+
+import { resolveCommandAuthorization } from "openclaw/plugin-sdk/command-auth-native";
 
 export const DEFAULT_PROXY_URL = "http://127.0.0.1:4141";
 export const DEFAULT_TIMEOUT_MS = 3000;
@@ -97,6 +102,9 @@ function refused(base, status, body, config) {
 }
 
 const USAGE = "Usage: /ctxbudget [json] (or /context budget [json])";
+// What OpenClaw 2026.9.6 answers an unauthorized sender of a plugin command such as
+// /ctxbudget (its executeRegisteredPluginCommand), so that both spellings answer alike.
+const NOT_AUTHORIZED = "⚠️ This command requires authorization.";
 const NOT_KEPT =
   "OpenClaw shows this reply but does not keep it in the chat history, because this chat " +
   "has no session yet; /ctxbudget is kept, and /context budget is once the chat has had " +
@@ -116,6 +124,44 @@ function hasSession(api, sessionKey) {
   }
 }
 
+/** The message's text as OpenClaw's message hooks read it (`content` of before_dispatch). */
+function messageText(inbound) {
+  for (const text of [inbound.BodyForCommands, inbound.RawBody, inbound.Body]) {
+    if (typeof text === "string" && text.trim()) return text;
+  }
+  return "";
+}
+
+/** Whether OpenClaw lets this message's sender run /ctxbudget: the `isAuthorizedSender` that
+ * OpenClaw's command context gets from the same call on the same inputs (commands.allowFrom,
+ * the channel's allowlists and pairing, owner-only channels, gateway identities). */
+function isAuthorizedSender(inbound, cfg) {
+  try {
+    const commandAuthorized = inbound.CommandAuthorized === true;
+    return resolveCommandAuthorization({ ctx: inbound, cfg, commandAuthorized })
+      .isAuthorizedSender === true;
+  } catch {
+    return false; // cannot tell: no report
+  }
+}
+
+/** The reply to `/context budget [json]` in `inbound` (a finalized message context), or null
+ * when the message is not that command and stays OpenClaw's. */
+async function contextBudgetReply(api, config, inbound, cfg) {
+  // chat.send with command interpretation off: the text goes to the model, as /ctxbudget would
+  if (inbound.CommandInterpretationSuppressed === true) return null;
+  const mode = contextBudgetMode(messageText(inbound));
+  if (!mode) return null;
+  if (!isAuthorizedSender(inbound, cfg)) return NOT_AUTHORIZED;
+  const text = await report(mode, config);
+  if (hasSession(api, inbound.SessionKey)) return text;
+  // OpenClaw 2026.9 keeps this reply in chat.history only once the session exists (a
+  // registered command or a model turn creates it): say so, rather than let the report vanish
+  // on reload unexplained. JSON stays bare, for scripts.
+  api.logger.info(`ctxbudget: ${inbound.SessionKey} has no session yet: ${NOT_KEPT}`);
+  return mode === "json" ? text : `${text}\n\n(${NOT_KEPT})`;
+}
+
 export default {
   id: "ctxbudget",
   name: "ctxbudget",
@@ -127,24 +173,26 @@ export default {
       name: "ctxbudget",
       description: "What ctxbudget clamped and saved (add json for the raw report)",
       acceptsArgs: true,
+      // requireAuth (the default): OpenClaw runs it only for authorized senders
       handler: async (ctx) => {
         const mode = ctxbudgetMode(ctx.args);
         return { text: mode ? await report(mode, config) : USAGE };
       },
     });
 
-    // A before_dispatch hook sees every inbound message; without it only /ctxbudget works.
+    // reply_dispatch sees every inbound message with its full context (the sender's command
+    // authorization included, which before_dispatch does not carry); without it only
+    // /ctxbudget works.
     if (config.contextBudgetCommand === false) return;
-    api.on("before_dispatch", async (event) => {
-      const mode = contextBudgetMode(event.content);
-      if (!mode) return undefined;
-      const text = await report(mode, config);
-      if (hasSession(api, event.sessionKey)) return { handled: true, text };
-      // OpenClaw 2026.9 keeps a before_dispatch reply in chat.history only once the session
-      // exists (a registered command or a model turn creates it): say so, rather than let the
-      // report vanish on reload unexplained. JSON stays bare, for scripts.
-      api.logger.info(`ctxbudget: ${event.sessionKey} has no session yet: ${NOT_KEPT}`);
-      return { handled: true, text: mode === "json" ? text : `${text}\n\n(${NOT_KEPT})` };
+    api.on("reply_dispatch", async (event, ctx) => {
+      if (event.isTailDispatch) return undefined; // an ACP reset's second pass: already seen
+      const text = await contextBudgetReply(api, config, event.ctx, ctx.cfg);
+      if (text === null) return undefined;
+      const deliver = !event.suppressUserDelivery && event.sendPolicy !== "deny";
+      const queuedFinal = deliver ? ctx.dispatcher.sendFinalReply({ text }) : false;
+      ctx.recordProcessed("completed", { reason: "ctxbudget_context_budget" });
+      ctx.markIdle("message_completed");
+      return { handled: true, queuedFinal, counts: ctx.dispatcher.getQueuedCounts() };
     });
   },
 };

@@ -4,7 +4,8 @@ One `openclaw gateway run` for the module, with the plugin linked from the repo 
 documented `openclaw plugins install --link` (which sets `plugins.load.paths`), its model
 pointed at the real proxy, and the proxy in front of the stand-in. Messages go in through
 `openclaw gateway call chat.send`, as the Control UI and `openclaw tui` send them, and come
-back through `chat.history`.
+back through `chat.history`; and through OpenClaw's own telegram channel, pointed at a stand-in
+Bot API (tests/e2e/telegram.py), from a group chat and a direct chat.
 
 The plugin reads the report through a relay on 127.0.0.1 that forwards to the proxy and can be
 switched off (connection refused), made to hang, or made to drop the plugin's key, so that one
@@ -23,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,6 +34,7 @@ import httpx
 import pytest
 
 from tests.e2e.server import ProxyServer, free_port, serve, standin_config
+from tests.e2e.telegram import TOKEN, FakeTelegram
 from tests.e2e.test_agents import _describe, _env, _openclaw_model, _run
 from tests.standin import StandIn
 
@@ -43,6 +46,15 @@ KEYS = "CTXBUDGET_PROXY_KEYS"  # the proxy's keysEnv (the default)
 TIMEOUT_MS = 1500
 REPORT_START = "📉 Context budget: ON"
 NOT_KEPT = "does not keep it in the chat history"
+HANDLED = "reason=ctxbudget_context_budget"  # the plugin answered /context budget
+# OpenClaw's refusal of a plugin command to a sender it does not authorize (both spellings),
+# and the one its telegram channel gives a native /ctxbudget (a message starting with it)
+NOT_AUTHORIZED = "⚠️ This command requires authorization."
+TELEGRAM_NOT_AUTHORIZED = "You are not authorized to use this command."
+# Telegram: anyone may write to the bot, in the group and directly; only OWNER may run
+# commands (commands.allowFrom); MEMBER is in the group with OWNER.
+OWNER, MEMBER, GROUP = 1111, 2222, -1001234
+DROPPED = f"telegram: drop control command (unauthorized) target={MEMBER}"
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +194,35 @@ class Gateway:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_log(self, line: str, count: int, timeout: float = 60) -> None:
+        """Until the log holds `line` `count` times."""
+        deadline = time.monotonic() + timeout
+        while self.log().count(line) < count:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{line!r} not logged {count} times:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+
+    @contextmanager
+    def commands_config(self, commands: dict[str, Any]) -> Iterator[None]:
+        """The gateway runs with `commands` as its config's `commands` (OpenClaw reloads it
+        without a restart) inside the block, and with the old one again after it."""
+        config_path = Path(self.env["OPENCLAW_CONFIG_PATH"])
+        before = json.loads(config_path.read_text())["commands"]
+        try:
+            self._reload(config_path, commands)
+            yield
+        finally:
+            self._reload(config_path, before)
+
+    def _reload(self, config_path: Path, commands: dict[str, Any]) -> None:
+        applied = self.log().count(RELOADED)
+        config = json.loads(config_path.read_text())
+        config_path.write_text(json.dumps({**config, "commands": commands}))
+        self.wait_log(RELOADED, applied + 1)
+
+
+RELOADED = "[reload] config hot reload applied"
+
 
 def _text(content: Any) -> str:
     if isinstance(content, str):
@@ -215,11 +256,20 @@ def report_relay(relay: Relay) -> Relay:
 
 
 @pytest.fixture(scope="module")
+def telegram() -> Iterator[FakeTelegram]:
+    fake = FakeTelegram()
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
 def gateway(
     tmp_path_factory: pytest.TempPathFactory,
     openclaw: dict[str, str],
     proxy: ProxyServer,
     relay: Relay,
+    telegram: FakeTelegram,
 ) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("openclaw")
     ws, home = tmp / "ws", tmp / "home"
@@ -241,6 +291,20 @@ def gateway(
         "memory": {"search": {"provider": "none"}},
         "logging": {"file": str(tmp / "openclaw.log")},
         "plugins": {"entries": {"ctxbudget": {"config": plugin}}},
+        # Commands on Telegram: OWNER only. The gateway's own clients (chat.send) are not
+        # restricted: the allowlist has no "*" entry.
+        "commands": {"allowFrom": {"telegram": [str(OWNER)]}},
+        "channels": {
+            "telegram": {
+                "enabled": True,
+                "botToken": TOKEN,
+                "apiRoot": telegram.api_root,
+                "dmPolicy": "open",
+                "allowFrom": ["*"],
+                "groupPolicy": "open",
+                "groups": {str(GROUP): {"requireMention": False}},
+            }
+        },
     }
     config_path = tmp / "openclaw.json"
     config_path.write_text(json.dumps(config))
@@ -339,7 +403,7 @@ def test_context_budget_is_answered_by_the_plugin(
     gateway.send("ctx", "/ctxbudget")  # the session exists before /context budget
     for message in ("/context budget", "/Context  BUDGET json"):
         line = gateway.send("ctx", message)
-        assert "reason=before_dispatch_handled" in line, line
+        assert HANDLED in line, line
     history = gateway.history("ctx")
 
     assert history[2:] == [
@@ -380,7 +444,7 @@ def test_other_messages_stay_openclaws(
     # Plain /context, and /context with another mode, are OpenClaw's own: nothing upstream.
     for message in ("/context", "/context budget please"):
         line = gateway.send("plain", message)
-        assert "before_dispatch_handled" not in line, line
+        assert HANDLED not in line, line
     assert len(standin.received) == 1
     assert report_relay.asked == []
 
@@ -425,14 +489,68 @@ def test_a_proxy_that_fails_gets_a_clear_reply(
 def test_first_message_of_a_new_session(
     gateway: Gateway, standin: StandIn, report_relay: Relay
 ) -> None:
-    """OpenClaw 2026.9.6 delivers a before_dispatch reply live but keeps it in chat.history
+    """OpenClaw 2026.9.6 delivers the hook's reply live but keeps it in chat.history
     only once the session exists (test_context_budget_is_answered_by_the_plugin: then it is).
     The plugin answers anyway, says so in the reply, and logs it; docs/openclaw.md documents
     it. If this starts failing, OpenClaw keeps the reply now: drop the note from the plugin
     and the docs."""
     line = gateway.send("fresh", "/context budget")
-    assert "reason=before_dispatch_handled" in line, line
+    assert HANDLED in line, line
     assert [path for path, _ in report_relay.asked] == ["/context/budget?format=text"]
     assert standin.received == []
     assert "agent:main:fresh has no session yet" in gateway.log()
     assert gateway.history("fresh") == []
+
+
+def test_a_sender_openclaw_does_not_authorize_gets_no_report(
+    gateway: Gateway, standin: StandIn, report_relay: Relay
+) -> None:
+    """commands.allowFrom decides who may run commands; a gateway client not on it (the CLI's
+    `cli` here) gets OpenClaw's refusal for /ctxbudget, and the plugin gives the same one for
+    /context budget: no report, nothing asked of the proxy."""
+    gateway.send("auth", "/ctxbudget")
+    with gateway.commands_config({"allowFrom": {"*": ["someone-else"]}}):
+        for message in ("/ctxbudget", "/context budget", "/context budget json"):
+            gateway.send("auth", message)
+    gateway.send("auth", "/context budget")  # allowed again
+    replies = [text for role, text in gateway.history("auth") if role == "assistant"]
+
+    assert replies[0].startswith(REPORT_START)
+    assert replies[1:4] == [NOT_AUTHORIZED] * 3
+    assert replies[4].startswith(REPORT_START)
+    assert len(report_relay.asked) == 2  # the two allowed ones
+    assert standin.received == []
+
+
+def test_telegram_only_senders_allowed_commands_get_the_report(
+    gateway: Gateway, telegram: FakeTelegram, report_relay: Relay
+) -> None:
+    """Through OpenClaw's telegram channel: OWNER (in commands.allowFrom) gets the report in
+    the group; MEMBER, whom the bot answers in the group and directly but who may not run
+    commands, never does, with either spelling."""
+    telegram.wait_polling()
+    for count, message in enumerate(("/ctxbudget", "/context budget"), 1):
+        telegram.post(GROUP, OWNER, message)
+        telegram.wait_sent(GROUP, count)
+    # In a group OpenClaw drops an unauthorized /context … itself: the plugin never sees it.
+    dropped = gateway.log().count(DROPPED)
+    telegram.post(GROUP, MEMBER, "/context budget")
+    gateway.wait_log(DROPPED, dropped + 1)
+    telegram.post(GROUP, MEMBER, "/ctxbudget")
+    group = telegram.wait_sent(GROUP, 3)
+    # In a direct chat it reaches the plugin, which asks OpenClaw and refuses.
+    telegram.post(MEMBER, MEMBER, "/context budget")
+    telegram.wait_sent(MEMBER, 1)
+    telegram.post(MEMBER, MEMBER, "/context budget json")
+    telegram.wait_sent(MEMBER, 2)
+    telegram.post(MEMBER, MEMBER, "/ctxbudget")
+    direct = telegram.wait_sent(MEMBER, 3)
+    telegram.post(GROUP, OWNER, "/context budget")  # answered after all of the above
+    group_after = telegram.wait_sent(GROUP, 4)
+
+    assert group[0].startswith(REPORT_START), group
+    assert group[1].startswith(REPORT_START), group
+    assert group[2:] == [TELEGRAM_NOT_AUTHORIZED]
+    assert direct == [NOT_AUTHORIZED, NOT_AUTHORIZED, TELEGRAM_NOT_AUTHORIZED]
+    assert group_after[3].startswith(REPORT_START), group_after
+    assert len(report_relay.asked) == 3  # the owner's three: none for MEMBER

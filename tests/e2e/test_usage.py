@@ -73,11 +73,18 @@ def test_messages_usage_with_cache_reads_and_writes(server: ProxyServer) -> None
     with anthropic.Anthropic(
         base_url=server.root, api_key="sk-ant-client", max_retries=0
     ) as client:
-        usage = messages_usage(server, client)
-    assert usage.cache_read_input_tokens  # the prefix was cached by the first request
+        first, *later = messages_usage(server, client)
+    # the first request writes the cached system prompt; the next two read all of it
+    assert first.cache_creation_input_tokens > 1000 and not first.cache_read_input_tokens
+    for usage in later:
+        assert usage.cache_read_input_tokens == first.cache_creation_input_tokens
+        assert not usage.cache_creation_input_tokens
+        assert usage.input_tokens == first.input_tokens
 
 
-def messages_usage(server: ProxyServer, client: anthropic.Anthropic) -> Any:
+def messages_usage(server: ProxyServer, client: anthropic.Anthropic) -> list[Any]:
+    """The usage of one JSON request and two streamed ones of the same cached prompt, each
+    checked against what the report recorded."""
     body: dict[str, Any] = {
         "model": "claude-test",
         "max_tokens": 64,
@@ -86,6 +93,7 @@ def messages_usage(server: ProxyServer, client: anthropic.Anthropic) -> Any:
         ],
         "messages": [{"role": "user", "content": "hello"}],
     }
+    usages = []
     for stream in (False, True, True):
         if stream:
             with client.messages.stream(**body) as s:
@@ -98,7 +106,8 @@ def messages_usage(server: ProxyServer, client: anthropic.Anthropic) -> Any:
             "cacheWrite": usage.cache_creation_input_tokens or 0,
             "output": usage.output_tokens,
         }
-    return usage
+        usages.append(usage)
+    return usages
 
 
 def test_responses_usage_with_cache_reads(server: ProxyServer) -> None:

@@ -3,10 +3,13 @@ from __future__ import annotations
 import dataclasses
 import doctest
 
+import pytest
+
 from memory import MemoryLimits, NewMemory, feedback, speaker
 from memory.feedback import candidate_words, second_hop, sources
 from memory.profiles import PROFILES
 from memory.recall import recall
+from memory.store import STOPWORDS
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
 
@@ -68,8 +71,46 @@ def test_deep_finds_the_second_hop_and_says_which_words_it_searched(backend: Bac
     assert run() == first == run()  # same query, same memories: same block, same signals
 
 
-def test_the_second_hop_is_worth_less_than_the_first() -> None:
+def test_a_second_hop_match_counts_weight_of_a_first_hop_match(backend: Backend) -> None:
+    # all a month old (same recency), same category and source: only relevance differs
+    store = backend.open(clock=lambda: NOW - 60 * 86_400)
+    for text in (
+        "Melanie signed the kids up for a pottery class",
+        "Melanie: the pottery class made clay bowls",
+        "The kids brought home clay bowls, a clay cup and a clay vase",
+        *(f"Caroline wrote note {i} about the weather" for i in range(20)),
+    ):
+        store.add(NewMemory(owner="default", text=text))
+    result = recall(
+        store,
+        "default",
+        "what pottery did Melanie make",
+        PROFILES["deep"],
+        "",
+        limits=MemoryLimits(),
+        now=NOW,
+        max_chars=10_000,
+        count_tokens=len,
+    )
+    by_text = {c.memory.text: c for c in result.chosen}
+    found = by_text["The kids brought home clay bowls, a clay cup and a clay vase"]
+    source = by_text["Melanie: the pottery class made clay bowls"]
+    assert found.relevance == 0 and found.hop > 0  # only the second hop reached it
+    # the same searches recall made: the query's words, then the second hop's
+    deep = PROFILES["deep"]
+    words = [w for w in result.query_words if w not in STOPWORDS]
+    first = store.search_rarest(
+        "default", words, scan=deep.scan, limit=deep.pool, prefix=deep.prefix
+    )
+    second = store.search_rarest(
+        "default", result.hop_words, scan=feedback.SCAN, limit=feedback.POOL
+    )
+    bm25_first = {m.id: r for m, r in first.found}[source.memory.id]
+    bm25_second = {m.id: r for m, r in second.found}[found.memory.id]
+    # a second-hop match counts WEIGHT of a first-hop match of the same BM25 score
+    assert found.hop / source.relevance == pytest.approx(feedback.WEIGHT * bm25_second / bm25_first)
     assert 0 < feedback.WEIGHT < 1
+    assert found.score < source.score
 
 
 def test_sources_count_the_named_speakers_memories_double_ties_by_id() -> None:

@@ -1,4 +1,4 @@
-"""Recall speed and quality on generated memory stores.
+"""Selection speed and quality on generated memory stores.
 
 Builds stores of 1k, 10k and 100k memories (`--sizes`; texts of 6–14 words drawn from a
 3,090-word vocabulary with Zipf frequencies, as in real text; imported in batches of 10,000),
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench._stores import Store, close_store, open_store, settle, size_mb  # noqa: E402
 from memory import MemoryLimits, NewMemory  # noqa: E402
 from memory.profiles import PROFILES  # noqa: E402
-from memory.recall import recall  # noqa: E402
+from memory.selection import select_memories  # noqa: E402
 from proxy.tokens import TokenCounter  # noqa: E402
 
 WORDS = (
@@ -146,7 +146,7 @@ def timed_recall(
     out = []
     for q in queries:
         t = time.perf_counter()
-        recall(
+        select_memories(
             store,
             "default",
             q,
@@ -215,7 +215,7 @@ def main() -> None:
             for kind in (1, 2):
                 hits, rr = 0, 0.0
                 for memory_id, item in zip(ids, labelled, strict=True):
-                    result = recall(
+                    result = select_memories(
                         store,
                         "default",
                         item[kind],

@@ -1,4 +1,4 @@
-"""Recall quality on real, labelled conversations: LoCoMo (snap-research/locomo).
+"""Selection quality on real, labelled conversations: LoCoMo (snap-research/locomo).
 
 The three conversations in `../shared/fixtures/locomo/` (not in this repository: CC BY-NC,
 evaluation only). Each dialogue turn becomes a memory `[date] Speaker: text` (a conversation
@@ -37,8 +37,8 @@ from bench._stores import Store, close_store, open_store  # noqa: E402
 from memory import MemoryLimits, NewMemory  # noqa: E402
 from memory.profiles import PROFILES  # noqa: E402
 from memory.query import UserTurn  # noqa: E402
-from memory.recall import recall  # noqa: E402
-from memory.recaller import RecallConfig, Recaller, RecallRequest  # noqa: E402
+from memory.recaller import Recaller, RecallRequest, RecallSettings  # noqa: E402
+from memory.selection import select_memories  # noqa: E402
 from proxy.tokens import TokenCounter  # noqa: E402
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -109,7 +109,7 @@ def main() -> None:
                 turn = UserTurn(index=0, text=question, last=True)
                 balanced_count = 0
                 for name in profiles:
-                    recaller = Recaller(store, RecallConfig(profile=name))  # type: ignore[arg-type]
+                    recaller = Recaller(store, RecallSettings(profile=name))  # type: ignore[arg-type]
                     started = time.perf_counter()
                     found = recaller.recall(
                         turn,
@@ -193,7 +193,7 @@ def _verdict(
 
 def _ranking(store: Store, question: str, name: str, tokens: TokenCounter) -> list[int]:
     """Memory ids in `name`'s score order, before any budget cut (no injection cap)."""
-    result = recall(
+    result = select_memories(
         store,
         "default",
         question,

@@ -22,15 +22,15 @@ from memory.inject import Placement, line
 from memory.monitor import Usage, scope_of
 from memory.profiles import RequestedProfile, RetrievalProfile, choose
 from memory.query import UserTurn
-from memory.recall import recall
+from memory.selection import select_memories
 from memory.store import MemoryStore
 
 DEFAULT_BUDGET_PROFILE = "specialist-narrow"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RecallConfig:
-    """What recall reads of the config (`memory.inject`, `memory.budgets`)."""
+class RecallSettings:
+    """What recall reads of the settings in force (from `memory.inject` and `memory.budgets`)."""
 
     inject: bool = True
     """Inject memories at all (`memory.inject.enabled`)."""
@@ -56,9 +56,9 @@ class RecallRequest:
 
     owner: str
     agent: str | None = None
-    """`x-context-budget-agent`; None: `RecallConfig.default_agent` (and no agent scope)."""
+    """`x-context-budget-agent`; None: `RecallSettings.default_agent` (and no agent scope)."""
     profile: RequestedProfile | None = None
-    """Requested retrieval profile; None: `RecallConfig.profile`."""
+    """Requested retrieval profile; None: `RecallSettings.profile`."""
     complexity: Complexity | None = None
     """Stated task complexity; None: detected from the query."""
     max_chars: int
@@ -143,7 +143,7 @@ class RecallReport:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Recalled:
+class RecallResult:
     """Recall's answer: the memory lines to place (maybe none) and the report."""
 
     lines: tuple[str, ...]
@@ -156,7 +156,7 @@ class Recaller:
     def __init__(
         self,
         store: MemoryStore,
-        config: RecallConfig,
+        config: RecallSettings,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -175,7 +175,7 @@ class Recaller:
             return None
         return choose(requested or self.config.profile, query)[0]
 
-    def recall(self, turn: UserTurn | None, request: RecallRequest) -> Recalled | None:
+    def recall(self, turn: UserTurn | None, request: RecallRequest) -> RecallResult | None:
         """The memories for `turn`, or None when there is nothing to do (off, no query, none)."""
         cfg = self.config
         if not cfg.inject or turn is None:
@@ -204,7 +204,7 @@ class Recaller:
             context_window=request.context_window,
             system_tokens=request.count_tokens(request.system_text),
         )
-        result = recall(
+        result = select_memories(
             store,
             owner,
             query,
@@ -264,7 +264,9 @@ class Recaller:
             rewrite=request.rewrite_note,
             dry_run=request.dry_run,
         )
-        return Recalled(lines=tuple(line(c.memory, now=now) for c in result.chosen), report=report)
+        return RecallResult(
+            lines=tuple(line(c.memory, now=now) for c in result.chosen), report=report
+        )
 
     def _complexity(self, query: str, request: RecallRequest, agent: str) -> tuple[Complexity, str]:
         if request.complexity is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from caps import Caps, ToolNames
 from memory import MemoryLimits
 from memory.budget import BudgetProfile
-from memory.recaller import RecallConfig
+from memory.recaller import RecallSettings
 from proxy.config.schema import (
     Config,
     ConfigSource,
@@ -74,7 +74,7 @@ class Settings:
     memory_feature_chars: int
     """The memory feature limit (`memory.qmd.limits.maxInjectedChars`): the cap with the
     budget off."""
-    recall: RecallConfig
+    recall: RecallSettings
     rewrite: RewriteConfig | None
     context_windows: Mapping[str, int]
     report_path: Path
@@ -159,7 +159,7 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         memory_limits=memory_limits(config),
         memory_path=memory.store.path,
         memory_feature_chars=memory.qmd.limits.max_injected_chars,
-        recall=RecallConfig(
+        recall=RecallSettings(
             inject=memory.inject.enabled,
             profile=memory.inject.budget,
             placement=memory.inject.placement,

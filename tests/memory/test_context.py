@@ -6,7 +6,7 @@ from memory import MemoryLimits, NewMemory
 from memory import context as context_module
 from memory.context import context
 from memory.profiles import PROFILES, RetrievalProfileName
-from memory.recall import recall
+from memory.selection import select_memories
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
 
@@ -71,7 +71,7 @@ def test_balanced_injects_the_reply_to_a_matching_question(backend: Backend) -> 
     store.add(NewMemory(owner="default", text="Melanie: remember to buy milk"))
 
     def run() -> list[tuple[str, dict[str, float]]]:
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "which instruments does Melanie play",
@@ -93,7 +93,7 @@ def test_balanced_injects_the_reply_to_a_matching_question(backend: Backend) -> 
     )
     assert run() == first  # deterministic
     # lean keeps to the query's own words
-    lean = recall(
+    lean = select_memories(
         store,
         "default",
         "which instruments does Melanie play",
@@ -146,7 +146,7 @@ def test_deep_takes_context_from_two_turns_away_and_balanced_from_one(backend: B
         store.add(NewMemory(owner="default", text=f"Caroline: note {i} about the weather"))
 
     def run(name: RetrievalProfileName) -> dict[str, float]:
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "the clarinet concert",

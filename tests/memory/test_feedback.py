@@ -8,7 +8,7 @@ import pytest
 from memory import MemoryLimits, NewMemory, feedback, speaker
 from memory.feedback import candidate_words, second_hop, sources
 from memory.profiles import PROFILES
-from memory.recall import recall
+from memory.selection import select_memories
 from memory.store import STOPWORDS
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
@@ -49,7 +49,7 @@ def test_deep_finds_the_second_hop_and_says_which_words_it_searched(backend: Bac
         store.add(NewMemory(owner="default", text=text))
 
     def run() -> list[tuple[str, dict[str, float]]]:
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "what pottery did Melanie make",
@@ -81,7 +81,7 @@ def test_a_second_hop_match_counts_weight_of_a_first_hop_match(backend: Backend)
         *(f"Caroline wrote note {i} about the weather" for i in range(20)),
     ):
         store.add(NewMemory(owner="default", text=text))
-    result = recall(
+    result = select_memories(
         store,
         "default",
         "what pottery did Melanie make",
@@ -135,7 +135,7 @@ def test_deep_reads_the_named_speakers_memories_for_its_second_hop(backend: Back
         store.add(NewMemory(owner="default", text=text))
 
     def run(points: float) -> list[str]:
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "what is Melanie baking",

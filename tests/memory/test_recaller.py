@@ -5,7 +5,7 @@ from typing import Any
 from memory import MemoryLimits, MemoryStore, NewMemory
 from memory.profiles import PROFILES
 from memory.query import UserTurn
-from memory.recaller import RecallConfig, Recalled, Recaller, RecallRequest
+from memory.recaller import Recaller, RecallRequest, RecallResult, RecallSettings
 from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
@@ -36,10 +36,10 @@ def _request(**overrides: Any) -> RecallRequest:
 def _recall(
     store: MemoryStore,
     turn: UserTurn | None = None,
-    config: RecallConfig | None = None,
+    config: RecallSettings | None = None,
     **request: Any,
-) -> Recalled:
-    recaller = Recaller(store, config or RecallConfig(), clock=lambda: NOW)
+) -> RecallResult:
+    recaller = Recaller(store, config or RecallSettings(), clock=lambda: NOW)
     recalled = recaller.recall(turn or _turn(), _request(**request))
     assert recalled is not None
     return recalled
@@ -47,8 +47,8 @@ def _recall(
 
 def test_nothing_to_do_returns_none(backend: Backend) -> None:
     store = _store(backend, THERAPY)
-    on = Recaller(store, RecallConfig(), clock=lambda: NOW)
-    assert Recaller(store, RecallConfig(inject=False)).recall(_turn(), _request()) is None
+    on = Recaller(store, RecallSettings(), clock=lambda: NOW)
+    assert Recaller(store, RecallSettings(inject=False)).recall(_turn(), _request()) is None
     assert on.recall(None, _request()) is None
     stamped_only = _turn("[Sun 2026-11-22 11:28 UTC]\nRuntime: agent=main")
     assert on.recall(stamped_only, _request()) is None
@@ -146,7 +146,7 @@ def test_max_chars_bounds_the_injected_block(backend: Backend) -> None:
 
 def test_the_budget_follows_the_agent_profile_and_a_stated_complexity(backend: Backend) -> None:
     store = _store(backend, THERAPY)
-    config = RecallConfig(agents={"planner": "role-architect"}, placement="system")
+    config = RecallSettings(agents={"planner": "role-architect"}, placement="system")
     planner = _recall(store, config=config, agent="planner", complexity="complex").report
     budget = planner.to_dict()["budget"]
     assert (budget["agent"], budget["budgetProfile"]) == ("planner", "role-architect")
@@ -159,13 +159,13 @@ def test_the_budget_follows_the_agent_profile_and_a_stated_complexity(backend: B
 
 
 def test_profile_for(backend: Backend) -> None:
-    empty = Recaller(_store(backend), RecallConfig())
+    empty = Recaller(_store(backend), RecallSettings())
     assert empty.profile_for("default", _turn(), "deep") is None
-    recaller = Recaller(_store(backend, THERAPY), RecallConfig())
+    recaller = Recaller(_store(backend, THERAPY), RecallSettings())
     assert recaller.profile_for("default", _turn(), "deep") is PROFILES["deep"]
     assert recaller.profile_for("default", _turn(), None) is PROFILES["lean"]  # auto, 3 words
     assert recaller.profile_for("default", None, "deep") is None
-    off = Recaller(_store(backend, THERAPY), RecallConfig(inject=False))
+    off = Recaller(_store(backend, THERAPY), RecallSettings(inject=False))
     assert off.profile_for("default", _turn(), "deep") is None
 
 

@@ -5,7 +5,7 @@ import doctest
 
 from memory import MemoryLimits, NewMemory, speaker
 from memory.profiles import PROFILES, RetrievalProfileName
-from memory.recall import Recall, recall
+from memory.selection import Selection, select_memories
 from memory.speaker import named, points
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
@@ -59,11 +59,11 @@ def _conversation(backend: Backend) -> None:
 
 def _recall(
     backend: Backend, name: RetrievalProfileName, *, speaker_points: float | None = None
-) -> Recall:
+) -> Selection:
     profile = PROFILES[name]
     if speaker_points is not None:
         profile = dataclasses.replace(profile, speaker=speaker_points)
-    return recall(
+    return select_memories(
         backend.opened[-1],
         "default",
         "what does Melanie do to destress running",

@@ -5,7 +5,7 @@ import dataclasses
 from memory import MemoryLimits, MemoryStore, NewMemory
 from memory.inject import inject, line
 from memory.profiles import PROFILES, RetrievalProfile, choose
-from memory.recall import DAY, Recall, recall, recency_points, rewrite
+from memory.selection import DAY, Selection, recency_points, rewrite, select_memories
 from tests.conftest import Backend
 
 NOW = 2_000_000_000.0
@@ -55,7 +55,7 @@ def test_scores_are_explainable_and_packing_respects_the_budget(backend: Backend
             ("x", "fact"),
         ],
     )
-    result = recall(
+    result = select_memories(
         store,
         "default",
         "deploy days",
@@ -70,7 +70,7 @@ def test_scores_are_explainable_and_packing_respects_the_budget(backend: Backend
     signals = result.chosen[0].signals()
     assert signals["recency"] == 30 and signals["source"] == 10 and signals["category"] == 10
     assert signals["score"] == signals["relevance"] + 30 + 10 + 10 + signals["access"]
-    tight = recall(
+    tight = select_memories(
         store,
         "default",
         "deploy",
@@ -86,7 +86,7 @@ def test_scores_are_explainable_and_packing_respects_the_budget(backend: Backend
 
 def test_lean_trust_pass_drops_and_says_why(backend: Backend) -> None:
     store = _store(backend, [("tea", "preference"), ("Tea with oat milk, no sugar", "preference")])
-    result = recall(
+    result = select_memories(
         store,
         "default",
         "tea",
@@ -105,7 +105,7 @@ def test_agent_scope_only_reaches_that_agent(backend: Backend) -> None:
     store = backend.open()
     store.add(NewMemory(owner="default", text="coder agent uses pytest", scope="agent:coder"))
     for agent, found in ((None, 0), ("writer", 0), ("coder", 1)):
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "pytest",
@@ -141,7 +141,7 @@ def test_injection_is_cache_safe(backend: Backend) -> None:
 def test_deep_matches_word_prefixes_and_lean_does_not(backend: Backend) -> None:
     store = _store(backend, [("The orionwave project deadline notes", "fact")])
     for profile, found in (("lean", 0), ("balanced", 0), ("deep", 1)):
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "orion?",
@@ -160,8 +160,8 @@ def test_words_too_common_to_rank_are_skipped_rarest_first(backend: Backend) -> 
     store = _store(backend, [*texts, ("standup moved to the blue room", "fact")])
     narrow = dataclasses.replace(KEYWORDS, prefix=False, scan=10)
 
-    def run(query: str, profile: RetrievalProfile) -> Recall:
-        return recall(
+    def run(query: str, profile: RetrievalProfile) -> Selection:
+        return select_memories(
             store,
             "default",
             query,
@@ -192,7 +192,7 @@ def test_scope_weights_split_the_token_budget(backend: Backend) -> None:
         store.add(NewMemory(owner="default", text=f"coder release habit {i}", scope="agent:coder"))
 
     def run(weights: dict[str, float] | None) -> list[str]:
-        result = recall(
+        result = select_memories(
             store,
             "default",
             "release",

@@ -1,4 +1,4 @@
-"""Recall: BM25 candidates, one explainable score, a trust pass, then packing into a budget.
+"""Memory selection: BM25 candidates, one explainable score, a trust pass, packing into a budget.
 
     score = 50 × relevance      keyword relevance: BM25 of the query's words
           + 50 × hop             deep's second hop: BM25 of the words the best memories share,
@@ -93,8 +93,8 @@ class Scored:
 
 
 @dataclass(kw_only=True)
-class Recall:
-    """What recall found, chose and why."""
+class Selection:
+    """What `select_memories` found, chose and why."""
 
     profile: str
     reason: str
@@ -171,7 +171,7 @@ def score(
     return sorted(out, key=lambda s: (-s.score, s.memory.id))
 
 
-def recall(
+def select_memories(
     store: MemoryStore,
     owner: str,
     query: str,
@@ -187,7 +187,7 @@ def recall(
     scope_weights: dict[str, float] | None = None,
     extra_words: Iterable[str] = (),
     format_line: Callable[[Memory], str] = lambda m: m.text,
-) -> Recall:
+) -> Selection:
     """Find, score, trust-check and pack memories for `query` into the budget.
 
     `extra_words` (deep's LLM rewrite) are searched as well. With `max_tokens` and
@@ -196,7 +196,7 @@ def recall(
     """
     words = rewrite(query) if profile.expand else [w.lower() for w in _WORD.findall(query)]
     words = list(dict.fromkeys([*words, *(w.lower() for w in extra_words)]))
-    result = Recall(profile=profile.name, reason=reason, query_words=words)
+    result = Selection(profile=profile.name, reason=reason, query_words=words)
     # the rarest words while their matches fit the profile's scan, searched in one step
     content = [w for w in words if w not in STOPWORDS] or words
     first = store.search_rarest(
@@ -241,7 +241,7 @@ def _second_hop(
     words: list[str],
     profile: RetrievalProfile,
     allowed: set[str],
-    result: Recall,
+    result: Selection,
 ) -> dict[int, float]:
     """Second-hop scores by memory id (`memory/feedback.py`); memories only the second hop
     found are appended to `found` with keyword score 0."""
@@ -293,7 +293,7 @@ def _context(
 
 
 def _pack(
-    result: Recall,
+    result: Selection,
     trusted: list[Scored],
     profile: RetrievalProfile,
     max_chars: int,

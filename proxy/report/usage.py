@@ -27,11 +27,12 @@ Usage(input=36, cache_read=64, cache_write=0, output=3)
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from proxy.sse import EVENT, LINE, Splitter, data_lines, event_data, split_events
 
 MARKER = b'"usage"'
 """Bytes a reply line holds only where usage may be (a quote inside a string is escaped)."""
@@ -47,7 +48,6 @@ def _has_usage(data: bytes) -> bool:
 
 
 _DETAILS = ("prompt_tokens_details", "input_tokens_details")
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,19 +84,15 @@ class UsageReader:
         """The reply's id, from the event that carries its usage."""
         self.response_model: str | None = None
         """The model that answered, from the same event."""
-        self._partial = b""
-        """The bytes after the last newline seen: a line not yet complete."""
+        self._lines = Splitter(LINE)
 
     def feed(self, chunk: bytes) -> None:
         """The next bytes of an SSE reply."""
-        data = self._partial + chunk if self._partial else chunk
-        end = data.rfind(b"\n") + 1
-        self._partial = data[end:]
-        if not _has_usage(data):
-            return
-        for line in data[:end].split(b"\n"):
-            if _has_usage(line):
-                self._line(line)
+        data = self._lines.feed(chunk)
+        if _has_usage(data):
+            for payload in data_lines(data, MARKER):
+                if _has_usage(payload):
+                    self._event(payload)
 
     def read_json(self, body: bytes) -> Usage | None:
         """The usage of a whole JSON reply, or None."""
@@ -106,9 +102,9 @@ class UsageReader:
 
     def result(self) -> Usage | None:
         """The reply's usage so far, or None when it had none."""
-        if self._partial and _has_usage(self._partial):  # a last line without its newline
-            self._line(self._partial)
-            self._partial = b""
+        rest = self._lines.rest()  # a last line without its newline
+        if _has_usage(rest):
+            self.feed(rest + b"\n")
         f = self._fields
         if not f:
             return None
@@ -123,11 +119,6 @@ class UsageReader:
         # Anthropic's input_tokens is the uncached part already; OpenAI's counts the cache in.
         uncached = total if self._wire == "messages" else max(0, total - read - write)
         return Usage(input=uncached, cache_read=read, cache_write=write, output=output)
-
-    def _line(self, line: bytes) -> None:
-        line = line.strip()
-        if line.startswith(b"data:"):
-            self._event(line[5:])
 
     def _event(self, data: bytes) -> None:
         try:
@@ -177,44 +168,27 @@ class UsageChunkDropper:
     """
 
     def __init__(self) -> None:
-        self._held = b""
+        self._events = Splitter(EVENT)
 
     def feed(self, chunk: bytes) -> bytes:
         """What the client gets of the stream so far (possibly nothing yet)."""
-        data = self._held + chunk if self._held else chunk
-        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
-        end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
-        self._held = data[end:]
-        done = data[:end]
+        done = self._events.feed(chunk)
         if not _has_usage(done):
             return done
-        return self._drop(done)
+        return b"".join(event for event in split_events(done) if not _usage_only(event))
 
     def close(self) -> bytes:
         """The rest at the end of the stream (an event without its blank line)."""
-        held, self._held = self._held, b""
+        held = self._events.rest()
         return b"" if _usage_only(held) else held
-
-    @staticmethod
-    def _drop(done: bytes) -> bytes:
-        kept: list[bytes] = []
-        start = 0
-        for match in _EVENT_END.finditer(done):
-            event = done[start : match.end()]
-            start = match.end()
-            if not _usage_only(event):
-                kept.append(event)
-        kept.append(done[start:])
-        return b"".join(kept)
 
 
 def _usage_only(event: bytes) -> bool:
     """Whether one SSE event is a chat chunk with no choices, only usage."""
     if not _has_usage(event):
         return False
-    data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
     try:
-        chunk = orjson.loads(data)
+        chunk = orjson.loads(event_data(event))
     except orjson.JSONDecodeError:
         return False
     return (

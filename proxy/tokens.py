@@ -12,9 +12,10 @@ import gc
 import importlib.util
 import os
 import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+from cachetools import LRUCache
 
 from caps import Segment
 
@@ -106,8 +107,7 @@ class TokenCounter:
     """
 
     def __init__(self, *, max_entries: int = 4096) -> None:
-        self._cache: OrderedDict[tuple[str, int, int], int] = OrderedDict()
-        self._max = max_entries
+        self._cache: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=max_entries)
         self._lock = threading.Lock()  # the event loop and recall's worker threads share it
 
     def count(self, text: str, encoding: str) -> int:
@@ -121,13 +121,10 @@ class TokenCounter:
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(key)
                 return hit
         n = _count(_encoding(encoding), text)
         with self._lock:
             self._cache[key] = n
-            if len(self._cache) > self._max:
-                self._cache.popitem(last=False)
         return n
 
     def saved(self, segment: Segment, encoding: str) -> int:

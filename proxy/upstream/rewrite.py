@@ -12,9 +12,10 @@ import asyncio
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from cachetools import LRUCache
 
 from proxy.config.schema import RewriteConfig
 from proxy.upstream.litellm import import_litellm
@@ -49,7 +50,7 @@ class Rewriter:
         self._complete = complete
         """None: litellm's `acompletion`."""
         self._clock = clock
-        self._cache: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
+        self._cache: LRUCache[tuple[str, str], list[str]] = LRUCache(maxsize=_CACHED)
         self._failed_at: float | None = None
 
     async def words(
@@ -57,9 +58,9 @@ class Rewriter:
     ) -> tuple[list[str], str]:
         """Search words for `query`, and a line saying where they came from."""
         key = (cfg.model, query)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key], f"LLM rewrite by {cfg.model} (cached)"
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached, f"LLM rewrite by {cfg.model} (cached)"
         if self._failed_at is not None and self._clock() - self._failed_at < _COOLDOWN:
             return [], f"LLM rewrite skipped: {cfg.model} failed less than a minute ago"
         complete = self._complete
@@ -98,6 +99,4 @@ class Rewriter:
         self._failed_at = None
         words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:MAX_WORDS]
         self._cache[key] = words
-        if len(self._cache) > _CACHED:
-            self._cache.popitem(last=False)
         return words, f"LLM rewrite by {cfg.model}: {len(words)} words"

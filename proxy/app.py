@@ -89,6 +89,7 @@ def create_app(
     upstream = upstream or HttpUpstream()
     state = ProxyState(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
     reporting = Reporting(state)
+    owns_offload = offload is None
     pipeline = Pipeline(state, reporting, offload)
     memories = MemoryRoutes(state)
 
@@ -104,7 +105,8 @@ def create_app(
             yield
         finally:
             await upstream.close()
-            await pipeline.offload.close()
+            if owns_offload:  # one given to create_app may serve other apps too
+                await pipeline.offload.close()
             state.memory.close()
             if owns_reports:
                 reports.close()

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from memory import MemoryLimits, MemoryStore, SQLiteMemoryStore
+from tests.inproc import close_offloads
 from tests.pg import Cluster, postgres_cluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_offloads() -> Iterator[None]:
+    """Stop the run's shared offload workers (`tests.inproc.shared_offload`) at its end."""
+    yield
+    close_offloads()
 
 
 @pytest.fixture(scope="session")

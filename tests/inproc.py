@@ -25,6 +25,7 @@ from caps import Clamp, clamp_request
 from proxy.app import create_app
 from proxy.config.schema import Config, ConfigSource
 from proxy.config.settings import Settings, settings_for
+from proxy.pipeline.offload import LARGE_BODY, Offload
 from proxy.state import ProxyState
 from tests.fakes import FakeUpstream
 
@@ -98,6 +99,25 @@ class InProcess:
             self._loop.close()
 
 
+_OFFLOADS: dict[int, Offload] = {}
+
+
+def shared_offload(threshold: int = LARGE_BODY) -> Offload:
+    """One offload worker per threshold for the whole test run (`close_offloads` stops them):
+    starting one per test costs ~1 s of interpreter start and imports. Tests that stop, kill
+    or hold their worker make their own."""
+    found = _OFFLOADS.get(threshold)
+    if found is None:
+        found = _OFFLOADS[threshold] = Offload(threshold=threshold)
+    return found
+
+
+def close_offloads() -> None:
+    for offload in _OFFLOADS.values():
+        asyncio.run(offload.close())
+    _OFFLOADS.clear()
+
+
 @contextmanager
 def proxy_app(
     tmp_path: Path,
@@ -107,13 +127,20 @@ def proxy_app(
     clamp: Clamp = clamp_request,
     upstream: FakeUpstream | None = None,
     run: str = "test",
+    offload: Offload | None = None,
 ) -> Iterator[tuple[InProcess, FakeUpstream]]:
-    """The app with `config` (default `config_for(tmp_path)`) in front of a fake upstream."""
+    """The app with `config` (default `config_for(tmp_path)`) in front of a fake upstream;
+    large bodies go to `offload`, else to the run's shared worker."""
     path = tmp_path / "ctxbudget.json"
     path.write_text(json.dumps(config if config is not None else config_for(tmp_path)))
     fake = upstream or FakeUpstream()
     app = create_app(
-        ConfigSource(path, env or {}, {}), upstream=fake, env=env or {}, clamp=clamp, run=run
+        ConfigSource(path, env or {}, {}),
+        upstream=fake,
+        env=env or {},
+        clamp=clamp,
+        run=run,
+        offload=offload or shared_offload(),
     )
     client = InProcess(app)
     try:

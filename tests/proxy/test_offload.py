@@ -2,7 +2,7 @@
 process: the client, the upstream and the report see what the in-process path gives them.
 
 Most tests run the same requests through two proxies, one in-process as usual and one whose
-offload takes every body (`Offload(threshold=0)`), and compare what was forwarded, the
+offload takes every body (`shared_offload(0)`), and compare what was forwarded, the
 headers and the report — sessions and cache busts included — for all three wire formats.
 """
 
@@ -28,8 +28,9 @@ from proxy.config.schema import Config, ConfigSource
 from proxy.config.settings import settings_for
 from proxy.pipeline.offload import LARGE_BODY, Offload, OffloadedRequest
 from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses
+from tests.clamps import broken_clamp
 from tests.fakes import FakeUpstream, chat_chunks, chat_completion
-from tests.inproc import InProcess, config_for, proxy_app, state_of
+from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
 from tests.openclaw import openclaw_request, tool_call, web_fetch_result
 from tests.proxy import test_wire_messages, test_wire_responses
 
@@ -70,7 +71,7 @@ def _both(tmp_path: Path, **sections: Any) -> Iterator[list[tuple[InProcess, Fak
     """Two proxies with the same config: in-process, and every body offloaded."""
     with (
         _proxy(tmp_path / "a", config_for(tmp_path / "a", **sections), None) as small,
-        _proxy(tmp_path / "b", config_for(tmp_path / "b", **sections), Offload(threshold=0)) as big,
+        _proxy(tmp_path / "b", config_for(tmp_path / "b", **sections), shared_offload(0)) as big,
     ):
         yield [small, big]
 
@@ -250,7 +251,7 @@ def test_without_a_session_id_the_stable_prefix_names_an_offloaded_session(
         return {"model": "gpt-4o", "messages": [{"role": "system", "content": system}]}
 
     late = "Now 10:05. " + "filler " * SMALL_BLOCK
-    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, _):
+    with _proxy(tmp_path, config_for(tmp_path), shared_offload(0)) as (client, _):
         ids = [
             client.post("/v1/chat/completions", json=b).headers["x-context-budget-session"]
             for b in (body("Agent A", "Now 10:00."), body("Agent A", late), body("Agent B", ""))
@@ -276,13 +277,6 @@ def test_a_bad_body_is_the_same_client_format_error(tmp_path: Path, path: str, r
     assert small.json() == big.json()
 
 
-def broken_clamp(
-    request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
-) -> ClampResult:
-    """A clamp with a bug (module level: it reaches the worker process by name)."""
-    raise ValueError("boom")
-
-
 @pytest.mark.parametrize("fail_closed", [False, True], ids=["fail-open", "fail-closed"])
 def test_a_clamp_that_raises_answers_as_in_process(tmp_path: Path, fail_closed: bool) -> None:
     config = config_for(
@@ -290,7 +284,7 @@ def test_a_clamp_that_raises_answers_as_in_process(tmp_path: Path, fail_closed: 
     )
     body = orjson.dumps(openclaw_request(stream=False))
     answers = []
-    for name, offload in (("a", None), ("b", Offload(threshold=0))):
+    for name, offload in (("a", None), ("b", shared_offload(0))):
         with _proxy(tmp_path / name, config, offload, broken_clamp) as (client, fake):
             r = client.post("/v1/chat/completions", content=body)
             answers.append((r.status_code, r.content if fail_closed else fake.last.body))
@@ -307,7 +301,7 @@ def test_a_clamp_the_worker_cannot_import_is_a_clear_error(tmp_path: Path) -> No
         return clamp_request(request, caps, tools=tools)
 
     config = config_for(tmp_path)
-    with _proxy(tmp_path, config, Offload(threshold=0), local_clamp) as (client, fake):
+    with _proxy(tmp_path, config, shared_offload(0), local_clamp) as (client, fake):
         r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
     assert r.status_code == 500
     assert "must be a module-level function" in r.json()["error"]["message"]
@@ -343,7 +337,7 @@ def _post(client: Any, body: dict[str, Any], **kwargs: Any) -> Any:
 
 
 def test_a_small_body_is_not_offloaded(tmp_path: Path) -> None:
-    with proxy_app(tmp_path) as (client, fake):
+    with _proxy(tmp_path, config_for(tmp_path), None) as (client, fake):  # a worker of its own
         assert _post(client, openclaw_request(stream=False)).status_code == 200
         assert client.app.state.offload.pid is None  # no worker was started
         assert _post(client, _large()).status_code == 200
@@ -481,7 +475,7 @@ def test_the_command_is_answered_in_a_large_request_of_the_other_formats(
 
 def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -> None:
     body = _large()
-    with proxy_app(tmp_path, _config(tmp_path, enabled=True)) as (client, fake):
+    with _proxy(tmp_path, _config(tmp_path, enabled=True), None) as (client, fake):
         assert _post(client, body).status_code == 200
         offload = client.app.state.offload
         offload._process.kill()
@@ -494,7 +488,7 @@ def test_the_digested_examples_hold() -> None:
 
 
 def test_the_worker_stops_with_the_app(tmp_path: Path) -> None:
-    with proxy_app(tmp_path, _config(tmp_path, enabled=True)) as (client, fake):
+    with _proxy(tmp_path, _config(tmp_path, enabled=True), None) as (client, fake):
         assert _post(client, _large()).status_code == 200
         process = client.app.state.offload._process
         assert process.poll() is None

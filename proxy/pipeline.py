@@ -41,7 +41,8 @@ from proxy.reporting import Reporting
 from proxy.sessions import ClientPrefix, PrefixChange, memory_added, session_key
 from proxy.settings import Settings
 from proxy.state import ProxyState
-from proxy.upstream import UpstreamReply, redact
+from proxy.upstream import UpstreamReply
+from proxy.urls import redact
 from proxy.usage import UsageChunkDropper, UsageReader
 from proxy.wire.types import WireFormat, WireRequest
 

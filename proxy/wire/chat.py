@@ -128,7 +128,7 @@ class ChatCompletions:
     generates = True
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:
-        return settings.upstream_url("/chat/completions" + (f"?{query}" if query else ""))
+        return settings.upstream_url("/chat/completions", query)
 
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         return openai_headers(headers, settings)

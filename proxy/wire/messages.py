@@ -29,6 +29,7 @@ from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.sessions import Block
 from proxy.settings import Settings
 from proxy.upstream import forward_request_headers
+from proxy.urls import join
 from proxy.wire.types import Reply, WireRequest
 from proxy.wire.view import ChatView, arguments_json, paired, set_item, set_part, with_text
 
@@ -219,7 +220,7 @@ class AnthropicMessages:
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:
         base = settings.anthropic_base
         prefix = base if base.endswith("/v1") else base + "/v1"  # as OpenClaw resolves it
-        return prefix + self._endpoint + (f"?{query}" if query else "")
+        return join(prefix, self._endpoint, settings.anthropic_query, query)
 
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         out = forward_request_headers(headers, None)

@@ -287,7 +287,7 @@ class OpenAIResponses:
         return ResponsesRequest(body, owner, self.names)
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:
-        return settings.upstream_url("/responses" + (f"?{query}" if query else ""))
+        return settings.upstream_url("/responses", query)
 
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         out = openai_headers(headers, settings)

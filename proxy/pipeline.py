@@ -107,6 +107,7 @@ class Pipeline:
                 early.stop()
         else:
             body, turn = _parse(wire, raw, owner)
+        wire.admit(body, owner)  # e.g. no continuing another key's Responses conversation
         marks["parsed"] = time.time_ns()
         request_id = "cb-" + secrets.token_hex(8)
         route = settings.route_for(body.model)

@@ -133,6 +133,9 @@ class ChatCompletions:
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         return openai_headers(headers, settings)
 
+    def admit(self, request: WireRequest, owner: str) -> None:
+        return None
+
     def watch_reply(self, request: WireRequest, owner: str) -> None:
         return None
 

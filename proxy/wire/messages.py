@@ -234,6 +234,9 @@ class AnthropicMessages:
             out["authorization"] = headers["authorization"]
         return out
 
+    def admit(self, request: WireRequest, owner: str) -> None:
+        return None
+
     def watch_reply(self, request: WireRequest, owner: str) -> None:
         return None
 

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -46,6 +46,7 @@ from proxy.memories import MemoryRoutes
 from proxy.metrics import Metrics
 from proxy.offload import Offload
 from proxy.pipeline import Pipeline
+from proxy.relay import CLIENT_GONE
 from proxy.report import ReportStore, Sink
 from proxy.reporting import Reporting
 from proxy.state import ProxyState
@@ -172,6 +173,7 @@ def create_app(
         lifespan=lifespan,
         middleware=[Middleware(BrowserGuard, settings=state.settings)],
         exception_handlers={
+            ClientDisconnect: _client_gone,
             CtxBudgetError: _error_response,
             DatabaseUnavailable: _error_response,
             HTTPException: _error_response,
@@ -199,6 +201,13 @@ async def _error_response(request: Request, exc: Exception) -> Response:
         exc = InternalError(f"internal error in ctxbudget: {exc.__class__.__name__}")
     headers = getattr(exc, "headers", None) or {}
     return JSONResponse(wire.error_body(exc), status_code=exc.status, headers=headers)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left while its body was read: nobody to answer, and not a bug (it was
+    logged as one, with two tracebacks)."""
+    log.info("client disconnected while sending %s %s", request.method, request.url.path)
+    return Response(status_code=CLIENT_GONE)
 
 
 def _wire_by_path(path: str) -> WireFormat:

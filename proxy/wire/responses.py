@@ -410,7 +410,8 @@ class CallWatcher:
         """A response object: whose it is, and the calls in its output."""
         if self._owners is not None and isinstance(response.get("id"), str):
             self._owners.remember(response["id"], self._owner)
-        for item in response.get("output") or ():
+        output = response.get("output")
+        for item in output if isinstance(output, list) else ():  # an odd reply is relayed as is
             self._item(item)
 
     def _item(self, item: Any) -> None:

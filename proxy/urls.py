@@ -54,7 +54,7 @@ def _redact_parsed(url: str, parsed: URL) -> str:
     after = url.partition("://")[2]
     has_path = after[len(_authority(after)) :][:1] == "/"
     out += parsed.with_user(None).raw_authority + (parsed.raw_path if has_path else "")
-    if parsed.raw_query_string or "?" in url:
+    if parsed.raw_query_string or "?" in url.partition("#")[0]:
         out += "?" + "&".join(_hide_value(item) for item in parsed.raw_query_string.split("&"))
     if parsed.raw_fragment:
         out += "#" + HIDDEN

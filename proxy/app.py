@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -34,8 +34,16 @@ from proxy.access.auth import check_metrics_reader, owner_for
 from proxy.access.guard import BrowserGuard
 from proxy.config.database import open_database
 from proxy.config.schema import ConfigSource
-from proxy.errors import CtxBudgetError, ServiceUnavailable
+from proxy.errors import (
+    CtxBudgetError,
+    InternalError,
+    MethodNotAllowed,
+    NotFound,
+    RequestError,
+    ServiceUnavailable,
+)
 from proxy.pipeline.offload import Offload
+from proxy.pipeline.relay import CLIENT_GONE
 from proxy.pipeline.stages import Pipeline
 from proxy.report import ReportStore, Sink
 from proxy.report.metrics import Metrics
@@ -49,6 +57,7 @@ from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, Wire
 log = logging.getLogger("ctxbudget.proxy")
 
 CHAT = ChatCompletions()
+MESSAGES = AnthropicMessages()
 
 
 def create_app(
@@ -166,6 +175,7 @@ def create_app(
         lifespan=lifespan,
         middleware=[Middleware(BrowserGuard, settings=state.settings)],
         exception_handlers={
+            ClientDisconnect: _client_gone,
             CtxBudgetError: _error_response,
             DatabaseUnavailable: _error_response,
             HTTPException: _error_response,
@@ -178,39 +188,47 @@ def create_app(
 
 
 async def _error_response(request: Request, exc: Exception) -> Response:
-    """Every error, as JSON in the shape of the client's wire format (OpenAI by default)."""
-    wire: WireFormat = getattr(request.state, "wire", CHAT)
+    """Every error, as JSON in the shape of the client's wire format: the route's own when an
+    endpoint ran, else by path (Anthropic's shape under `/v1/messages`, OpenAI's elsewhere),
+    so an SDK raises its own typed error with our message."""
+    wire: WireFormat = getattr(request.state, "wire", None) or _wire_by_path(request.url.path)
     if isinstance(exc, DatabaseUnavailable):
         exc = ServiceUnavailable(
             f"{exc}; this route needs the database (database.url), proxied requests do not"
         )
-    if isinstance(exc, CtxBudgetError):
-        headers = getattr(exc, "headers", None) or {}
-        return JSONResponse(wire.error_body(exc), status_code=exc.status, headers=headers)
-    if isinstance(exc, HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = {
-            404: f"no route {request.url.path}: ctxbudget serves /v1/chat/completions, "
-            "/v1/messages, /v1/responses, /v1/models, /v1/memories, /context/budget, "
-            "/metrics and /healthz",
-            405: f"{request.method} is not allowed on {request.url.path}",
-        }.get(exc.status_code, str(exc.detail))
-        body = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": code,
-            }
-        }
-        return JSONResponse(body, status_code=exc.status_code)
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    body = {
-        "error": {
-            "message": f"internal error in ctxbudget: {exc.__class__.__name__}",
-            "type": "server_error",
-            "param": None,
-            "code": "internal_error",
-        }
-    }
-    return JSONResponse(body, status_code=500)
+    elif isinstance(exc, HTTPException):
+        exc = _route_error(request, exc)
+    elif not isinstance(exc, CtxBudgetError):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        exc = InternalError(f"internal error in ctxbudget: {exc.__class__.__name__}")
+    headers = getattr(exc, "headers", None) or {}
+    return JSONResponse(wire.error_body(exc), status_code=exc.status, headers=headers)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left while its body was read: nobody to answer, and not a bug (it was
+    logged as one, with two tracebacks)."""
+    log.info("client disconnected while sending %s %s", request.method, request.url.path)
+    return Response(status_code=CLIENT_GONE)
+
+
+def _wire_by_path(path: str) -> WireFormat:
+    return MESSAGES if path.startswith(("/v1/messages", "/messages")) else CHAT
+
+
+def _route_error(request: Request, exc: HTTPException) -> CtxBudgetError:
+    """Starlette's 404 (no route) and 405 (a route's other method) as our own errors."""
+    error: CtxBudgetError
+    if exc.status_code == 404:
+        error = NotFound(
+            f"no route {request.url.path}: ctxbudget serves "
+            "/v1/chat/completions, /v1/messages, /v1/responses, /v1/models, /v1/memories, "
+            "/context/budget, /metrics and /healthz"
+        )
+    elif exc.status_code == 405:
+        error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+    else:
+        error = RequestError(str(exc.detail))
+        error.status = exc.status_code
+    error.headers = dict(exc.headers or {})  # 405's `allow`
+    return error

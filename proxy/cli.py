@@ -212,7 +212,7 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.report.metrics import shared_between_workers
-    from proxy.upstream.http import redact
+    from proxy.urls import redact
 
     overrides = _overrides(args)
     if args.workers < 1:
@@ -309,7 +309,7 @@ def _warn_if_keys_without_upstream_key(cfg: Any) -> None:
     """With proxy keys, the client's credential is a proxy key and is not forwarded: without
     an upstream key every request reaches the provider with no credentials."""
     from proxy.config.schema import proxy_keys, upstream_api_key
-    from proxy.upstream.http import redact
+    from proxy.urls import redact
 
     if proxy_keys(cfg, os.environ) and not upstream_api_key(cfg, os.environ):
         log.warning(
@@ -451,9 +451,9 @@ def _import(args: argparse.Namespace, store: Any) -> None:
 
 def _where(cfg: Any) -> str:
     """Where the memories are: the SQLite file, or the database (password hidden)."""
-    from proxy.config.database import redacted
+    from proxy.urls import redact
 
-    return redacted(cfg.database.url) if cfg.database.url else str(cfg.memory.store.path)
+    return redact(cfg.database.url) if cfg.database.url else str(cfg.memory.store.path)
 
 
 def _nothing_found(args: argparse.Namespace, store: Path | str) -> str:

@@ -7,15 +7,19 @@
     │   ├── BadRequest         400: malformed JSON, schema errors
     │   ├── Unauthorized       401: proxy key missing or wrong
     │   ├── Forbidden          403: admin endpoint without the admin key
-    │   ├── NotFound           404
+    │   ├── NotFound           404: no such route, request record or memory
+    │   ├── MethodNotAllowed   405: a route asked with a method it does not serve
     │   └── PayloadTooLarge    413: body over proxy.maxBodyBytes
     ├── UpstreamError          the provider failed: its own status (429, 5xx), 502, 504
     ├── ClampError             500: a clamp raised and contextBudget.failClosed is true
+    ├── InternalError          500: a bug of ctxbudget's (logged with its traceback)
     └── ServiceUnavailable     503: the database (database.url) did not answer; plain
                                forwarding does not need it and goes on
 
-Every error reaches a client as OpenAI-shaped JSON, from one handler:
-`{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}`.
+Every error reaches a client from one handler (`proxy/app.py`), in the shape of the client's
+wire format (`WireFormat.error_body`): OpenAI's
+`{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}`, or on the Anthropic
+Messages routes Anthropic's `{"type": "error", "error": {"type": ..., "message": ...}}`.
 """
 
 from __future__ import annotations
@@ -85,6 +89,11 @@ class NotFound(RequestError):
     code = "not_found"
 
 
+class MethodNotAllowed(RequestError):
+    status = 405
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(RequestError):
     status = 413
     code = "request_too_large"
@@ -123,6 +132,14 @@ class ClampError(CtxBudgetError):
     status = 500
     type = "server_error"
     code = "clamp_failed"
+
+
+class InternalError(CtxBudgetError):
+    """An exception ctxbudget did not expect: a bug. The client gets its class name only."""
+
+    status = 500
+    type = "server_error"
+    code = "internal_error"
 
 
 class ServiceUnavailable(CtxBudgetError):

@@ -3,32 +3,22 @@ proxies; unset, the SQLite files (`memory.store.path`, `report.path`) as before.
 
 The password comes from the environment variable `database.passwordEnv` names (or is part of
 `$CTXBUDGET_DATABASE_URL`); it never appears in the report, the log or `config show`
-(`redacted`).
+(`proxy.urls.redact`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 
 from memory.pg import PgDatabase
 from proxy.config.schema import DatabaseConfig
+from proxy.urls import redact
 
 log = logging.getLogger("ctxbudget.database")
 
-_PASSWORD = re.compile(r"^(\w+://[^:/@]*:)[^@]*@")
-
-
-def redacted(url: str) -> str:
-    """`url` with any password replaced by `***`.
-
-    >>> redacted("postgresql://app:s3cret@db:5432/ctxbudget")
-    'postgresql://app:***@db:5432/ctxbudget'
-    >>> redacted("postgresql://app@db/ctxbudget")
-    'postgresql://app@db/ctxbudget'
-    """
-    return _PASSWORD.sub(r"\1***@", url)
+redacted = redact
+"""The one URL redactor, `proxy.urls.redact`, under the name `proxy.pipeline.recall` imports."""
 
 
 def open_database(cfg: DatabaseConfig, env: Mapping[str, str]) -> PgDatabase | None:
@@ -44,7 +34,7 @@ def open_database(cfg: DatabaseConfig, env: Mapping[str, str]) -> PgDatabase | N
                 "database.passwordEnv names $%s, which is not set: connecting without a password",
                 cfg.password_env,
             )
-    log.info("database: %s (pool of %d)", redacted(cfg.url), cfg.pool_size)
+    log.info("database: %s (pool of %d)", redact(cfg.url), cfg.pool_size)
     return PgDatabase(
         cfg.url,
         password=password,

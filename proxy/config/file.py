@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from proxy.config.schema import Config
 from proxy.errors import ConfigError
-from proxy.upstream.http import redact
+from proxy.urls import redact
 
 ENV_CONFIG = "CTXBUDGET_CONFIG"
 LOCAL_FILES = ("ctxbudget.jsonc", "ctxbudget.json")

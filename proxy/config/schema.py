@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from yarl import URL
 
 from caps import Caps, ToolNames
 from memory.budget import DEFAULT_PROFILES
@@ -49,6 +50,7 @@ from memory.inject import Placement
 from memory.profiles import RequestedProfile
 from memory.types import MemoryLimits
 from proxy.errors import ConfigError
+from proxy.urls import redact
 
 log = logging.getLogger("ctxbudget.config")
 
@@ -71,10 +73,17 @@ FilePath = Annotated[Path, BeforeValidator(_expand), Field(strict=False)]
 def _has_scheme(value: str) -> str:
     # "127.0.0.1:18555" loads fine and then fails every request: say so at load.
     if not value.lower().startswith(("http://", "https://")):
+        shown = redact("http://" + value).removeprefix("http://")  # no `user:key@` shown
         raise ValueError(
-            f"must start with http:// or https://, got {value!r}: write "
-            f"'http://{value}' (or https:// for a remote provider)"
+            f"must start with http:// or https://, got {shown!r}: write "
+            f"'http://{shown}' (or https:// for a remote provider)"
         )
+    try:
+        host = URL(value, encoded=True).raw_host
+    except ValueError as exc:  # a port that is not a number, or out of range
+        raise ValueError(f"is not a valid URL ({exc}): got {redact(value)!r}") from None
+    if not host:
+        raise ValueError(f"names no host: got {redact(value)!r}")
     return value
 
 
@@ -95,7 +104,10 @@ class _Model(BaseModel):
 
 class UpstreamConfig(_Model):
     base_url: BaseUrl = "https://api.openai.com/v1"
-    """OpenAI-compatible base URL; requests go to `<baseUrl>/chat/completions`."""
+    """OpenAI-compatible base URL; requests go to `<baseUrl>/chat/completions`. A query string
+    (`…/v1?api-version=X`) is kept after each path; user info (`https://user:pw@host`) is sent
+    as HTTP Basic on requests that carry no `Authorization` of their own (the upstream key's
+    or the client's)."""
     api_key_env: str | None = "OPENAI_API_KEY"
     """Environment variable holding the upstream key; when set, it replaces the client's."""
     connect_timeout_seconds: float = Field(10.0, gt=0)
@@ -107,7 +119,7 @@ class UpstreamConfig(_Model):
 class AnthropicConfig(_Model):
     base_url: BaseUrl = "https://api.anthropic.com"
     """Anthropic Messages upstream; requests go to `<baseUrl>/v1/messages` (timeouts are
-    `proxy.upstream`'s)."""
+    `proxy.upstream`'s; a query string and user info as for `proxy.upstream.baseUrl`)."""
     api_key_env: str | None = "ANTHROPIC_API_KEY"
     """Environment variable holding the Anthropic key; when set, it replaces the client's
     `x-api-key`."""

@@ -33,6 +33,7 @@ from proxy.config.schema import (
     upstream_api_key,
 )
 from proxy.tokens import encoding_name
+from proxy.urls import join, split_base
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +46,13 @@ class Settings:
     cap_sources: dict[str, Any]
     tool_names: ToolNames
     upstream_base: str
+    """`proxy.upstream.baseUrl` without its query (nor a trailing `/`): paths go after it."""
+    upstream_query: str = field(repr=False)
+    """`proxy.upstream.baseUrl`'s own query string, kept on every upstream URL."""
     upstream_api_key: str | None = field(repr=False)
     anthropic_base: str
+    anthropic_query: str = field(repr=False)
+    """`proxy.anthropic.baseUrl`'s own query string, kept on every upstream URL."""
     anthropic_api_key: str | None = field(repr=False)
     proxy_keys: dict[str, str] = field(repr=False)
     """Proxy key → the owner it stands for."""
@@ -85,8 +91,9 @@ class Settings:
     """`database`: when its url is set, memories and the monitor live there (the report too)."""
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
-    def upstream_url(self, path: str) -> str:
-        return self.upstream_base + path
+    def upstream_url(self, path: str, query: str = "") -> str:
+        """`proxy.upstream.baseUrl` + `path`, its own query and then the client's `query`."""
+        return join(self.upstream_base, path, self.upstream_query, query)
 
     def route_for(self, model: str | None) -> RouteConfig | None:
         if model is None or not self.routes:
@@ -128,6 +135,8 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
     effective = effective_caps(config)
     budget = config.agents.defaults.context_budget
     upstream = config.proxy.upstream
+    upstream_base, upstream_query = split_base(upstream.base_url)
+    anthropic_base, anthropic_query = split_base(config.proxy.anthropic.base_url)
     memory = config.memory
     budgets = memory.budgets
     return Settings(
@@ -136,9 +145,11 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         caps=effective.caps,
         cap_sources=effective.sources,
         tool_names=tool_names(config),
-        upstream_base=str(upstream.base_url).rstrip("/"),
+        upstream_base=upstream_base,
+        upstream_query=upstream_query,
         upstream_api_key=upstream_api_key(config, env),
-        anthropic_base=config.proxy.anthropic.base_url.rstrip("/"),
+        anthropic_base=anthropic_base,
+        anthropic_query=anthropic_query,
         anthropic_api_key=anthropic_api_key(config, env),
         proxy_keys=proxy_keys(config, env),
         admin_key=admin_key(config, env),

@@ -49,7 +49,8 @@ from proxy.report.render import render_text
 from proxy.report.usage import UsageChunkDropper, UsageReader
 from proxy.routes.report import Reporting
 from proxy.state import ProxyState
-from proxy.upstream.http import UpstreamReply, redact
+from proxy.upstream.http import UpstreamReply
+from proxy.urls import redact
 from proxy.wire.body import read_body
 from proxy.wire.types import WireFormat, WireRequest
 
@@ -130,6 +131,7 @@ class Pipeline:
         if parsed is None:
             return None
         body, turn = parsed
+        wire.admit(body, owner)  # e.g. no continuing another key's Responses conversation
         marks["parsed"] = time.time_ns()
         route = settings.route_for(body.model)
         if route is not None and wire.name != "chat":

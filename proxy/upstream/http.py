@@ -22,8 +22,10 @@ from typing import Any, Protocol
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from proxy.errors import UpstreamError
+from proxy.urls import basic_auth, redact
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and ones we set ourselves are never copied across.
 _DROP_REQUEST = frozenset(
@@ -54,18 +56,6 @@ _DROP_RESPONSE = frozenset(
         "date",
     }
 )
-
-
-def redact(url: str) -> str:
-    """`url` without credentials in it (`https://user:key@host` → `https://***@host`), for
-    messages, the report and the log."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    if "@" not in authority:
-        return url
-    return f"{scheme}://***@{authority.rsplit('@', 1)[1]}{slash}{path}"
 
 
 def forward_request_headers(
@@ -194,6 +184,13 @@ class HttpUpstream:
             await self.start()
         if self._session is None:  # for the type checker: start() always sets it
             raise UpstreamError("upstream client is not running")
+        # User info in the base URL is HTTP Basic for a request with no credential header of
+        # its own; aiohttp refuses both at once (every request was a 500), and a request's
+        # own `Authorization` (the upstream key, or the client's) is the one meant.
+        sent, basic = basic_auth(url)
+        headers = dict(headers)
+        if basic is not None and not any(k.lower() == "authorization" for k in headers):
+            headers["authorization"] = basic
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=connect_timeout,
@@ -202,7 +199,7 @@ class HttpUpstream:
         )
         try:
             resp = await self._session.request(
-                method, url, data=body, headers=dict(headers), timeout=timeout
+                method, sent, data=body, headers=headers, timeout=timeout
             )
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamError(
@@ -227,7 +224,7 @@ class HttpUpstream:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(
                 f"upstream {redact(url)} is unreachable: {exc.__class__.__name__}: "
-                f"{str(exc).replace(url, redact(url))}",
+                f"{_without(str(exc), url, sent)}",
                 status=502,
                 code="upstream_unreachable",
             ) from exc
@@ -235,6 +232,22 @@ class HttpUpstream:
         if resp.status >= 400:
             raise await _upstream_failure(resp, url, headers_out)
         return HttpResponse(status=resp.status, headers=headers_out, _response=resp)
+
+
+def _without(message: str, *urls: str) -> str:
+    """`message` with each of `urls`, as given or as aiohttp spells it, redacted."""
+    for url in urls:
+        for spelled in {url, _spelled(url)}:
+            if spelled:
+                message = message.replace(spelled, redact(spelled))
+    return message
+
+
+def _spelled(url: str) -> str:
+    try:
+        return str(URL(url))
+    except ValueError:
+        return ""
 
 
 async def _upstream_failure(

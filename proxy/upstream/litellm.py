@@ -21,6 +21,7 @@ import orjson
 
 from proxy.config.schema import RouteConfig
 from proxy.errors import UpstreamError
+from proxy.urls import redact
 
 log = logging.getLogger("ctxbudget.providers")
 
@@ -125,26 +126,31 @@ class LitellmReply:
         """Nothing to release: litellm owns its connections."""
 
 
-def _first_line(exc: Exception) -> str:
-    """litellm puts tracebacks and bug-report links in its messages; clients get one line."""
-    text = str(getattr(exc, "message", None) or exc).strip()
+def _first_line(exc: Exception, route: RouteConfig) -> str:
+    """litellm puts tracebacks and bug-report links in its messages; clients get one line,
+    without the route's `apiBase` secrets should it name it."""
+    text = _hidden(str(getattr(exc, "message", None) or exc).strip(), route)
     line = text.splitlines()[0] if text else exc.__class__.__name__
     return line[:300]
 
 
+def _hidden(text: str, route: RouteConfig) -> str:
+    return text.replace(route.api_base, redact(route.api_base)) if route.api_base else text
+
+
 def _upstream_error(exc: Exception, route: RouteConfig) -> UpstreamError:
     name = exc.__class__.__name__
-    log.warning("%s failed: %s", route.model, exc)
+    log.warning("%s failed: %s", route.model, _hidden(str(exc), route))
     status = getattr(exc, "status_code", None)
     if "Timeout" in name:
         return UpstreamError(
-            f"{route.model} did not answer in time: {_first_line(exc)}",
+            f"{route.model} did not answer in time: {_first_line(exc, route)}",
             status=504,
             code="upstream_timeout",
         )
     if "APIConnectionError" in name or not isinstance(status, int) or status < 400:
         return UpstreamError(
-            f"{route.model} is unreachable or failed: {name}: {_first_line(exc)}",
+            f"{route.model} is unreachable or failed: {name}: {_first_line(exc, route)}",
             status=502,
             code="upstream_unreachable",
         )
@@ -153,7 +159,7 @@ def _upstream_error(exc: Exception, route: RouteConfig) -> UpstreamError:
     if retry:
         headers["retry-after"] = retry
     return UpstreamError(
-        f"{route.model} returned HTTP {status}: {_first_line(exc)}",
+        f"{route.model} returned HTTP {status}: {_first_line(exc, route)}",
         status=status,
         code="upstream_error",
         headers=headers,

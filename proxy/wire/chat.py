@@ -128,10 +128,13 @@ class ChatCompletions:
     generates = True
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:
-        return settings.upstream_url("/chat/completions" + (f"?{query}" if query else ""))
+        return settings.upstream_url("/chat/completions", query)
 
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         return openai_headers(headers, settings)
+
+    def admit(self, request: WireRequest, owner: str) -> None:
+        return None
 
     def watch_reply(self, request: WireRequest, owner: str) -> None:
         return None

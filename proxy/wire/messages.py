@@ -28,6 +28,7 @@ from proxy.cache.sessions import Block
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.upstream.http import forward_request_headers
+from proxy.urls import join
 from proxy.wire.body import JsonBody, check_model, parse_object, type_name
 from proxy.wire.types import InProcessRequest, Reply, WireRequest
 from proxy.wire.view import ChatView, arguments_json, paired, set_item, set_part, with_text
@@ -38,6 +39,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
     504: "timeout_error",
@@ -219,7 +221,7 @@ class AnthropicMessages:
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:
         base = settings.anthropic_base
         prefix = base if base.endswith("/v1") else base + "/v1"  # as OpenClaw resolves it
-        return prefix + self._endpoint + (f"?{query}" if query else "")
+        return join(prefix, self._endpoint, settings.anthropic_query, query)
 
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         out = forward_request_headers(headers, None)
@@ -231,6 +233,9 @@ class AnthropicMessages:
         elif headers.get("authorization"):  # OAuth tokens (`sk-ant-oat…`) come as Bearer
             out["authorization"] = headers["authorization"]
         return out
+
+    def admit(self, request: WireRequest, owner: str) -> None:
+        return None
 
     def watch_reply(self, request: WireRequest, owner: str) -> None:
         return None

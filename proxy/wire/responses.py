@@ -69,6 +69,47 @@ class CallNames:
         return len(self._calls)
 
 
+class ResponseOwners:
+    """Response id → the owner it was returned to, for the newest `limit` responses relayed:
+    a continuation (`previous_response_id`) of another owner's response is refused.
+
+    With proxy keys every owner reaches the upstream with the one upstream key, so the
+    upstream would continue any owner's stored conversation for anyone who names its id.
+    An id this process has not relayed (another worker's or instance's, one from before a
+    restart, or older than the newest `limit`) is not known here and goes upstream as sent.
+    """
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, response_id: str, owner: str) -> None:
+        with self._lock:
+            self._owners[response_id] = owner
+            self._owners.move_to_end(response_id)
+            while len(self._owners) > self._limit:
+                self._owners.popitem(last=False)
+
+    def check(self, response_id: Any, owner: str) -> None:
+        """`BadRequest` when `response_id` was returned to another owner: worded as the
+        upstream words an id it does not know, so the refusal tells nothing of the other."""
+        if not isinstance(response_id, str):
+            return
+        with self._lock:
+            known = self._owners.get(response_id)
+        if known is not None and known != owner:
+            error = BadRequest(
+                f"Previous response with id {response_id!r} not found.",
+                param="previous_response_id",
+            )
+            error.code = "previous_response_not_found"
+            raise error
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+
 class ResponsesRequest(InProcessRequest):
     """A parsed Responses request (`WireRequest`)."""
 
@@ -262,6 +303,7 @@ class OpenAIResponses:
 
     def __init__(self, names: CallNames | None = None) -> None:
         self.names = names if names is not None else CallNames()
+        self.owners = ResponseOwners()
 
     def parse(self, raw: bytes, *, owner: str = "default") -> ResponsesRequest:
         body = parse_object(raw, example=_EXAMPLE, parsed=("input", "instructions"))
@@ -287,7 +329,7 @@ class OpenAIResponses:
         return ResponsesRequest(body, owner, self.names)
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:
-        return settings.upstream_url("/responses" + (f"?{query}" if query else ""))
+        return settings.upstream_url("/responses", query)
 
     def upstream_headers(self, headers: Mapping[str, str], settings: Settings) -> dict[str, str]:
         out = openai_headers(headers, settings)
@@ -296,8 +338,11 @@ class OpenAIResponses:
         out["accept-encoding"] = "identity"
         return out
 
+    def admit(self, request: WireRequest, owner: str) -> None:
+        self.owners.check(request.get("previous_response_id"), owner)
+
     def watch_reply(self, request: WireRequest, owner: str) -> CallWatcher:
-        return CallWatcher(self.names, owner, stream=request.stream)
+        return CallWatcher(self.names, owner, stream=request.stream, owners=self.owners)
 
     def error_body(self, error: CtxBudgetError) -> dict[str, Any]:
         return error.to_dict()
@@ -320,12 +365,21 @@ class OpenAIResponses:
 
 
 class CallWatcher:
-    """Remembers the function calls a relayed reply makes (`ReplyWatcher`)."""
+    """Remembers the function calls a relayed reply makes, and whom its response id was
+    returned to (`ReplyWatcher`)."""
 
-    def __init__(self, names: CallNames, owner: str, *, stream: bool) -> None:
+    def __init__(
+        self,
+        names: CallNames,
+        owner: str,
+        *,
+        stream: bool,
+        owners: ResponseOwners | None = None,
+    ) -> None:
         self._names = names
         self._owner = owner
         self._stream = stream
+        self._owners = owners
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -336,7 +390,9 @@ class CallWatcher:
         lines = data.split(b"\n")
         self._buffer = lines.pop()  # an unfinished line waits for the next chunk
         for line in lines:
-            if line.startswith(b"data:") and b'"function_call"' in line:
+            if line.startswith(b"data:") and (
+                b'"function_call"' in line or b'"response.created"' in line
+            ):
                 try:
                     event = orjson.loads(line[5:])
                 except orjson.JSONDecodeError:
@@ -348,8 +404,15 @@ class CallWatcher:
         if event.get("type") == "response.output_item.done":
             self._item(event.get("item"))
         elif isinstance(event.get("response"), dict):
-            for item in event["response"].get("output") or ():
-                self._item(item)
+            self._response(event["response"])
+
+    def _response(self, response: dict[str, Any]) -> None:
+        """A response object: whose it is, and the calls in its output."""
+        if self._owners is not None and isinstance(response.get("id"), str):
+            self._owners.remember(response["id"], self._owner)
+        output = response.get("output")
+        for item in output if isinstance(output, list) else ():  # an odd reply is relayed as is
+            self._item(item)
 
     def _item(self, item: Any) -> None:
         if (
@@ -373,8 +436,7 @@ class CallWatcher:
             except orjson.JSONDecodeError:
                 reply = None
             if isinstance(reply, dict):
-                for item in reply.get("output") or ():
-                    self._item(item)
+                self._response(reply)
         self._buffer = b""
 
 

@@ -214,6 +214,11 @@ class WireFormat(Protocol):
         credential is a proxy key, which never goes upstream."""
         ...
 
+    def admit(self, request: WireRequest, owner: str) -> None:
+        """Refuse (`RequestError`) what `owner` may not ask of state this format keeps for
+        another owner (Responses: continuing another owner's response); most formats: no-op."""
+        ...
+
     def watch_reply(self, request: WireRequest, owner: str) -> ReplyWatcher | None:
         """Something to read the reply as it is relayed, or None (most formats)."""
         ...

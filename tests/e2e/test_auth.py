@@ -62,3 +62,32 @@ def test_proxy_keys_gate_access(tmp_path: Path, standin: StandIn) -> None:
         assert basic_json.status_code == 401, "Basic is for the page only"
         assert "www-authenticate" not in basic_json.headers
     assert standin.received[0].headers["authorization"] == "Bearer sk-upstream"
+
+
+def test_a_key_cannot_continue_another_keys_stored_response(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """Every key reaches the upstream with the one upstream key, which continues any stored
+    response whose id it is given: bob could read on in alice's conversation (issue 24,
+    item 12)."""
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["upstream"]["apiKeyEnv"] = "TEST_UPSTREAM_KEY"
+    env = {"CTXBUDGET_PROXY_KEYS": "alice=pk-a,bob=pk-b", "TEST_UPSTREAM_KEY": "sk-upstream"}
+    with serve(tmp_path, config, env=env) as server:
+        alice = sdk(base_url=server.base_url, api_key="pk-a", max_retries=0)
+        bob = sdk(base_url=server.base_url, api_key="pk-b", max_retries=0)
+        first = alice.responses.create(model="m", input="my secret plan")
+        with alice.responses.stream(model="m", input="another") as events:
+            second = events.get_final_response()
+        for taken in (first.id, second.id):
+            with pytest.raises(openai.BadRequestError) as refused:
+                bob.responses.create(model="m", input="go on", previous_response_id=taken)
+            assert refused.value.code == "previous_response_not_found"
+            assert refused.value.param == "previous_response_id"
+        assert len(standin.received) == 2  # bob's continuations never went upstream
+        mine = alice.responses.create(model="m", input="go on", previous_response_id=first.id)
+        assert mine.output_text
+        # an id the upstream does not know: the upstream's own answer, worded the same
+        with pytest.raises(openai.BadRequestError) as unknown:
+            bob.responses.create(model="m", input="go on", previous_response_id="resp_nobody")
+        assert unknown.value.code == "previous_response_not_found"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.e2e.server import base_config, sdk, serve
+from tests.e2e.server import base_config, sdk, serve, standin_config, tracked
 from tests.standin import StandIn
 
 
@@ -157,3 +158,55 @@ def test_models_pass_through(tmp_path: Path, standin: StandIn) -> None:
         models = sdk(base_url=server.base_url, api_key="sk-x").models.list()
         assert [m.id for m in models.data]
         assert standin.received[0].path == "/v1/models"
+
+
+def test_the_proxys_own_errors_raise_each_sdks_typed_error(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """No route and wrong method come back in the route's own format: an Anthropic client
+    got OpenAI's shape on /v1/messages (issue 24, item 11)."""
+    with serve(tmp_path, standin_config(tmp_path, standin)) as server:
+        claude = tracked(anthropic.Anthropic(base_url=server.root, api_key="sk-ant", max_retries=0))
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            claude.messages.batches.create(
+                requests=[
+                    {
+                        "custom_id": "a",
+                        "params": {
+                            "model": "m",
+                            "max_tokens": 5,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    }
+                ]
+            )
+        assert missing.value.type == "not_found_error"
+        assert missing.value.body["type"] == "error"  # type: ignore[index]
+        assert (missing.value.api_message or "").startswith(
+            "no route /v1/messages/batches: ctxbudget serves /v1/chat/completions"
+        )
+        with pytest.raises(anthropic.APIStatusError) as wrong:
+            claude.get("/v1/messages", cast_to=object)
+        assert wrong.value.status_code == 405
+        assert wrong.value.type == "invalid_request_error"
+        assert wrong.value.body["type"] == "error"  # type: ignore[index]
+        assert wrong.value.api_message == "GET is not allowed on /v1/messages"
+
+        gpt = sdk(base_url=server.base_url, api_key="sk-x", max_retries=0)
+        with pytest.raises(openai.NotFoundError) as gone:
+            gpt.responses.retrieve("resp_1")
+        assert gone.value.code == "not_found"
+        assert "no route /v1/responses/resp_1: ctxbudget serves" in gone.value.message
+        with pytest.raises(openai.NotFoundError) as nowhere:
+            gpt.post("/chat/completions/x", cast_to=object, body={})
+        assert "no route /v1/chat/completions/x" in nowhere.value.message
+        with pytest.raises(openai.APIStatusError) as method:
+            gpt.get("/chat/completions", cast_to=object)
+        assert (method.value.status_code, method.value.code) == (405, "method_not_allowed")
+        assert method.value.body == {
+            "message": "GET is not allowed on /v1/chat/completions",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "method_not_allowed",
+        }
+    assert standin.received == []

@@ -30,7 +30,7 @@ from proxy.pipeline.offload import LARGE_BODY, Offload, OffloadedRequest
 from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses
 from tests.clamps import broken_clamp
 from tests.fakes import FakeUpstream, chat_chunks, chat_completion
-from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
+from tests.inproc import _OFFLOADS, InProcess, config_for, proxy_app, shared_offload, state_of
 from tests.openclaw import openclaw_request, tool_call, web_fetch_result
 from tests.proxy import test_wire_messages, test_wire_responses
 
@@ -51,7 +51,8 @@ def _proxy(
     offload: Offload | None,
     clamp: Clamp = clamp_request,
 ) -> Iterator[tuple[InProcess, FakeUpstream]]:
-    """`tests.inproc.proxy_app` with an offload of the test's own."""
+    """`tests.inproc.proxy_app` with an offload of the test's own (stopped at the end unless
+    it is a shared one), or None: the app's own."""
     tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "ctxbudget.json"
     path.write_text(json.dumps(config))
@@ -64,6 +65,8 @@ def _proxy(
         yield client, fake
     finally:
         client.close()
+        if offload is not None and offload not in _OFFLOADS.values():
+            asyncio.run(offload.close())
 
 
 @contextmanager

@@ -181,6 +181,7 @@ def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) 
             return out
 
     out = asyncio.run(run())
+    asyncio.run(offload.close())
     assert out[0]["status"] == 499
     assert fake.sent == []
 

@@ -122,3 +122,17 @@ def test_a_json_answer_read_as_chunks_is_the_one_object() -> None:
         return [c async for c in reply.iter_chunks()]
 
     assert asyncio.run(collect()) == [b'{"id":"x"}']
+
+
+def test_a_litellm_error_naming_the_routes_api_base_hides_its_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = "https://me:Z9pw@gw.example/v1?key=Z9key"
+    route = RouteConfig(model="openai/gpt-x", api_base=base)
+    mapped = _upstream_error(APIConnectionError(f"Cannot connect to {base}/chat"), route)
+    assert mapped.message == (
+        "openai/gpt-x is unreachable or failed: APIConnectionError: "
+        "Cannot connect to https://***@gw.example/v1?key=***/chat"
+    )
+    assert "openai/gpt-x failed: Cannot connect to https://***@gw.example" in caplog.text
+    assert "Z9" not in caplog.text

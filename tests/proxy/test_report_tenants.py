@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from tests.inproc import InProcess, proxy_app
-from tests.openclaw import openclaw_request, web_fetch_result
+from tests.openclaw import memory_get_result, openclaw_request, web_fetch_result
 
 ENV = {"CTXBUDGET_PROXY_KEYS": "alice=ka-1,bob=kb-2", "CTXBUDGET_ADMIN_KEY": "adm-1"}
 ALICE, BOB = {"authorization": "Bearer ka-1"}, {"authorization": "Bearer kb-2"}
@@ -89,3 +90,68 @@ def test_without_keys_the_one_owner_sees_everything(tmp_path: Path) -> None:
         report = client.get("/context/budget").json()
     assert report["totals"]["requests"] == 1
     assert report["recent"][0]["owner"] == "default"
+
+
+def _events(*events: dict[str, Any]) -> list[bytes]:
+    return [
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    ]
+
+
+def test_a_key_cannot_continue_another_keys_response(tmp_path: Path) -> None:
+    """With proxy keys every key reaches the upstream with the one upstream key: bob naming
+    alice's response id got her stored conversation continued for him (issue 24, item 12)."""
+    call = {"type": "function_call", "call_id": "call_a", "name": "memory_get", "arguments": "{}"}
+    notes = memory_get_result(text="alice's private notes. " * 300, path="alice/MEMORY.md")
+    result = {"type": "function_call_output", "call_id": "call_a", "output": notes}
+    env = {**ENV, "OPENAI_API_KEY": "sk-ours"}
+    with proxy_app(tmp_path, env=env) as (client, fake):
+        # alice's two responses, one streamed, one not: both ids are hers
+        fake.answer_sse(
+            _events(
+                {"type": "response.created", "response": {"id": "resp_A1", "output": []}},
+                {"type": "response.output_item.done", "output_index": 0, "item": call},
+                {"type": "response.completed", "response": {"id": "resp_A1", "output": [call]}},
+            )
+        )
+        asked = {"model": "m", "input": "fetch it", "stream": True}
+        assert client.post("/v1/responses", json=asked, headers=ALICE).status_code == 200
+        fake.answer_json({"id": "resp_A2", "object": "response", "output": [call]})
+        assert client.post("/v1/responses", json={"model": "m", "input": "again"}, headers=ALICE)
+        sent = len(fake.sent)
+
+        fake.answer_json({"id": "resp_B1", "object": "response", "output": []})
+        for taken in ("resp_A1", "resp_A2"):
+            for stream in (False, True):
+                body = {"model": "m", "previous_response_id": taken, "input": [result]}
+                r = client.post("/v1/responses", json={**body, "stream": stream}, headers=BOB)
+                assert r.status_code == 400
+                assert r.json()["error"] == {
+                    "message": f"Previous response with id '{taken}' not found.",
+                    "type": "invalid_request_error",
+                    "param": "previous_response_id",
+                    "code": "previous_response_not_found",
+                }
+        # a body over 1 MiB (parsed in the offload process) is refused the same way
+        big = {"model": "m", "previous_response_id": "resp_A1", "input": "x" * (1 << 20)}
+        r = client.post("/v1/responses", json=big, headers=BOB)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+        assert len(fake.sent) == sent  # nothing went upstream
+
+        # an id the proxy never returned goes on; alice's call names stay hers
+        body = {"model": "m", "previous_response_id": "resp_elsewhere", "input": [result]}
+        assert client.post("/v1/responses", json=body, headers=BOB).status_code == 200
+        # alice continues her own as before
+        body = {"model": "m", "previous_response_id": "resp_A1", "input": [result]}
+        mine = client.post("/v1/responses", json=body, headers=ALICE)
+        assert mine.status_code == 200 and mine.headers["x-context-budget-clamped"] == "1"
+
+        bobs = client.get("/context/budget", headers=BOB).json()
+        alices = client.get("/context/budget", headers=ALICE).json()
+        bobs_request = bobs["recent"][0]["id"]
+        detail = client.get(f"/context/budget/requests/{bobs_request}", headers=BOB).json()
+    assert bobs["totals"]["requests"] == 1 and alices["totals"]["requests"] == 3
+    # alice's call names are not bob's: his result is no tool's he called
+    assert detail["segments"] == []
+    # his session holds his request only, never joined to hers (keyed by owner)
+    assert [s["requests"] for s in bobs["sessions"]] == [1]

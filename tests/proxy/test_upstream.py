@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -222,3 +223,44 @@ def test_a_failure_never_shows_credentials_in_the_upstream_url() -> None:
     assert error.status == 502
     assert "sk-secret9" not in error.message
     assert f"http://***@127.0.0.1:{port}/v1/x" in error.message
+
+
+def test_a_failure_never_shows_a_query_value_of_the_upstream_url() -> None:
+    error, port = _unreachable("http://127.0.0.1:{port}/v1/x?token=tok-secret7")
+    assert "tok-secret7" not in error.message
+    assert f"http://127.0.0.1:{port}/v1/x?token=***" in error.message
+
+
+def test_user_info_in_the_url_is_basic_auth_unless_the_request_has_authorization() -> None:
+    """aiohttp refuses user info in the URL together with an Authorization header: every
+    request with both was a 500 (issue 24, item 10)."""
+    seen: list[tuple[str | None, str]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((request.headers.get("authorization"), request.path_qs))
+        return web.json_response({"ok": True})
+
+    async def go(base: str) -> None:
+        url = base.replace("http://", "http://me:p%40ss@") + "/v1/chat/completions?token=T"
+        upstream = HttpUpstream()
+        try:
+            for headers in ({"Authorization": "Bearer sk-client"}, {}):
+                reply = await upstream.request(
+                    "POST",
+                    url,
+                    body=b"{}",
+                    headers=headers,
+                    connect_timeout=2,
+                    read_timeout=5,
+                )
+                assert reply.status == 200
+                await reply.read()
+        finally:
+            await upstream.close()
+
+    asyncio.run(_with_server(handler, go))
+    basic = "Basic " + base64.b64encode(b"me:p@ss").decode()
+    assert seen == [
+        ("Bearer sk-client", "/v1/chat/completions?token=T"),
+        (basic, "/v1/chat/completions?token=T"),
+    ]

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import xxhash
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
@@ -63,6 +66,11 @@ KEEP_BLOCKS = 1024
 sessions kept, this bounds the digests at 64 MB in the worst case (~13 MB for 200-block agent
 sessions)."""
 DIGEST = 16
+"""Bytes of a block digest (`_digest`)."""
+SEED_ENV = "CTXBUDGET_DIGEST_SEED"
+SEED = int(os.environ.get(SEED_ENV) or secrets.randbits(64))
+"""The block digests' seed: random per process; the offload worker gets its parent's
+(`SEED_ENV`), so the digests of one session compare across the two."""
 KEEP_MEMORY_BLOCKS = 8
 """Memory blocks remembered per session, to be placed again where they were."""
 LATE_SECONDS = 60.0
@@ -195,8 +203,12 @@ def _unmarked(data: bytes) -> bytes:
 
 
 def _digest(data: bytes) -> bytes:
-    # SHA-256 runs on the CPU's SHA extensions: twice blake2b's speed here (0.07 ms per 100 KB)
-    return hashlib.sha256(data).digest()[:DIGEST]
+    # XXH3 (128 bits), seeded: ~70x SHA-256's speed here (11 µs for a 186 KB request, where
+    # SHA-256 took ~0.3 ms of the ~0.5 ms a request may cost). A digest only ever meets
+    # digests of the same process (sessions are per worker; the offload process shares its
+    # parent's seed) and is never shown: with the seed unknown, no client can make two blocks
+    # digest alike, and a collision could only mislabel the client's own session anyway.
+    return xxhash.xxh3_128_digest(data, SEED)
 
 
 def _safe(value: str) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement
 from memory.query import UserTurn
+from proxy.cache import sessions
 from proxy.cache.sessions import Block, Digested, PrefixChange
 from proxy.config.settings import Settings
 from proxy.pipeline import jobs
@@ -58,7 +59,8 @@ class Offload(Worker):
     `OffloadedRequest`'s own)."""
 
     def __init__(self, *, threshold: int = LARGE_BODY) -> None:
-        super().__init__()
+        # the blocks it digests are compared with this process's
+        super().__init__(env={sessions.SEED_ENV: str(sessions.SEED)})
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,9 @@ from proxy.wire.body import read_body
 from proxy.wire.types import WireFormat, WireRequest
 
 log = logging.getLogger("ctxbudget.proxy")
+_IDS = random.Random(secrets.randbits(64))
+"""Request ids: unique, not secret (a key reads only its own requests by id), and without a
+system call per request (`secrets` reads the OS's random source every time)."""
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -76,7 +80,7 @@ class Call:
     """`perf_counter()` when the request arrived."""
     marks: dict[str, int]
     """Wall-clock ns of each phase, for the telemetry spans."""
-    id: str = field(default_factory=lambda: "cb-" + secrets.token_hex(8))
+    id: str = field(default_factory=lambda: f"cb-{_IDS.getrandbits(64):016x}")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -165,7 +165,9 @@ class Worker:
     120 ms.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None) -> None:
+        self._env = dict(env or {})
+        """Set in the worker's environment beside this process's own."""
         self._lock = threading.Lock()
         """Held by the one job the worker runs."""
         self._queued = 0
@@ -328,6 +330,7 @@ class Worker:
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
                     cwd="/",
+                    env={**os.environ, **self._env} if self._env else None,
                 )
             self._conn = Connection(ours.detach())
         return self._conn

@@ -123,7 +123,7 @@ class ChatCompletions:
     provider = "openai"
 
     def parse(self, raw: bytes, *, owner: str = "default") -> ChatCompletionsRequest:
-        return ChatCompletionsRequest(parse_chat_body(raw))
+        return ChatCompletionsRequest(parse_chat_body(raw, owner))
 
     generates = True
 

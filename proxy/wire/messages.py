@@ -191,7 +191,7 @@ class AnthropicMessages:
         self._endpoint = "/messages/count_tokens" if counting else "/messages"
 
     def parse(self, raw: bytes, *, owner: str = "default") -> MessagesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed=("messages", "system"))
+        body = parse_object(raw, example=_EXAMPLE, parsed=("messages", "system"), owner=owner)
         messages = body.get("messages")
         if messages is None:
             raise BadRequest("'messages' is required: a list of messages", param="messages")

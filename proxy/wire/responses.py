@@ -306,7 +306,7 @@ class OpenAIResponses:
         self.owners = ResponseOwners()
 
     def parse(self, raw: bytes, *, owner: str = "default") -> ResponsesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed=("input", "instructions"))
+        body = parse_object(raw, example=_EXAMPLE, parsed=("input", "instructions"), owner=owner)
         value = body.get("input")
         if value is None and "input" in body:
             raise BadRequest("'input' must be a string or a list of items, got null", param="input")

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import doctest
+import itertools
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import proxy.wire.body
 from proxy.errors import BadRequest
-from proxy.wire.body import parse_chat_body
+from proxy.wire.body import TAILS, parse_chat_body, parse_object
 
 
 def test_doctests() -> None:
@@ -48,3 +51,58 @@ def test_valid_json_that_fast_parsers_refuse_still_works() -> None:
     assert body.messages[0]["content"] == "\ud800"
     assert body.get("seed") == 2**70
     assert json.loads(body.encode(body.messages)) == json.loads(raw)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=12,
+)
+_FRESH = itertools.count()
+TOOLS = json.dumps([{"name": f"tool{i}", "description": "é" * 40} for i in range(300)])  # ~27 KB: worth remembering
+
+
+def _full(raw: bytes) -> dict[str, bytes] | str:
+    """What a scan of the whole body gives (no tail remembered): fields, or the error."""
+    try:
+        body = parse_object(raw, example="x", owner=f"fresh-{next(_FRESH)}")
+    except BadRequest as exc:
+        return exc.message
+    return {k: bytes(v) if not body._decoded else v for k, v in body._fields.items()}
+
+
+@given(
+    st.lists(_JSON, max_size=4),
+    st.sampled_from(["", " ", "\n  "]),
+    st.sampled_from([b"", b"}", b'"', b"\xff", b"[", b",1"]),
+)
+def test_a_remembered_tail_reads_every_body_as_a_whole_scan_does(
+    messages: list[object], space: str, junk: bytes
+) -> None:
+    # one turn, then the next with more messages and the same tools after them
+    first = f'{{"model": "m", "messages": [],{space}"tools": {TOOLS}, "n": 1}}'.encode()
+    parse_object(first, example="x", owner="o")
+    grown = json.dumps(messages).encode()
+    hit = f'{{"model": "m", "messages": {grown.decode()},{space}"tools": {TOOLS}, "n": 1}}'
+    assert TAILS.fields(hit.encode(), "o") is not None  # read from the remembered tail
+    for raw in (
+        f'{{"model": "m", "messages": {grown.decode()},{space}"tools": {TOOLS}, "n": 1}}'.encode(),
+        # the same ending after something that is not a member boundary, or not JSON
+        b'{"model": "m", "x": ' + junk + first[first.index(b", ", 20) :],
+        b'{"messages": [' + junk + first[first.index(b"],") + 1 :],
+    ):
+        try:
+            found = parse_object(raw, example="x", owner="o")
+        except BadRequest as exc:
+            assert _full(raw) == exc.message
+        else:
+            fields = {k: bytes(v) if not found._decoded else v for k, v in found._fields.items()}
+            assert fields == _full(raw)
+
+
+def test_the_tail_of_one_owner_is_not_another_owners() -> None:
+    first = f'{{"messages": [], "tools": {TOOLS}}}'.encode()
+    parse_object(first, example="x", owner="alice")
+    later = f'{{"messages": [1], "tools": {TOOLS}}}'.encode()
+    assert TAILS.fields(later, "alice") is not None
+    assert TAILS.fields(later, "bob") is None

@@ -1,0 +1,178 @@
+"""The request path's own CPU cost, stage by stage, against the floor, in one process.
+
+Replays the largest captured OpenClaw request (../shared/fixtures/openclaw; else a built one
+of the same size) through the real app in-process (the ASGI app, a canned upstream, the
+report store and its writer thread, SQLite memory store, budget on, no memories) and through
+the floor (a bare Starlette route that reads the body and hands it to the same canned
+upstream), A/B interleaved, and prints:
+
+- CPU per request (the process's user+sys time: the report's writer thread included) of
+  each, and the difference: the pipeline's own cost;
+- where the request path's time goes, per stage (median wall time between the phase marks
+  the pipeline records for telemetry: parse, clamp, recall/session, forward and answer);
+- with --profile, the functions the path spends the most time in (cProfile, this thread).
+
+Sockets and uvicorn are left out on both sides (bench/overhead.py measures them); what
+remains is what ctxbudget itself adds.
+
+    .venv/bin/python bench/stages.py            # 6 rounds of 400 requests each side
+    .venv/bin/python bench/stages.py --quick    # 3 rounds of 150
+    .venv/bin/python bench/stages.py --profile  # and the top functions
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from proxy.app import create_app  # noqa: E402
+from proxy.config.schema import ConfigSource  # noqa: E402
+from tests.fakes import FakeUpstream, chat_completion  # noqa: E402
+from tests.openclaw import load_fixtures, openclaw_request  # noqa: E402
+
+REPLY = {
+    **chat_completion(model="gpt-4o"),
+    "usage": {
+        "prompt_tokens": 40_000,
+        "completion_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 38_000},
+    },
+}
+STAGES = (
+    ("read + parse", "start", "parsed"),
+    ("clamp", "parsed", "clamped"),
+    ("session + recall", "recall_start", "recall_end"),
+    ("headers + record", "recall_end", "upstream_start"),
+    ("forward + answer", "upstream_start", "end"),
+)
+
+
+def capture() -> tuple[str, bytes]:
+    found = load_fixtures()
+    if found:
+        name, body = max(found, key=lambda p: len(json.dumps(p[1])))
+    else:
+        name, body = "built-186k", openclaw_request(version="9.x", size_bytes=186_000)
+    body = {**body, "stream": False}
+    body.pop("stream_options", None)
+    return name, json.dumps(body, ensure_ascii=False).encode()
+
+
+def floor_app(upstream: FakeUpstream) -> Starlette:
+    async def chat(request: Request) -> Response:
+        body = await request.body()
+        reply = await upstream.request(
+            "POST",
+            "http://upstream.test/v1/chat/completions",
+            body=body,
+            headers={"content-type": "application/json"},
+            connect_timeout=5,
+            read_timeout=5,
+        )
+        return Response(await reply.read(), status_code=reply.status)
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+class Marks:
+    """A report sink keeping each request's phase marks (the pipeline's telemetry marks)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, int]] = []
+
+    def record(self, r: Any, body: dict[str, Any]) -> None:
+        self.seen.append(dict(r.marks))
+
+
+async def run(app: Any, upstream: FakeUpstream, raw: bytes, n: int) -> float:
+    """CPU seconds per request for `n` requests (after the app's report is flushed)."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        headers = {"content-type": "application/json"}
+        start = time.process_time()
+        for _ in range(n):
+            upstream.answer_json(REPLY)
+            r = await client.post("/v1/chat/completions", content=raw, headers=headers)
+            if r.status_code != 200:
+                raise SystemExit(f"{r.status_code}: {r.text[:300]}")
+        state = getattr(app.state, "proxy", None)
+        if state is not None:
+            state.reports.flush()
+        return (time.process_time() - start) / n
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--rounds", type=int, default=0)
+    args = parser.parse_args()
+    rounds, n = (3, 150) if args.quick else (6, 400)
+    if args.rounds:
+        rounds = args.rounds
+    name, raw = capture()
+    tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
+    config = {
+        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
+        "memory": {"store": {"path": str(tmp / "memory.db")}},
+        "report": {"path": str(tmp / "report.db")},
+    }
+    (tmp / "ctxbudget.json").write_text(json.dumps(config))
+    ours_upstream, floor_upstream = FakeUpstream(), FakeUpstream()
+    app = create_app(
+        ConfigSource(tmp / "ctxbudget.json", {}, {}), upstream=ours_upstream, env={}, run="bench"
+    )
+    floor = floor_app(floor_upstream)
+    marks = Marks()
+    app.state.proxy.reports.sinks.append(marks)
+    print(f"{name}: {len(raw):,} bytes, budget on, no memories; {rounds} rounds of {n}")
+    async with app.router.lifespan_context(app):
+        await run(app, ours_upstream, raw, 50)  # warm: caches, litellm's price map, SQLite
+        await run(floor, floor_upstream, raw, 50)
+        ours, bare = [], []
+        for _ in range(rounds):
+            ours.append(await run(app, ours_upstream, raw, n))
+            bare.append(await run(floor, floor_upstream, raw, n))
+        records = marks.seen[-n:]
+        if args.profile:
+            profile = cProfile.Profile()
+            profile.enable()
+            await run(app, ours_upstream, raw, n)
+            profile.disable()
+    mid = statistics.median
+    diffs = [a - b for a, b in zip(ours, bare, strict=True)]
+    print(f"  CPU per request: ctxbudget {mid(ours) * 1e3:.3f} ms, floor {mid(bare) * 1e3:.3f} ms")
+    print(
+        f"  the pipeline's own cost: {mid(diffs) * 1e3:.3f} ms p50 of {rounds} rounds "
+        f"({min(diffs) * 1e3:.3f}–{max(diffs) * 1e3:.3f})"
+    )
+    print("  wall time per stage (median of the last requests):")
+    for label, a, b in STAGES:
+        spans = [(r[b] - r[a]) / 1e6 for r in records if a in r and b in r]
+        if spans:
+            print(f"    {label:<18} {mid(spans):.3f} ms")
+    if args.profile:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response

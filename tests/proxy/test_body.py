@@ -59,7 +59,8 @@ _JSON = st.recursive(
     max_leaves=12,
 )
 _FRESH = itertools.count()
-TOOLS = json.dumps([{"name": f"tool{i}", "description": "é" * 40} for i in range(300)])  # ~27 KB: worth remembering
+# ~27 KB: long enough to be remembered
+TOOLS = json.dumps([{"name": f"tool{i}", "description": "é" * 40} for i in range(300)])
 
 
 def _full(raw: bytes) -> dict[str, bytes] | str:

@@ -124,6 +124,8 @@ async def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--rounds", type=int, default=0)
+    parser.add_argument("--sort", default="tottime", help="cProfile order (with --profile)")
+    parser.add_argument("--top", type=int, default=30, help="functions shown (with --profile)")
     args = parser.parse_args()
     rounds, n = (3, 150) if args.quick else (6, 400)
     if args.rounds:
@@ -170,7 +172,7 @@ async def main() -> None:
         if spans:
             print(f"    {label:<18} {mid(spans):.3f} ms")
     if args.profile:
-        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

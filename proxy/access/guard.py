@@ -64,7 +64,10 @@ class BrowserGuard:
                 for k, v in raw_headers
                 if (key := k.decode("latin-1").lower()) in _READ
             }
-            refusal = refuse(self.settings(), scope["method"], headers)
+            settings = self.settings()
+            # the request is served with these (one look at the config file a request)
+            scope.setdefault("state", {})["settings"] = settings
+            refusal = refuse(settings, scope["method"], headers)
         if refusal is None:
             await self.app(scope, receive, send)
             return

@@ -127,7 +127,7 @@ class Pipeline:
         waited for the offload process."""
         started = time.perf_counter()
         marks = {"start": time.time_ns()}
-        settings = self.state.settings()
+        settings = request_settings(request, self.state)
         owner = owner_for(request.headers, settings)
         options = RequestOptions.from_headers(request.headers, default_enabled=settings.enabled)
         raw = await read_body(request, settings.max_body_bytes)
@@ -387,6 +387,12 @@ class Pipeline:
         if isinstance(reply.body, bytes):
             return Response(reply.body, media_type=reply.media_type, headers=headers)
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
+
+
+def request_settings(request: Request, state: ProxyState) -> Settings:
+    """The settings the request is served with: as the door (`BrowserGuard`) read them."""
+    found = getattr(request.state, "settings", None)
+    return found if isinstance(found, Settings) else state.settings()
 
 
 def _refuses_usage(exc: UpstreamError) -> bool:

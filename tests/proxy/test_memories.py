@@ -163,3 +163,36 @@ def test_a_stopped_memory_database_gives_503_and_chat_still_answers(
             assert [m["text"] for m in client.get("/v1/memories").json()["data"]] == [
                 "Standup is at 9:30"
             ]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_nul_in_any_field_is_a_400_naming_it_and_nothing_is_stored(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    """PostgreSQL's text refuses a NUL (the routes answered 500); SQLite stored it. A memory
+    is refused, not changed: its text is what its owner gave (issue 24, item 5)."""
+    env = {"CTXBUDGET_ADMIN_KEY": "adm-secret"}
+    if backend == "postgres":
+        env["CTXBUDGET_DATABASE_URL"] = request.getfixturevalue("pg_url")
+    with proxy_app(tmp_path, env=env) as (client, _):
+        for body, field in (
+            ({"text": "tea\u0000"}, "text"),
+            ({"text": "tea", "scope": "agent:\u0000x"}, "scope"),
+            ({"text": "tea", "owner": "bob\u0000"}, "owner"),
+            ({"text": "tea", "category": "fact\u0000"}, "category"),
+            ([{"text": "ok"}, {"text": "tea\u0000"}], "text"),
+        ):
+            r = client.post("/v1/memories", json=body, headers=ADMIN)
+            assert r.status_code == 400, (body, r.text)
+            assert f"{field} contains a NUL character" in r.json()["error"]["message"]
+        for params, field in (
+            ({"owner": "bob\u0000"}, "owner"),
+            ({"scope": "a\u0000"}, "scope"),
+            ({"q": "tea\u0000"}, "q"),
+        ):
+            r = client.get("/v1/memories", params=params, headers=ADMIN)
+            assert r.status_code == 400, (params, r.text)
+            assert r.json()["error"]["param"] == field
+        gone = client.delete("/v1/memories/1", params={"owner": "\u0000"}, headers=ADMIN)
+        assert gone.status_code == 400
+        assert client.get("/v1/memories", headers=ADMIN).json()["data"] == []

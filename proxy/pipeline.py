@@ -32,6 +32,7 @@ from proxy.body import read_body
 from proxy.config import RouteConfig
 from proxy.errors import BadRequest, ClampError, UpstreamError
 from proxy.headers import PREFIX, RequestOptions, budget_headers, money_headers
+from proxy.injection import Skipped
 from proxy.offload import Offload, OffloadedRequest, OffloadError
 from proxy.price_map import input_price, prices
 from proxy.relay import CLIENT_GONE, Recorder, read_whole, relay
@@ -150,6 +151,8 @@ class Pipeline:
             headers[f"{PREFIX}-profile"] = recalled.applied
         elif memory.reused:
             headers[f"{PREFIX}-memories"] = str(memory.reused)
+        if memory.skipped is not None:
+            headers[f"{PREFIX}-memories-skipped"] = memory.skipped.header
         if memory.change is not None:
             headers[f"{PREFIX}-session"] = memory.change.session
             if memory.change.bust is not None:
@@ -181,6 +184,7 @@ class Pipeline:
                 prices=prices(route.model if route else body.model),
                 memory_texts=memory.texts,
                 memory_reused=memory.reused,
+                memory_skipped=memory.skipped.reason if memory.skipped is not None else None,
             ),
             started=started,
             record=wire.generates,
@@ -261,8 +265,10 @@ class Pipeline:
         """The session's memory blocks placed again where they were, recall for a new user
         turn, and what the request did to the session's cached prefix."""
         if not wire.generates:  # token counting: no session, recall as for any request
-            recalled = await self.state.memory.inject(body, turn, owner, settings, options)
-            return _Memory(recalled=recalled)
+            found = await self.state.memory.inject(body, turn, owner, settings, options)
+            if isinstance(found, Skipped):
+                return _Memory(recalled=None, skipped=found)
+            return _Memory(recalled=found)
         sessions = self.state.sessions
         # a large body's blocks come hashed from the offload process (`Digested`)
         prefix = ClientPrefix(body.blocks())
@@ -273,13 +279,15 @@ class Pipeline:
         for at, text in placed.items():
             body.place_memory(at, text)
         turn_at = _block_of(prefix, turn)
-        recalled = None
+        recalled = skipped = None
         reused = 0
         if placed and turn_at is not None and max(placed) >= turn_at:
             reused = placed[max(placed)].count("\n")  # a line a memory, after the header
         else:
             before = body.blocks()
-            recalled = await self.state.memory.inject(body, turn, owner, settings, options)
+            found = await self.state.memory.inject(body, turn, owner, settings, options)
+            skipped = found if isinstance(found, Skipped) else None
+            recalled = None if isinstance(found, Skipped) else found
             if recalled is not None and not isinstance(body, OffloadedRequest):
                 placed.update(memory_added(before, body.blocks()))
         if isinstance(body, OffloadedRequest):
@@ -289,7 +297,7 @@ class Pipeline:
         change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
         if isinstance(body, OffloadedRequest):
             change = body.defer_count(change)  # large moved blocks, counted after forwarding
-        return _Memory(recalled, change, tuple(placed.values()), reused)
+        return _Memory(recalled, change, tuple(placed.values()), reused, skipped)
 
     def _clamp(
         self, body: WireRequest, settings: Settings, enabled: bool
@@ -383,6 +391,8 @@ class _Memory:
     """Every memory block in the request (new or placed again)."""
     reused: int = 0
     """Memories of this user turn placed again (recall already ran for the turn)."""
+    skipped: Skipped | None = None
+    """Why recall did not run (the memory database did not answer), or None."""
 
 
 def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:

@@ -161,9 +161,9 @@ def _at_once(server: ProxyServer, n: int = 6) -> list[tuple[float, httpx.Respons
 def test_a_database_outage_costs_chat_requests_their_memories_not_a_wait(
     tmp_path: Path, standin: StandIn
 ) -> None:
-    """While the database is down, a chat request waits for it at most once (the first that
-    finds it down, together with those in flight); the rest go upstream without memories at
-    once, saying why, until a background check sees it again. A proxy started during the
+    """While the database is down, chat requests go upstream without memories at once, saying
+    why, until a background check sees it again (the first that find it down wait at most one
+    connect timeout: a refused connection fails them at once). A proxy started during the
     outage does not queue requests behind a lock while it connects (issue 24, item 7: 6 at
     once finished at 2, 4, ... 12 s with a 2 s connect timeout)."""
     with postgres_cluster() as cluster:  # a private cluster: this test stops it
@@ -177,7 +177,7 @@ def test_a_database_outage_costs_chat_requests_their_memories_not_a_wait(
             cluster.stop()
             first = _at_once(server)
             assert [r.status_code for _, r in first] == [200] * 6, "traffic goes on"
-            assert max(t for t, _ in first) < 6, "one connect timeout (3 s), not one each"
+            assert max(t for t, _ in first) < 5, "at most one connect timeout (3 s)"
             then = _at_once(server)
             assert [r.status_code for _, r in then] == [200] * 6
             assert max(t for t, _ in then) < 1.5, "skipped at once (each waited 3 s before)"

@@ -4,6 +4,7 @@ so the session's shared cluster is never disturbed."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,5 +80,49 @@ def test_a_database_back_after_a_long_outage_answers_the_next_call(own_cluster: 
             except DatabaseUnavailable:
                 assert time.monotonic() - started < 20
         assert time.monotonic() - started < 2.5, "answered at the next call, not the pool's"
+    finally:
+        db.close()
+
+
+def test_calls_on_stale_connections_fail_at_once_when_the_server_is_down(
+    own_cluster: Cluster,
+) -> None:
+    """A stale connection may mean a restart (take a fresh one) or an outage: a connection of
+    our own tells which, so at the start of an outage the calls fail now, not after the pool's
+    timeout (the memory stage then skips memories at once)."""
+    db = PgDatabase(own_cluster.new_database(), pool_size=6, connect_timeout=5)
+    try:
+        _fill(db, 6)
+        own_cluster.stop()
+
+        def call(_: int) -> float:
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable):
+                db.fetchall("SELECT 1")
+            return time.monotonic() - started
+
+        with ThreadPoolExecutor(6) as pool:
+            took = list(pool.map(call, range(6)))
+        assert max(took) < 2, f"not the pool's 5 s timeout: {took}"
+    finally:
+        db.close()
+
+
+def test_a_server_that_refuses_connections_fails_calls_at_once() -> None:
+    """No pooled connection and a server that is down: the call says so now, not after the
+    pool's timeout (5 s here); the memory routes and the report answer 503 at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    db = PgDatabase(f"postgresql://postgres@127.0.0.1:{port}/none", connect_timeout=5)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="Connection refused"):
+                db.fetchall("SELECT 1")
+            with pytest.raises(DatabaseUnavailable):
+                with db.transaction():
+                    pass
+            assert time.monotonic() - started < 1
     finally:
         db.close()

@@ -266,13 +266,22 @@ def start_run(path: Path | PgDatabase, run: str, started: float) -> None:
         open_pg(path).execute(_ADD_RUN, (run, started))
 
 
-class _Entry:
-    """A described record waiting to be written: its JSON entry and the entry as text."""
+_UNAVAILABLE = (DatabaseUnavailable, sqlite3.OperationalError)
+"""What keeps records for a later try: PostgreSQL not answering, and SQLite's operational
+errors (locked past its 30 s busy timeout, disk full); anything else is the record's."""
 
-    __slots__ = ("body", "text")
+
+class _Entry:
+    """A described record waiting to be written: its JSON entry as text, and the fields it is
+    stored under (the entry is parsed again to be written: kept as dicts, records waiting
+    through an outage took ~4x the memory of their text)."""
+
+    __slots__ = ("id", "owner", "at", "text")
 
     def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
+        self.id: str = body["id"]
+        self.owner: str = body["owner"]
+        self.at: float = body["at"]
         self.text = dumps_entry(body)
 
 
@@ -454,14 +463,15 @@ class ReportStore:
         for record in records:
             try:
                 record = storable_record(record)
-                entry = _Entry(describe(record, self._tokens))
+                body = describe(record, self._tokens)
+                entry = _Entry(body)
             except Exception:
                 self._lost[storable(record.owner)] += 1
                 log.exception("could not describe request %s for the report", record.id)
                 continue
             for sink in self.sinks:
                 try:
-                    sink.record(record, entry.body)
+                    sink.record(record, body)
                 except Exception:
                     log.exception("%s could not take request %s", type(sink).__name__, record.id)
             self._pending.append(entry)
@@ -470,7 +480,7 @@ class ReportStore:
         while self._pending_bytes > PENDING_BYTES and len(self._pending) > 1:
             gone = self._pending.popleft()
             self._pending_bytes -= len(gone.text)
-            self._lost[gone.body["owner"]] += 1
+            self._lost[gone.owner] += 1
             dropped += 1
         if dropped:
             log.error(
@@ -491,7 +501,7 @@ class ReportStore:
             try:
                 self._ready()
                 self._store(conn, entries)
-            except DatabaseUnavailable:
+            except _UNAVAILABLE:
                 raise
             except Exception:
                 if len(entries) == 1:
@@ -504,7 +514,7 @@ class ReportStore:
                 for entry in entries:
                     try:
                         self._store(conn, [entry])
-                    except DatabaseUnavailable:
+                    except _UNAVAILABLE:
                         raise
                     except Exception:
                         self._lose_first("could not write report record %s", entry)
@@ -512,7 +522,7 @@ class ReportStore:
                         self._done(1)
                 return
             self._done(len(entries))
-        except DatabaseUnavailable as exc:
+        except _UNAVAILABLE as exc:
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 log.error(
@@ -545,15 +555,15 @@ class ReportStore:
         """The first kept record cannot be written: counted as lost, and why is logged."""
         self._pending.popleft()
         self._pending_bytes -= len(entry.text)
-        self._lost[entry.body["owner"]] += 1
-        log.exception(message + " (%d lost since start)", entry.body["id"], self.lost)
+        self._lost[entry.owner] += 1
+        log.exception(message + " (%d lost since start)", entry.id, self.lost)
 
     def _give_up(self) -> None:
         """At close: what the database still did not take is lost, and said so."""
         if not self._pending:
             return
         for entry in self._pending:
-            self._lost[entry.body["owner"]] += 1
+            self._lost[entry.owner] += 1
         log.error(
             "report database unavailable at shutdown: %d request(s) not recorded (%d lost since "
             "start)",
@@ -571,8 +581,8 @@ class ReportStore:
             self._migrated = True
 
     def _store(self, conn: sqlite3.Connection | None, entries: list[_Entry]) -> None:
-        bodies = [e.body for e in entries]
-        rows = [(e.body["id"], self.run, e.body["owner"], e.body["at"], e.text) for e in entries]
+        bodies = [loads_entry(e.text) for e in entries]
+        rows = [(e.id, self.run, e.owner, e.at, e.text) for e in entries]
         with self._transaction(conn) as tx:
             tx.executemany(
                 "INSERT INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?) "

@@ -233,7 +233,7 @@ def test_a_batch_the_database_refuses_is_written_one_by_one_and_only_the_bad_rec
     store = ReportStore(where(), run="r", batch_seconds=0.5)  # all in one batch
     for i in range(20):
         store.add(dataclasses.replace(_record(i), owner="alice", session=f"a{i % 3}"))
-    huge = Usage(input=2**64, cache_read=0, cache_write=0, output=1)
+    huge = Usage(input=2**63, cache_read=0, cache_write=0, output=1)
     store.add(dataclasses.replace(_record(20), owner="mallory", session="m", usage=huge))
     store.flush()
     assert store.summary(recent=50, owner="alice")["totals"]["requests"] == 20

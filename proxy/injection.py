@@ -120,8 +120,8 @@ class MemoryInjection:
         `DatabaseUnavailable` when its database does not answer (the routes answer 503).
 
         No lock is held while opening: callers that arrive meanwhile wait for the same
-        attempt (with the database down, six requests at once waited 2, 4, ... 12 s in turn
-        behind a lock; now all of them one connect timeout)."""
+        attempt, together (with the database down, six requests at once waited 2, 4, ... 12 s
+        in turn behind a lock held while connecting)."""
         key = store_key(settings)
         with self._lock:
             store = self._store

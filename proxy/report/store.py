@@ -55,8 +55,9 @@ KEEP_REQUESTS = 2000
 RETRY_SECONDS = 1.0
 """While the database does not answer, the records kept are tried again this often."""
 PENDING_BYTES = 64 * 1024 * 1024
-"""Records kept while the database does not answer, at most (their JSON, ~1-3 KB each: tens
-of thousands of requests); past it the oldest are dropped and counted as lost."""
+"""Records kept while the database does not answer, at most (their JSON text: 5.4 KB for a
+request with 20 clamped tool results, so ~12,000 such requests); past it the oldest are
+dropped and counted as lost."""
 KEEP_DAYS = 90.0
 """Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
 _SUMS = (

@@ -200,11 +200,11 @@ class PgMemoryStore:
 
     def add_many(self, memories: Sequence[NewMemory]) -> tuple[list[Memory], list[Memory]]:
         """`SQLiteMemoryStore.add_many`: one owner, one transaction, all or nothing."""
-        checked = checked_batch(memories, self.limits)
+        now = self._clock()
+        checked = checked_batch(memories, self.limits, now=now)
         if not checked:
             return [], []
         owner = checked[0].owner
-        now = self._clock()
         split = [tokens(m.text) for m in checked]
         with self.db.transaction() as tx:
             tx.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (LOCK,))

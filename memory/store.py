@@ -9,6 +9,7 @@ log. PostgreSQL implements the same `MemoryStore` in `memory/pgstore.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -105,16 +106,22 @@ STOPWORDS = frozenset(
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def checked_batch(memories: Sequence[NewMemory], limits: MemoryLimits) -> list[NewMemory]:
+def checked_batch(
+    memories: Sequence[NewMemory], limits: MemoryLimits, *, now: float
+) -> list[NewMemory]:
     """`memories` validated as one batch for `add_many` (both stores): `InvalidMemory` names
     the first bad one by its position (`item 3: …`), a batch of several owners, or one larger
-    than `memory.maxMemories`."""
+    than `memory.maxMemories`. A `created` time after `now` (an import's) becomes `now`: a
+    memory from the future would never age in recall's recency."""
     checked = []
     for number, memory in enumerate(memories, 1):
         try:
-            checked.append(memory.validate(limits))
+            valid = memory.validate(limits)
         except InvalidMemory as exc:
             raise InvalidMemory(f"item {number}: {exc}") from None
+        if valid.created is not None and valid.created > now:
+            valid = dataclasses.replace(valid, created=now)
+        checked.append(valid)
     owners = {m.owner for m in checked}
     if len(owners) > 1:
         raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
@@ -281,11 +288,11 @@ class SQLiteMemoryStore:
         …`); a batch larger than `memory.maxMemories` is refused the same way. Past the limit,
         the least recently used *older* memories are evicted.
         """
-        checked = checked_batch(memories, self.limits)
+        now = self._clock()
+        checked = checked_batch(memories, self.limits, now=now)
         if not checked:
             return [], []
         owner = checked[0].owner
-        now = self._clock()
         # One write transaction: concurrent adders (CLI, API, workers) queue on the lock
         # instead of losing writes, and the eviction sees the count it is correcting.
         with self._db.transaction() as conn:

@@ -2,10 +2,11 @@
 and `memory/*.md`, in only).
 
 JSONL: one object per line, `{"text", "category", "source", "scope", "created"}` — all but
-`text` optional; `created` is ISO 8601 (UTC when it has no zone). Markdown: one memory per
-bullet (`-`, `*`, `+`, `1.`), or per paragraph of plain text; headings, rules, code fences and
-HTML comments are not memories. Parsing names the bad line and writes nothing; the store adds
-a batch in one transaction (`SQLiteMemoryStore.add_many`).
+`text` optional; `created` is ISO 8601 (UTC when it has no zone; a time in the future is
+stored as the time of the import). A UTF-8 byte order mark at the start is skipped.
+Markdown: one memory per bullet (`-`, `*`, `+`, `1.`), or per paragraph of plain text;
+headings, rules, code fences and HTML comments are not memories. Parsing names the bad line
+and writes nothing; the store adds a batch in one transaction (`SQLiteMemoryStore.add_many`).
 
 >>> notes = "# Me\\n- Likes tea\\n- Hates\\n  mornings\\n\\nLives in Oslo."
 >>> [m.text for m in parse_markdown(notes, "o")]
@@ -35,13 +36,17 @@ def parse_jsonl(text: str, owner: str, limits: MemoryLimits | None = None) -> li
     """The memories of a JSONL export, each checked against `limits` when given;
     `InvalidImport` naming the first bad line."""
     out = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(_without_bom(text).splitlines(), 1):
         if not raw.strip():
             continue
         try:
             item = json.loads(raw)
         except ValueError as exc:
             raise InvalidImport(f"line {number}: not JSON ({exc})") from None
+        except RecursionError:
+            raise InvalidImport(
+                f"line {number}: JSON nested too deeply (a memory is one flat object)"
+            ) from None
         if not isinstance(item, dict):
             raise InvalidImport(f"line {number}: expected an object with a text")
         try:
@@ -76,7 +81,7 @@ def parse_markdown(text: str, owner: str, *, category: str = "fact") -> list[New
     items: list[list[str]] = []
     current: list[str] | None = None
     fenced = comment = False
-    for line in text.splitlines():
+    for line in _without_bom(text).splitlines():
         stripped = line.strip()
         if stripped.startswith(("```", "~~~")):
             fenced, current = not fenced, None
@@ -120,6 +125,11 @@ def export_jsonl(memories: Iterable[Memory]) -> str:
         + "\n"
         for m in memories
     )
+
+
+def _without_bom(text: str) -> str:
+    """`text` without the byte order mark some editors put first (Notepad's UTF-8)."""
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 def _time(value: Any) -> float:

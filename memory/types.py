@@ -12,6 +12,30 @@ DEFAULT_OWNER = "default"
 """The one owner of a personal setup (no proxy keys): the CLI and every request share it."""
 
 _SCOPE = re.compile(r"global|agent:[A-Za-z0-9_.-]+")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(name: str, value: object) -> str | None:
+    """What is wrong with `value` as text a database keeps, naming the field `name`: a NUL
+    (PostgreSQL's text refuses it) or a lone surrogate (not Unicode: no encoder takes it); None
+    when it is fine. A memory is refused rather than changed: its text is what its owner gave.
+
+    >>> unstorable("text", "tea\\x00")
+    'text contains a NUL character (\\\\x00) at 3: remove it'
+    >>> unstorable("text", "tea") is None
+    True
+    """
+    if not isinstance(value, str) or (value.isascii() and "\x00" not in value):
+        return None
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return f"{name} contains a NUL character (\\x00) at {found.start()}: remove it"
+    return (
+        f"{name} contains a lone surrogate (U+{ord(found.group()):04X}) at {found.start()}, "
+        "which is not valid Unicode: fix the text's encoding"
+    )
 
 
 class InvalidMemory(ValueError):
@@ -91,7 +115,13 @@ class NewMemory:
     def validate(self, limits: MemoryLimits) -> NewMemory:
         """This memory with its text stripped; `InvalidMemory` listing every problem."""
         text = self.text.strip() if isinstance(self.text, str) else ""
-        problems = []
+        problems = [
+            problem
+            for name in ("text", "category", "source", "scope", "owner")
+            if (problem := unstorable(name, getattr(self, name))) is not None
+        ]
+        if problems:  # the checks below would quote the bad text back
+            raise InvalidMemory("; ".join(problems))
         if not text:
             problems.append("text is empty: give the memory some text")
         elif len(text) > limits.max_chars:

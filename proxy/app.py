@@ -106,6 +106,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await upstream.start()
         settings = state.settings()
+        state.memory.warm(settings)  # a database that is down is known before the first request
         if settings.routes or settings.rewrite is not None:
             from proxy.upstream.litellm import preload_litellm
 

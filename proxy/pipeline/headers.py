@@ -3,7 +3,8 @@
 Request: `x-context-budget: on|off` (the caps), `-memories: on|off` (injection), `-profile`,
 `-complexity`, `-agent`.
 Response: request id, enabled, segments clamped, chars/tokens/USD saved (or that would be,
-with the budget off), memories injected and the profile applied.
+with the budget off), memories injected and the profile applied, and
+`-memories-skipped: database-unavailable` when recall could not run (`proxy/pipeline/recall.py`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
 from proxy.pipeline.chat_command import CommandMode, find_command
 from proxy.pipeline.headers import PREFIX, RequestOptions, budget_headers, money_headers
 from proxy.pipeline.offload import Offload
+from proxy.pipeline.recall import Skipped
 from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
@@ -270,7 +271,10 @@ class Pipeline:
         body, owner, settings, options = call.body, call.owner, call.settings, call.options
         memory = self.state.memory
         if not call.wire.generates:  # token counting: no session, recall as for any request
-            return RecallOutcome(await memory.inject(body, call.turn, owner, settings, options))
+            found = await memory.inject(body, call.turn, owner, settings, options)
+            if isinstance(found, Skipped):
+                return RecallOutcome(None, skipped=found)
+            return RecallOutcome(found)
         sessions = self.state.sessions
         prefix = ClientPrefix(body.blocks())  # a large body's blocks come hashed (`Digested`)
         session = session_key(call.request.headers, body.get, body.model, prefix)
@@ -280,19 +284,23 @@ class Pipeline:
         for at, text in placed.items():
             body.place_memory(at, text)
         turn_at = _block_of(prefix, call.turn)
-        recalled = None
+        recalled = skipped = None
         reused = 0
         before: list[Block] = []
         if placed and turn_at is not None and max(placed) >= turn_at:
             reused = placed[max(placed)].count("\n")  # a line a memory, after the header
         else:
             before = body.blocks()
-            recalled = await memory.inject(body, call.turn, owner, settings, options)
+            found = await memory.inject(body, call.turn, owner, settings, options)
+            skipped = found if isinstance(found, Skipped) else None
+            recalled = None if isinstance(found, Skipped) else found
         await body.settle()  # what was placed, applied (a large body's in its worker)
         if recalled is not None:
             placed.update(body.memory_added(before))
         change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
-        return RecallOutcome(recalled, body.defer_count(change), tuple(placed.values()), reused)
+        return RecallOutcome(
+            recalled, body.defer_count(change), tuple(placed.values()), reused, skipped
+        )
 
     async def _send(self, call: Call, out: Outgoing) -> Response:
         """Forward, then relay the answer (SSE) or read it whole; an abandoned request must not
@@ -410,6 +418,8 @@ class RecallOutcome:
     """Every memory block in the request (new or placed again)."""
     reused: int = 0
     """Memories of this user turn placed again (recall already ran for the turn)."""
+    skipped: Skipped | None = None
+    """Why recall did not run (the memory database did not answer), or None."""
 
     def headers(self, headers: dict[str, str]) -> None:
         """Add the memory and session headers."""
@@ -418,6 +428,8 @@ class RecallOutcome:
             headers[f"{PREFIX}-profile"] = self.recalled.applied
         elif self.reused:
             headers[f"{PREFIX}-memories"] = str(self.reused)
+        if self.skipped is not None:
+            headers[f"{PREFIX}-memories-skipped"] = self.skipped.header
         if self.change is not None:
             headers[f"{PREFIX}-session"] = self.change.session
             if self.change.bust is not None:
@@ -431,6 +443,7 @@ class RecallOutcome:
             "prefix": self.change,
             "memory_texts": self.texts,
             "memory_reused": self.reused,
+            "memory_skipped": self.skipped.reason if self.skipped is not None else None,
         }
 
 

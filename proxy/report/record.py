@@ -8,8 +8,9 @@ the telemetry sink all read, counting the tokens the request path did not count.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import orjson
 
@@ -19,6 +20,10 @@ from proxy.report.billing import Shift, cost, without
 from proxy.report.prices import Prices
 from proxy.report.usage import Usage
 from proxy.tokens import TokenCounter
+
+_T = TypeVar("_T")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_CLIENT_FIELDS = ("model", "response_model", "note", "session", "clamp_error", "upstream_error")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +79,38 @@ class RequestRecord:
     """The memory blocks placed in it (new or placed again), for their token cost."""
     memory_reused: int = 0
     """Memories placed again from an earlier request of the session (recall did not run)."""
+    memory_skipped: str | None = None
+    """Why recall was skipped (the memory database did not answer), or None."""
+
+
+def storable(value: _T) -> _T:
+    """`value` (a report entry or any part of one) with every string as both databases' text
+    takes it: a lone surrogate (JSON's `\\ud800` parses to one; no UTF-8 encoder takes it) or
+    a NUL (PostgreSQL's text refuses it) becomes U+FFFD. Client text reaches the report in the
+    model, session id, labels, URLs, notes and errors; what went upstream is not changed.
+
+    >>> storable({"model": "gpt\\ud800", "labels": ["a\\x00b", 3]})
+    {'model': 'gpt\ufffd', 'labels': ['a\ufffdb', 3]}
+    """
+    if isinstance(value, str):
+        if value.isascii() and "\x00" not in value:
+            return value  # the common case, without a regex
+        return _UNSTORABLE.sub("\ufffd", value)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, list | tuple):
+        return type(value)(storable(v) for v in value)
+    return value
+
+
+def storable_record(r: RequestRecord) -> RequestRecord:
+    """`r` with its client strings `storable`, for the sinks (telemetry exports them)."""
+    changed: dict[str, Any] = {
+        name: storable(text)
+        for name in _CLIENT_FIELDS
+        if isinstance(text := getattr(r, name), str) and storable(text) != text
+    }
+    return replace(r, **changed) if changed else r
 
 
 def usd(tokens: int, price: float | None) -> float | None:
@@ -82,7 +119,8 @@ def usd(tokens: int, price: float | None) -> float | None:
 
 
 def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
-    """The report's JSON entry for `r` (counting saved tokens the request path did not)."""
+    """The report's JSON entry for `r` (counting saved tokens the request path did not), its
+    client strings `storable`."""
     segments: list[dict[str, Any]] = []
     for i, s in enumerate(r.segments):
         if i < len(r.segment_tokens):
@@ -111,7 +149,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     would = [s for s in segments if s["action"] == "would-clamp"]
     saved_tokens = sum(s["savedTokens"] for s in acted)
     would_tokens = sum(s["savedTokens"] for s in would)
-    return {
+    body = {
         "id": r.id,
         "at": r.ts,
         "model": r.model,
@@ -125,6 +163,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "encoding": r.encoding,
         "memories": (r.memory or {}).get("injected", r.memory_reused),
         "memoriesReused": r.memory_reused,
+        "memorySkipped": r.memory_skipped,
         "clampError": r.clamp_error,
         "upstreamError": r.upstream_error,
         "segmentsSeen": len(segments),
@@ -144,6 +183,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "usage": r.usage.to_dict() if r.usage is not None else None,
         **billing(r, tokens),
     }
+    return storable(body)
 
 
 def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
@@ -183,9 +223,8 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
 
 
 def dumps_entry(body: dict[str, Any]) -> str:
-    """A report entry as JSON text. Client strings may hold what orjson refuses (a lone
-    surrogate in `model`): the stdlib escapes those, so one such request cannot cost the
-    others in its batch their records."""
+    """A report entry (`describe`'s: `storable`) as JSON text; the stdlib's when orjson
+    refuses something in it."""
     try:
         return orjson.dumps(body).decode()
     except TypeError:
@@ -193,8 +232,10 @@ def dumps_entry(body: dict[str, Any]) -> str:
 
 
 def loads_entry(text: str | bytes) -> Any:
-    """An entry written by `dumps_entry`."""
+    """An entry written by `dumps_entry`. Entries written before `describe` made them
+    `storable` may hold a lone surrogate escaped (orjson refuses it): made `storable` here,
+    so such an entry cannot break the report for as long as it is kept."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)
+        return storable(json.loads(text))

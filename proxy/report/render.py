@@ -254,6 +254,8 @@ def render_text(report: dict[str, Any]) -> str:
                 f"  memories: {r['memoriesReused']} placed again where this session had them "
                 "(recall runs once per user turn; the cached prefix holds)"
             )
+        elif r.get("memorySkipped"):
+            lines.append(f"  memories: none, {r['memorySkipped']}")
         if r.get("clampError"):
             lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")
         if r.get("cacheBust"):

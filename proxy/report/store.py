@@ -11,6 +11,11 @@ hours older than `report.keepDays` are pruned. `runs` records each `ctxbudget se
 
 Sinks (OpenTelemetry in `proxy/report/telemetry.py`, Prometheus in `proxy/report/metrics.py`)
 get each record with its JSON entry on the same thread, so the request path pays for none of them.
+
+One record never costs another theirs: client strings are made storable (`describe`), a batch
+the database refuses is written again one record at a time (only the bad one is lost), and
+while the database does not answer, records wait in memory (`PENDING_BYTES`) and are written
+when it answers again; what is dropped is counted per owner (`lost`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +34,14 @@ from typing import Any, Protocol
 from caps import SEGMENT_KINDS
 from memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from memory.sqlite import Database, connect
-from proxy.report.record import RequestRecord, describe, dumps_entry, loads_entry
+from proxy.report.record import (
+    RequestRecord,
+    describe,
+    dumps_entry,
+    loads_entry,
+    storable,
+    storable_record,
+)
 from proxy.report.summary import HOUR, read_summary
 from proxy.tokens import TokenCounter, trim_memory
 
@@ -40,7 +53,11 @@ IDLE_SECONDS = 2.0
 KEEP_REQUESTS = 2000
 """Request rows kept per owner for `/context/budget/requests/{id}`; older ones are pruned."""
 RETRY_SECONDS = 1.0
-"""A write the database did not answer is tried once more after this long."""
+"""While the database does not answer, the records kept are tried again this often."""
+PENDING_BYTES = 64 * 1024 * 1024
+"""Records kept while the database does not answer, at most (their JSON text: 5.4 KB for a
+request with 20 clamped tool results, so ~12,000 such requests); past it the oldest are
+dropped and counted as lost."""
 KEEP_DAYS = 90.0
 """Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
 _SUMS = (
@@ -250,12 +267,23 @@ def start_run(path: Path | PgDatabase, run: str, started: float) -> None:
         open_pg(path).execute(_ADD_RUN, (run, started))
 
 
-def _storable(text: str | None) -> str | None:
-    """A client's string as a column can hold it: a lone surrogate becomes "?" (neither
-    SQLite's nor PostgreSQL's text takes one; the request's JSON entry keeps it escaped)."""
-    if text is None:
-        return None
-    return text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
+_UNAVAILABLE = (DatabaseUnavailable, sqlite3.OperationalError)
+"""What keeps records for a later try: PostgreSQL not answering, and SQLite's operational
+errors (locked past its 30 s busy timeout, disk full); anything else is the record's."""
+
+
+class _Entry:
+    """A described record waiting to be written: its JSON entry as text, and the fields it is
+    stored under (the entry is parsed again to be written: kept as dicts, records waiting
+    through an outage took ~4x the memory of their text)."""
+
+    __slots__ = ("id", "owner", "at", "text")
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.id: str = body["id"]
+        self.owner: str = body["owner"]
+        self.at: float = body["at"]
+        self.text = dumps_entry(body)
 
 
 class ReportStore:
@@ -284,8 +312,16 @@ class ReportStore:
         """Records waiting for a late token count before they are queued (`add`)."""
         self._deferred_lock = threading.Lock()
         self._started = started if started is not None else time.time()
-        self.lost = 0
-        """Requests this process could not record (the database did not answer)."""
+        self._lost: Counter[str] = Counter()
+        """Requests this process could not record, per owner."""
+        self._pending: deque[_Entry] = deque()
+        """Described records not yet written (the database did not answer); writer only."""
+        self._pending_bytes = 0
+        self._tries = self._tried = 0
+        """Writes of the pending records begun, and finished (`flush` waits for one more)."""
+        self._down_since: float | None = None
+        """When the database stopped answering the writer, while it does not."""
+        self._retry_at = 0.0
         self._db: Database | PgDatabase
         self._migrated = True
         if isinstance(path, Path):
@@ -332,11 +368,21 @@ class ReportStore:
         now = time.monotonic()
         deadline = now + timeout
         late_deadline = now + (timeout if late is None else min(late, timeout))
+        attempt = self._tries + 1
         while (now := time.monotonic()) < deadline:
-            if not (self._queue.unfinished_tasks or (self._deferred and now < late_deadline)):
+            # records kept through an outage: one try of them begun from now, whatever it gives
+            pending = self._pending and self._tried < attempt
+            if not (
+                self._queue.unfinished_tasks or pending or (self._deferred and now < late_deadline)
+            ):
                 return
             self._flush_now.set()
             time.sleep(0.001)
+
+    @property
+    def lost(self) -> int:
+        """Requests this process could not record (every owner's)."""
+        return sum(self._lost.values())
 
     def close(self) -> None:
         """Write what is queued, stop the writer and close the database."""
@@ -369,9 +415,16 @@ class ReportStore:
         try:
             while True:
                 try:
-                    first = self._queue.get(timeout=IDLE_SECONDS)
+                    # records kept through an outage are tried again every RETRY_SECONDS,
+                    # or at once when a reader flushes
+                    first = self._queue.get(timeout=0.05 if self._pending else IDLE_SECONDS)
                 except queue.Empty:
-                    if written:
+                    if self._pending and (
+                        self._flush_now.is_set() or time.monotonic() >= self._retry_at
+                    ):
+                        self._flush_now.clear()
+                        self._write_pending(conn)
+                    elif written and not self._pending:
                         # Idle after traffic: hand the freed request buffers back to the OS
                         # (glibc keeps them otherwise; ~30 MB after a burst of 32 at once).
                         trim_memory()
@@ -388,43 +441,138 @@ class ReportStore:
                         batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                records = [r for r in batch if r is not None]
+                stop = any(r is None for r in batch)
                 try:
-                    if records:
-                        self._write_or_retry(conn, records)
-                except DatabaseUnavailable as exc:
-                    self.lost += len(records)
-                    log.error(
-                        "report database unavailable, %d request(s) not recorded (%d lost since "
-                        "start): %s",
-                        len(records),
-                        self.lost,
-                        exc,
-                    )
-                except Exception:
-                    self.lost += len(records)
-                    log.exception("could not write %d report records", len(records))
+                    self._take([r for r in batch if r is not None])
+                    if self._pending and (
+                        stop or self._down_since is None or time.monotonic() >= self._retry_at
+                    ):
+                        self._write_pending(conn)
                 finally:
                     for _ in batch:
                         self._queue.task_done()
-                if any(r is None for r in batch):
+                if stop:
+                    self._give_up()
                     return
         finally:
             if conn is not None:
                 conn.close()
 
-    def _write_or_retry(
-        self, conn: sqlite3.Connection | None, records: list[RequestRecord]
-    ) -> None:
-        """Write a batch; a database that did not answer gets one more try a second later
-        (a restart, a failover), then the batch is counted as lost."""
+    def _take(self, records: list[RequestRecord]) -> None:
+        """Describe `records` (their tokens counted), hand them to the sinks, and keep them
+        to write; past `PENDING_BYTES` kept, the oldest are dropped."""
+        for record in records:
+            try:
+                record = storable_record(record)
+                body = describe(record, self._tokens)
+                entry = _Entry(body)
+            except Exception:
+                self._lost[storable(record.owner)] += 1
+                log.exception("could not describe request %s for the report", record.id)
+                continue
+            for sink in self.sinks:
+                try:
+                    sink.record(record, body)
+                except Exception:
+                    log.exception("%s could not take request %s", type(sink).__name__, record.id)
+            self._pending.append(entry)
+            self._pending_bytes += len(entry.text)
+        dropped = 0
+        while self._pending_bytes > PENDING_BYTES and len(self._pending) > 1:
+            gone = self._pending.popleft()
+            self._pending_bytes -= len(gone.text)
+            self._lost[gone.owner] += 1
+            dropped += 1
+        if dropped:
+            log.error(
+                "report database unavailable and %d MiB of records kept: dropped the %d oldest "
+                "(%d lost since start)",
+                PENDING_BYTES >> 20,
+                dropped,
+                self.lost,
+            )
+
+    def _write_pending(self, conn: sqlite3.Connection | None) -> None:
+        """Write the records kept, in one transaction; a batch the database refuses is written
+        again one record at a time, so only the bad record is lost. While the database does
+        not answer they stay kept (tried again after `RETRY_SECONDS`)."""
+        entries = list(self._pending)
+        self._tries += 1
         try:
-            self._ready()
-            self._write(conn, records)
-        except DatabaseUnavailable:
-            time.sleep(RETRY_SECONDS)
-            self._ready()
-            self._write(conn, records)
+            try:
+                self._ready()
+                self._store(conn, entries)
+            except _UNAVAILABLE:
+                raise
+            except Exception:
+                if len(entries) == 1:
+                    raise
+                log.warning(
+                    "the database refused a batch of %d report records: writing them one by one",
+                    len(entries),
+                    exc_info=True,
+                )
+                for entry in entries:
+                    try:
+                        self._store(conn, [entry])
+                    except _UNAVAILABLE:
+                        raise
+                    except Exception:
+                        self._lose_first("could not write report record %s", entry)
+                    else:
+                        self._done(1)
+                return
+            self._done(len(entries))
+        except _UNAVAILABLE as exc:
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                log.error(
+                    "report database unavailable, %d request(s) kept to write when it answers "
+                    "(at most %d MiB; %d lost since start): %s",
+                    len(self._pending),
+                    PENDING_BYTES >> 20,
+                    self.lost,
+                    exc,
+                )
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+        except Exception:
+            self._lose_first("could not write report record %s", entries[0])
+        finally:
+            self._tried = self._tries
+
+    def _done(self, n: int) -> None:
+        """The first `n` kept records are written."""
+        for _ in range(n):
+            self._pending_bytes -= len(self._pending.popleft().text)
+        if self._down_since is not None and not self._pending:
+            log.warning(
+                "report database answers again after %.1f s: the records kept meanwhile are "
+                "written",
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+
+    def _lose_first(self, message: str, entry: _Entry) -> None:
+        """The first kept record cannot be written: counted as lost, and why is logged."""
+        self._pending.popleft()
+        self._pending_bytes -= len(entry.text)
+        self._lost[entry.owner] += 1
+        log.exception(message + " (%d lost since start)", entry.id, self.lost)
+
+    def _give_up(self) -> None:
+        """At close: what the database still did not take is lost, and said so."""
+        if not self._pending:
+            return
+        for entry in self._pending:
+            self._lost[entry.owner] += 1
+        log.error(
+            "report database unavailable at shutdown: %d request(s) not recorded (%d lost since "
+            "start)",
+            len(self._pending),
+            self.lost,
+        )
+        self._pending.clear()
+        self._pending_bytes = 0
 
     def _ready(self) -> None:
         """Create or migrate PostgreSQL's tables if that could not be done at start."""
@@ -433,15 +581,9 @@ class ReportStore:
             open_pg(self._db).execute(_ADD_RUN, (self.run, self._started))
             self._migrated = True
 
-    def _write(self, conn: sqlite3.Connection | None, records: list[RequestRecord]) -> None:
-        bodies = [describe(r, self._tokens) for r in records]
-        for sink in self.sinks:
-            for record, body in zip(records, bodies, strict=True):
-                try:
-                    sink.record(record, body)
-                except Exception:
-                    log.exception("%s could not take request %s", type(sink).__name__, record.id)
-        rows = [(b["id"], self.run, b["owner"], b["at"], dumps_entry(b)) for b in bodies]
+    def _store(self, conn: sqlite3.Connection | None, entries: list[_Entry]) -> None:
+        bodies = [loads_entry(e.text) for e in entries]
+        rows = [(e.id, self.run, e.owner, e.at, e.text) for e in entries]
         with self._transaction(conn) as tx:
             tx.executemany(
                 "INSERT INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?) "
@@ -451,7 +593,7 @@ class ReportStore:
             )
             self._add_totals(tx, bodies)
             self._add_sessions(tx, bodies)
-            self._writes += len(records)
+            self._writes += len(entries)
             if self._writes >= min(200, self._keep) or not self._pruned:
                 self._writes, self._pruned = 0, True
                 self._prune(tx)
@@ -544,7 +686,7 @@ class ReportStore:
                     b["owner"],
                     b["session"],
                     b["wire"],
-                    _storable(b["model"]),
+                    b["model"],
                     b["at"],
                     b["at"],
                     b["cacheBust"],
@@ -571,6 +713,8 @@ class ReportStore:
 
     def request(self, request_id: str, *, owner: str | None = None) -> dict[str, Any] | None:
         """One request's record, as written (any run); only `owner`'s when given."""
+        if storable(request_id) != request_id:
+            return None  # a NUL or lone surrogate: no id holds one (PostgreSQL refuses NUL)
         sql, args = "SELECT body FROM requests WHERE id = ?", [request_id]
         if owner is not None:
             sql, args = sql + " AND owner = ?", [*args, owner]
@@ -587,5 +731,6 @@ class ReportStore:
         if not self._migrated:
             self._ready()
         summary = read_summary(self._db.fetchall, recent=recent, owner=owner, since=since)
-        summary["lost"] = self.lost
+        # a key sees how many of its own requests went unrecorded, not everyone's
+        summary["lost"] = self.lost if owner is None else self._lost[owner]
         return summary

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory
+from memory.types import unstorable
 from proxy.access.auth import is_admin, owner_for
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
@@ -55,6 +56,7 @@ class MemoryRoutes:
         """The owner to act on: the admin's choice, or the caller's own."""
         if asked is not None and not isinstance(asked, str):
             raise BadRequest(f"owner must be a string, got {type(asked).__name__}", param="owner")
+        _storable("owner", asked)
         if caller is None:
             return asked or DEFAULT_OWNER
         if asked not in (None, caller):
@@ -150,13 +152,13 @@ class MemoryRoutes:
         params = request.query_params
         owner = self._owner(self._caller(request, settings), params.get("owner"))
         memory = self.state.memory
-        query = params.get("q")
+        query = _storable("q", params.get("q"))
         data: list[dict[str, Any]]
         if query:
             found = await asyncio.to_thread(lambda: memory.store(settings).search(owner, query))
             data = [{**m.to_dict(), "relevance": round(score, 4)} for m, score in found]
         else:
-            scope = params.get("scope")
+            scope = _storable("scope", params.get("scope"))
             listed = await asyncio.to_thread(lambda: memory.store(settings).all(owner, scope=scope))
             data = [m.to_dict() for m in listed]
         return JSONResponse({"object": "list", "owner": owner, "data": data})
@@ -173,3 +175,12 @@ class MemoryRoutes:
         if not removed:
             raise NotFound(f"no memory {raw_id} for owner {owner!r}", param="id")
         return JSONResponse({"id": int(raw_id), "deleted": True})
+
+
+def _storable(name: str, value: str | None) -> str | None:
+    """`value` of parameter `name`, or a 400 naming it when no database could hold it (a NUL:
+    PostgreSQL's text refuses one, and the route answered 500)."""
+    problem = unstorable(name, value)
+    if problem is not None:
+        raise BadRequest(problem, param=name)
+    return value

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from memory import InvalidMemory, MemoryLimits, SQLiteMemoryStore
+from memory import InvalidMemory, MemoryLimits, NewMemory, SQLiteMemoryStore
 from memory.transfer import export_jsonl, parse_jsonl, parse_markdown
+from tests.conftest import Backend
 from tests.proxy.test_cli import Dirs, dirs, run, write_config  # noqa: F401 (a fixture)
 
 MEMORY_MD = """# MEMORY
@@ -75,6 +76,14 @@ def test_jsonl_round_trips_through_a_store(tmp_path: Path) -> None:
         ('["text"]\n', "line 1: expected an object with a text"),
         ('{"text": "ok", "created": "yesterday"}\n', "line 1: created must be an ISO 8601"),
         ('{"text": "ok", "colour": "red"}\n', "line 1: unknown field(s) colour"),
+        # issue 24, item 12: a traceback before
+        (
+            '{"text": "ok"}\n' + "[" * 100_000 + "]" * 100_000 + "\n",
+            "line 2: JSON nested too deeply",
+        ),
+        ('{"text": "tea\\ud800"}\n', "line 1: text contains a lone surrogate (U+D800) at 3"),
+        ('{"text": "ok", "category": "f\\udc00"}\n', "line 1: category contains a lone surrogate"),
+        ('{"text": "tea\\u0000"}\n', "line 1: text contains a NUL character"),
     ],
 )
 def test_a_bad_line_is_named_and_nothing_is_written(
@@ -125,3 +134,41 @@ def test_a_batch_larger_than_the_limit_is_refused_whole(tmp_path: Path) -> None:
     )
     assert [m.text for m in added] == ["a", "b", "c"] and [m.text for m in evicted] == ["old"]
     store.close()
+
+
+def test_an_import_with_a_byte_order_mark_or_a_future_date_is_taken_as_meant(
+    dirs: Dirs,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A UTF-8 BOM (Notepad's) is skipped, not a bad first line; a `created` time in the
+    future is stored as now, so the memory ages like the others (issue 24, item 12)."""
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    lines = [
+        {"text": "Alice prefers green tea", "created": "2024-03-01T08:00:00Z"},
+        {"text": "Bob is on call", "created": "2999-01-01T00:00:00Z"},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    (dirs.work / "in.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (dirs.work / "in.md").write_bytes(b"\xef\xbb\xbf- Carol runs the Oslo office\n")
+    before = time.time()
+    code, out, err = run(capsys, "memory", "import", "in.jsonl", "--config", str(config))
+    assert code == 0, err
+    code, out, err = run(capsys, "memory", "import", "in.md", "--config", str(config))
+    assert code == 0, err
+    code, exported, _ = run(capsys, "memory", "list", "--json", "--config", str(config))
+    found = {m["text"]: m["created"] for m in json.loads(exported)}
+    assert list(found) == [
+        "Alice prefers green tea",
+        "Bob is on call",
+        "Carol runs the Oslo office",
+    ]
+    assert found["Alice prefers green tea"] == 1709280000.0
+    assert before <= found["Bob is on call"] <= time.time()
+
+
+def test_a_future_created_time_is_stored_as_now_by_either_store(backend: Backend) -> None:
+    store = backend.open(clock=lambda: 1_800_000_000.0)
+    added, _ = store.add_many(
+        [NewMemory(owner="o", text="from the future", created=32_000_000_000.0)]
+    )
+    assert added[0].created == 1_800_000_000.0

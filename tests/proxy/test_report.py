@@ -1,17 +1,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from caps import Segment
-from memory.pg import PgDatabase
+from memory.pg import DatabaseUnavailable, PgDatabase
 from proxy.report import ReportStore, RequestRecord, build_report, render_text
 from proxy.report import store as report_module
+from proxy.report.page import render_html
+from proxy.report.usage import Usage
+from tests.pg import postgres_cluster
 
 Where = Callable[[], Path | PgDatabase]
 
@@ -24,6 +29,25 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
         return lambda: tmp_path / "r.db"
     url = request.getfixturevalue("pg_url")
     return lambda: PgDatabase(url)
+
+
+_SETTINGS = {
+    "enabled": True,
+    "config": {"path": None, "loadedAt": "2026-11-22T00:00:00Z", "error": None},
+    "caps": {
+        "web_fetch": {"value": 200, "source": "contextBudget.webFetchMaxChars", "from": "file"}
+    },
+    "encoding": "o200k_base",
+}
+
+
+def _sql(store: ReportStore, sql: str, args: tuple[object, ...]) -> None:
+    """One statement on the store's database, as another program would run it."""
+    if store.path is not None:
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(sql, args)
+    else:
+        store._db.execute(sql, args)  # type: ignore[union-attr]
 
 
 def _record(i: int, *, action: str = "clamped") -> RequestRecord:
@@ -140,18 +164,85 @@ def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path
     reopened.close()
 
 
-def test_one_record_with_a_lone_surrogate_does_not_cost_the_batch(where: Where) -> None:
+def test_client_text_no_database_takes_is_stored_as_u_fffd_and_costs_no_one_their_records(
+    where: Where,
+) -> None:
+    """A lone surrogate (JSON's `\\ud800`) or a NUL in the model, session id or a label: the
+    report shows U+FFFD there, every surface of it still renders, and the rest of the batch
+    (another owner's requests) is written (issue 24, items 4 and 5)."""
     store = ReportStore(where(), run="r")
     for i in range(5):
-        store.add(dataclasses.replace(_record(i), owner="alice"))
-    store.add(dataclasses.replace(_record(5), owner="bob", model="\ud800", session="s"))
+        store.add(dataclasses.replace(_record(i), owner="alice", session="a"))
+    seg = dataclasses.replace(_record(5).segments[0], label="web_fetch \ud800 \x00")
+    store.add(
+        dataclasses.replace(
+            _record(5),
+            owner="bob",
+            model="gpt\ud800\x00",
+            session="s\udfff",
+            note="n\x00",
+            segments=(seg,),
+        )
+    )
     store.flush()
     assert [(s["id"], s["model"]) for s in store.summary(recent=1, owner="bob")["sessions"]] == [
-        ("s", "?")
+        ("s\ufffd", "gpt\ufffd\ufffd")
     ]
     assert store.summary(recent=10, owner="alice")["totals"]["requests"] == 5
-    assert store.request("cb-5", owner="bob")["model"] == "\ud800"  # type: ignore[index]
-    assert len(store.summary(recent=10)["recent"]) == 6
+    bobs = store.request("cb-5", owner="bob")
+    assert bobs is not None
+    assert (bobs["model"], bobs["note"]) == ("gpt\ufffd\ufffd", "n\ufffd")
+    assert bobs["segments"][0]["label"] == "web_fetch \ufffd \ufffd"
+    summary = store.summary(recent=10)
+    assert len(summary["recent"]) == 6 and store.lost == 0
+    report = build_report(summary, settings=_SETTINGS)
+    json.dumps(report, ensure_ascii=False).encode()  # what JSONResponse does: no surrogate left
+    render_text(report).encode()
+    render_html(report).encode()
+    # an id no request can have is simply not there (PostgreSQL refuses a NUL in a query)
+    assert store.request("cb-\x00") is None and store.request("\ud800") is None
+    store.close()
+
+
+def test_an_entry_stored_with_a_lone_surrogate_before_the_fix_reads_back_as_u_fffd(
+    where: Where,
+) -> None:
+    """Entries written by earlier versions kept the surrogate escaped in their JSON; reading
+    one must not break the report for the 90 days it is kept (issue 24, item 4)."""
+    store = ReportStore(where(), run="r")
+    store.add(_record(1))
+    store.flush()
+    entry = store.request("cb-1")
+    assert entry is not None
+    old = json.dumps({**entry, "model": "gpt\ud800"})  # as dumps_entry fell back to the stdlib
+    assert "\\ud800" in old
+    _sql(store, "UPDATE requests SET body = ? WHERE id = 'cb-1'", (old,))
+    assert store.request("cb-1")["model"] == "gpt\ufffd"  # type: ignore[index]
+    report = build_report(store.summary(recent=5), settings=_SETTINGS)
+    assert report["recent"][0]["model"] == "gpt\ufffd"
+    json.dumps(report, ensure_ascii=False).encode()
+    store.close()
+
+
+def test_a_batch_the_database_refuses_is_written_one_by_one_and_only_the_bad_record_is_lost(
+    where: Where,
+) -> None:
+    """An upstream's usage past a 64-bit integer fails its batch's transaction; the others in
+    the batch (another owner's) are written again one by one, and the lost one is counted for
+    its owner only (issue 24, items 5 and 12)."""
+    store = ReportStore(where(), run="r", batch_seconds=0.5)  # all in one batch
+    for i in range(20):
+        store.add(dataclasses.replace(_record(i), owner="alice", session=f"a{i % 3}"))
+    huge = Usage(input=2**63, cache_read=0, cache_write=0, output=1)
+    store.add(dataclasses.replace(_record(20), owner="mallory", session="m", usage=huge))
+    store.flush()
+    assert store.summary(recent=50, owner="alice")["totals"]["requests"] == 20
+    assert store.summary(recent=50, owner="alice")["lost"] == 0, "not another owner's loss"
+    assert store.summary(recent=50, owner="mallory")["lost"] == 1
+    assert store.summary(recent=50)["lost"] == 1 and store.request("cb-20") is None
+    store.add(_record(21))
+    store.flush()
+    assert store.request("cb-21") is not None, "the writer goes on"
     store.close()
 
 
@@ -236,3 +327,54 @@ def test_a_version_3_file_moves_each_runs_totals_to_the_hour_it_started(tmp_path
     recent = store.summary(recent=5, since=started)["totals"]
     assert recent["requests"] == 4  # the older run started a day before
     store.close()
+
+
+def test_records_wait_through_a_database_outage_and_are_written_when_it_answers() -> None:
+    """A short outage loses no record: they are kept (bounded) and written when the database
+    answers again; past the bound the oldest are dropped and counted (issue 24, item 7)."""
+    with postgres_cluster() as cluster:  # a cluster of its own: this test stops it
+        url = cluster.new_database()
+        store = ReportStore(PgDatabase(url, connect_timeout=1), run="r")
+        store.add(_record(0))
+        store.flush()
+        cluster.stop()
+        for i in range(1, 6):
+            store.add(_record(i))
+        store.flush(timeout=5)
+        assert store.lost == 0
+        cluster.start()
+        summary = _written(store, 6)
+        assert summary["totals"]["requests"] == 6 and summary["lost"] == 0
+        size = len(_entry_text(store))
+        cluster.stop()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(report_module, "PENDING_BYTES", 3 * size + 100)
+            for i in range(6, 12):
+                store.add(dataclasses.replace(_record(i), owner=f"o{i % 2}"))
+            store.flush(timeout=5)
+            cluster.start()
+            summary = _written(store, 9)
+        assert summary["totals"]["requests"] == 9, "the 3 newest kept"
+        assert summary["lost"] == 3
+        assert [r["id"] for r in summary["recent"][:3]] == ["cb-11", "cb-10", "cb-9"]
+        store.close()
+
+
+def _written(store: ReportStore, requests: int) -> dict[str, Any]:
+    """The summary once `requests` are written (the database just started: its first answer
+    may take a retry), or after 15 s."""
+    deadline = time.monotonic() + 15
+    while True:
+        store.flush()
+        try:
+            summary = store.summary(recent=20)
+        except DatabaseUnavailable:
+            continue
+        if summary["totals"]["requests"] >= requests or time.monotonic() > deadline:
+            return summary
+
+
+def _entry_text(store: ReportStore) -> str:
+    found = store.request("cb-0")
+    assert found is not None
+    return json.dumps(found)

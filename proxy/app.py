@@ -106,7 +106,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await upstream.start()
         settings = state.settings()
-        state.memory.warm(settings)  # a database that is down is known before the first request
+        state.stores.warm(settings)  # a database that is down is known before the first request
         if settings.routes or settings.rewrite is not None:
             from proxy.upstream.litellm import preload_litellm
 
@@ -117,7 +117,7 @@ def create_app(
             await upstream.close()
             if owns_offload:  # one given to create_app may serve other apps too
                 await pipeline.offload.close()
-            state.memory.close()
+            state.stores.close()
             if owns_reports:
                 reports.close()
             else:

@@ -341,7 +341,7 @@ def app_factory() -> Any:
 def _memory(args: argparse.Namespace) -> None:
     from memory import InvalidMemory, Memory, NewMemory
     from proxy.config.settings import settings_for
-    from proxy.pipeline.recall import open_store
+    from proxy.stores import open_store
 
     cfg = _source(args.config, {}).get()
     store = open_store(settings_for(cfg, os.environ), os.environ)
@@ -472,7 +472,7 @@ def _recall(args: argparse.Namespace) -> None:
     from memory.query import UserTurn
     from memory.recaller import Recaller, RecallRequest
     from proxy.config.settings import settings_for
-    from proxy.pipeline.recall import open_store
+    from proxy.stores import open_store
     from proxy.tokens import TokenCounter
     from proxy.upstream.rewrite import Rewriter
 
@@ -541,7 +541,7 @@ def _recall(args: argparse.Namespace) -> None:
 def _analyze(args: argparse.Namespace) -> None:
     from memory.monitor import MIN_REQUESTS, analysis
     from proxy.config.settings import settings_for
-    from proxy.pipeline.recall import open_store
+    from proxy.stores import open_store
 
     minimum = MIN_REQUESTS if args.min_requests is None else args.min_requests
     if minimum < 1:

@@ -8,8 +8,8 @@ from caps import Clamp, clamp_request
 from proxy.cache.sessions import SessionTracker
 from proxy.config.schema import ConfigSource
 from proxy.config.settings import Settings, settings_for
-from proxy.pipeline.recall import MemoryInjection
 from proxy.report import ReportStore
+from proxy.stores import MemoryStores
 from proxy.tokens import TokenCounter
 from proxy.upstream.http import UpstreamClient
 
@@ -32,7 +32,8 @@ class ProxyState:
         self.env = env
         self.clamp = clamp
         self.tokens = TokenCounter()  # counts are cached per text, shared by every stage
-        self.memory = MemoryInjection(self.tokens, env)
+        self.stores = MemoryStores(env)
+        """The memory store of the settings in force (recall, `/v1/memories`, the report)."""
         self.refuses_usage: set[str] = set()
         """Upstream URLs that answered 400 to `stream_options`: not asked for usage again."""
         self.sessions = SessionTracker()

@@ -63,3 +63,52 @@ def test_no_import_cycles() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+ROOMS = {
+    # foundations every room may use
+    "proxy.errors": 0,
+    "proxy.tokens": 0,
+    "proxy.urls": 0,
+    "proxy.sse": 0,
+    "proxy.breaker": 0,
+    "proxy.config": 1,
+    "proxy.upstream": 2,
+    "proxy.cache": 2,
+    "proxy.wire": 3,
+    "proxy.report": 3,
+    "proxy.access": 4,
+    "proxy.stores": 4,
+    "proxy.state": 5,
+    "proxy.routes": 6,
+    "proxy.pipeline": 7,
+    "proxy.app": 8,
+    "proxy.cli": 9,
+}
+"""proxy's rooms, lowest first (docs/architecture.md draws them): a module imports its own room
+and rooms below it, never a room above or beside it on the same floor."""
+
+
+def _room(name: str) -> str:
+    return next(r for r in sorted(ROOMS, key=len, reverse=True) if name.startswith(r))
+
+
+def test_every_proxy_module_is_in_a_room() -> None:
+    for name in _modules():
+        if name.startswith("proxy."):
+            assert any(name == r or name.startswith(r + ".") for r in ROOMS), name
+
+
+def test_rooms_import_only_downward() -> None:
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        if not name.startswith("proxy."):
+            continue
+        room = _room(name)
+        for target in _imports(path, modules):
+            if not target.startswith("proxy.") or _room(target) == room:
+                continue
+            if ROOMS[_room(target)] >= ROOMS[room]:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "\n".join(wrong)

@@ -43,7 +43,7 @@ from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
 from proxy.pipeline.chat_command import CommandMode, find_command
 from proxy.pipeline.headers import PREFIX, RequestOptions, budget_headers, money_headers
 from proxy.pipeline.offload import Offload
-from proxy.pipeline.recall import Skipped
+from proxy.pipeline.recall import RecallStage, Skipped
 from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
@@ -102,6 +102,7 @@ class Pipeline:
         self.reporting = reporting
         self.offload = offload or Offload()
         """The worker process for large bodies (started by the first one; the app closes it)."""
+        self.recall = RecallStage(state.stores, state.tokens, state.env)
 
     def endpoint(self, wire: WireFormat) -> Endpoint:
         """The Starlette endpoint serving `wire`'s route(s)."""
@@ -269,9 +270,9 @@ class Pipeline:
         """The session's memory blocks placed again where they were, recall for a new user
         turn, and what the request did to the session's cached prefix."""
         body, owner, settings, options = call.body, call.owner, call.settings, call.options
-        memory = self.state.memory
+        recall = self.recall
         if not call.wire.generates:  # token counting: no session, recall as for any request
-            found = await memory.inject(body, call.turn, owner, settings, options)
+            found = await recall.inject(body, call.turn, owner, settings, options)
             if isinstance(found, Skipped):
                 return RecallOutcome(None, skipped=found)
             return RecallOutcome(found)
@@ -291,7 +292,7 @@ class Pipeline:
             reused = placed[max(placed)].count("\n")  # a line a memory, after the header
         else:
             before = body.blocks()
-            found = await memory.inject(body, call.turn, owner, settings, options)
+            found = await recall.inject(body, call.turn, owner, settings, options)
             skipped = found if isinstance(found, Skipped) else None
             recalled = None if isinstance(found, Skipped) else found
         await body.settle()  # what was placed, applied (a large body's in its worker)

@@ -100,9 +100,9 @@ class MemoryRoutes:
             source=body.get("source", "user_explicit"),
             scope=body.get("scope", "global"),
         )
-        memory = self.state.memory
+        stores = self.state.stores
         try:
-            added, evicted = await asyncio.to_thread(lambda: memory.store(settings).add(new))
+            added, evicted = await asyncio.to_thread(lambda: stores.store(settings).add(new))
         except InvalidMemory as exc:
             raise BadRequest(str(exc)) from exc
         return JSONResponse(
@@ -132,9 +132,9 @@ class MemoryRoutes:
                 new.append(from_dict(item, owner).validate(settings.memory_limits))
             except InvalidMemory as exc:
                 raise BadRequest(f"item {number}: {exc}", param=f"[{number - 1}]") from None
-        memory = self.state.memory
+        stores = self.state.stores
         try:
-            added, evicted = await asyncio.to_thread(lambda: memory.store(settings).add_many(new))
+            added, evicted = await asyncio.to_thread(lambda: stores.store(settings).add_many(new))
         except InvalidMemory as exc:
             raise BadRequest(f"nothing added: {exc}") from exc
         return JSONResponse(
@@ -151,15 +151,15 @@ class MemoryRoutes:
         settings = self.state.settings()
         params = request.query_params
         owner = self._owner(self._caller(request, settings), params.get("owner"))
-        memory = self.state.memory
+        stores = self.state.stores
         query = _storable("q", params.get("q"))
         data: list[dict[str, Any]]
         if query:
-            found = await asyncio.to_thread(lambda: memory.store(settings).search(owner, query))
+            found = await asyncio.to_thread(lambda: stores.store(settings).search(owner, query))
             data = [{**m.to_dict(), "relevance": round(score, 4)} for m, score in found]
         else:
             scope = _storable("scope", params.get("scope"))
-            listed = await asyncio.to_thread(lambda: memory.store(settings).all(owner, scope=scope))
+            listed = await asyncio.to_thread(lambda: stores.store(settings).all(owner, scope=scope))
             data = [m.to_dict() for m in listed]
         return JSONResponse({"object": "list", "owner": owner, "data": data})
 
@@ -170,8 +170,8 @@ class MemoryRoutes:
         # isdigit() alone takes "²"; 18 digits keep it inside SQLite's 64-bit integers
         if not (raw_id.isascii() and raw_id.isdigit() and len(raw_id) <= 18):
             raise BadRequest(f"memory id must be a number, got {raw_id[:40]!r}", param="id")
-        memory = self.state.memory
-        removed = await asyncio.to_thread(lambda: memory.store(settings).remove(owner, int(raw_id)))
+        stores = self.state.stores
+        removed = await asyncio.to_thread(lambda: stores.store(settings).remove(owner, int(raw_id)))
         if not removed:
             raise NotFound(f"no memory {raw_id} for owner {owner!r}", param="id")
         return JSONResponse({"id": int(raw_id), "deleted": True})

@@ -57,7 +57,7 @@ class Reporting:
             summary = state.reports.summary(
                 recent=recent or settings.recent_requests, owner=owner, since=since
             )
-            store = state.memory.store(settings)
+            store = state.stores.store(settings)
             profiles = settings.recall.budget_profiles
             found = analysis(
                 store.monitor,

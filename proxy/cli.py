@@ -734,7 +734,7 @@ def _report(args: argparse.Namespace) -> None:
             summary = read_summary(db.fetchall, recent=settings.recent_requests, since=since)
         finally:
             db.close()
-    report = build_report(summary, settings=settings.describe(source))
+    report = build_report(summary, settings=settings.report_section(source))
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:

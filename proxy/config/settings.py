@@ -114,7 +114,7 @@ class Settings:
         cap = self.caps.memory_max_chars if budget_on else None
         return self.memory_feature_chars if cap is None else cap
 
-    def describe(self, source: ConfigSource) -> dict[str, Any]:
+    def report_section(self, source: ConfigSource) -> dict[str, Any]:
         """The settings part of the report. Never includes a secret."""
         loaded = datetime.fromtimestamp(source.loaded_at, UTC).isoformat(timespec="seconds")
         return {

@@ -4,22 +4,22 @@
 JSON and the text, `page` the HTML page; `record` is one request.
 """
 
-from proxy.report.record import RequestRecord, describe, usd
+from proxy.report.record import RequestRecord, report_entry, usd
 from proxy.report.render import build_report, money, render_text
 from proxy.report.store import SCHEMA_VERSION, ReportStore, Sink, open_db, start_run
 from proxy.report.summary import read_summary
 
 __all__ = [
-    "SCHEMA_VERSION",
     "ReportStore",
     "RequestRecord",
+    "SCHEMA_VERSION",
     "Sink",
     "build_report",
-    "describe",
     "money",
     "open_db",
     "read_summary",
     "render_text",
+    "report_entry",
     "start_run",
     "usd",
 ]

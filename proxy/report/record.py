@@ -1,7 +1,7 @@
 """One proxied request as the report keeps it: the typed record, and its JSON entry.
 
 The request path builds a `RequestRecord` and queues it; the writer thread turns it into the
-JSON entry (`describe`) that `/context/budget/requests/{id}`, the recent list, the page and
+JSON entry (`report_entry`) that `/context/budget/requests/{id}`, the recent list, the page and
 the telemetry sink all read, counting the tokens the request path did not count.
 """
 
@@ -118,7 +118,7 @@ def usd(tokens: int, price: float | None) -> float | None:
     return None if price is None else tokens * price
 
 
-def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
+def report_entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     """The report's JSON entry for `r` (counting saved tokens the request path did not), its
     client strings `storable`."""
     segments: list[dict[str, Any]] = []
@@ -223,7 +223,7 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
 
 
 def dumps_entry(body: dict[str, Any]) -> str:
-    """A report entry (`describe`'s: `storable`) as JSON text; the stdlib's when orjson
+    """A report entry (`report_entry`'s: `storable`) as JSON text; the stdlib's when orjson
     refuses something in it."""
     try:
         return orjson.dumps(body).decode()
@@ -232,7 +232,7 @@ def dumps_entry(body: dict[str, Any]) -> str:
 
 
 def loads_entry(text: str | bytes) -> Any:
-    """An entry written by `dumps_entry`. Entries written before `describe` made them
+    """An entry written by `dumps_entry`. Entries written before `report_entry` made them
     `storable` may hold a lone surrogate escaped (orjson refuses it): made `storable` here,
     so such an entry cannot break the report for as long as it is kept."""
     try:

@@ -12,7 +12,7 @@ hours older than `report.keepDays` are pruned. `runs` records each `ctxbudget se
 Sinks (OpenTelemetry in `proxy/report/telemetry.py`, Prometheus in `proxy/report/metrics.py`)
 get each record with its JSON entry on the same thread, so the request path pays for none of them.
 
-One record never costs another theirs: client strings are made storable (`describe`), a batch
+One record never costs another theirs: client strings are made storable (`report_entry`), a batch
 the database refuses is written again one record at a time (only the bad one is lost), and
 while the database does not answer, records wait in memory (`PENDING_BYTES`) and are written
 when it answers again; what is dropped is counted per owner (`lost`).
@@ -36,9 +36,9 @@ from memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from memory.sqlite import Database, connect
 from proxy.report.record import (
     RequestRecord,
-    describe,
     dumps_entry,
     loads_entry,
+    report_entry,
     storable,
     storable_record,
 )
@@ -464,11 +464,13 @@ class ReportStore:
         for record in records:
             try:
                 record = storable_record(record)
-                body = describe(record, self._tokens)
+                body = report_entry(record, self._tokens)
                 entry = _Entry(body)
             except Exception:
                 self._lost[storable(record.owner)] += 1
-                log.exception("could not describe request %s for the report", record.id)
+                log.exception(
+                    "could not make the report entry of request %s for the report", record.id
+                )
                 continue
             for sink in self.sinks:
                 try:

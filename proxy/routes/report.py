@@ -70,7 +70,7 @@ class Reporting:
             return summary, found
 
         summary, found = await asyncio.to_thread(read)
-        report = build_report(summary, settings=settings.describe(state.config))
+        report = build_report(summary, settings=settings.report_section(state.config))
         report["analysis"] = found
         report["page"] = str(request.base_url).rstrip("/") + "/context/budget"
         return report

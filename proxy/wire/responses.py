@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, block
@@ -47,19 +47,16 @@ _TEXT_PARTS = ("input_text", "output_text", "text")
 
 class CallNames:
     """`call_id` → (tool name, arguments) of the function calls relayed replies made, per
-    owner, the newest `limit` kept: what a continuation's `function_call_output` answers."""
+    owner, the `limit` most recently used kept: what a continuation's
+    `function_call_output` answers."""
 
     def __init__(self, limit: int = 10_000) -> None:
-        self._limit = limit
-        self._calls: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+        self._calls: LRUCache[tuple[str, str], tuple[str, str]] = LRUCache(maxsize=limit)
         self._lock = threading.Lock()
 
     def remember(self, owner: str, call_id: str, name: str, arguments: str) -> None:
         with self._lock:
             self._calls[(owner, call_id)] = (name, arguments)
-            self._calls.move_to_end((owner, call_id))
-            while len(self._calls) > self._limit:
-                self._calls.popitem(last=False)
 
     def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
         with self._lock:
@@ -70,8 +67,9 @@ class CallNames:
 
 
 class ResponseOwners:
-    """Response id → the owner it was returned to, for the newest `limit` responses relayed:
-    a continuation (`previous_response_id`) of another owner's response is refused.
+    """Response id → the owner it was returned to, for the `limit` responses relayed or asked
+    about most recently: a continuation (`previous_response_id`) of another owner's response
+    is refused.
 
     With proxy keys every owner reaches the upstream with the one upstream key, so the
     upstream would continue any owner's stored conversation for anyone who names its id.
@@ -80,16 +78,12 @@ class ResponseOwners:
     """
 
     def __init__(self, limit: int = 50_000) -> None:
-        self._limit = limit
-        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._owners: LRUCache[str, str] = LRUCache(maxsize=limit)
         self._lock = threading.Lock()
 
     def remember(self, response_id: str, owner: str) -> None:
         with self._lock:
             self._owners[response_id] = owner
-            self._owners.move_to_end(response_id)
-            while len(self._owners) > self._limit:
-                self._owners.popitem(last=False)
 
     def check(self, response_id: Any, owner: str) -> None:
         """`BadRequest` when `response_id` was returned to another owner: worded as the

@@ -24,7 +24,7 @@ from proxy.config.schema import (
 )
 from proxy.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "config.example.jsonc"
 
 

@@ -19,7 +19,7 @@ from proxy.config.file import (
 from proxy.config.schema import Config, load_config
 from proxy.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _touch(path: Path) -> Path:

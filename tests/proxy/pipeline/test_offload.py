@@ -32,7 +32,8 @@ from tests.clamps import broken_clamp
 from tests.fakes import FakeUpstream, chat_chunks, chat_completion
 from tests.inproc import _OFFLOADS, InProcess, config_for, proxy_app, shared_offload, state_of
 from tests.openclaw import openclaw_request, tool_call, web_fetch_result
-from tests.proxy import test_wire_messages, test_wire_responses
+from tests.proxy.wire import test_messages as test_wire_messages
+from tests.proxy.wire import test_responses as test_wire_responses
 
 PAGE = ("A paragraph of a long fetched page, with words. " * 20 + "\n\n") * 2_500
 CAP = 20_000

@@ -25,8 +25,8 @@ from proxy.report import ReportStore, RequestRecord
 from tests.fakes import FakeUpstream, chat_chunks
 from tests.inproc import config_for, state_of
 from tests.openclaw import openclaw_request
-from tests.proxy.test_disconnect import _abandon
-from tests.proxy.test_offload import _proxy
+from tests.proxy.pipeline.test_disconnect import _abandon
+from tests.proxy.pipeline.test_offload import _proxy
 
 
 def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(

@@ -14,6 +14,9 @@ import pytest
 from memory.pg import DatabaseUnavailable, PgDatabase
 from tests.pg import Cluster, postgres_cluster
 
+# each test starts, stops and restarts a PostgreSQL server of its own: with the real servers
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def own_cluster() -> Iterator[Cluster]:

@@ -329,6 +329,7 @@ def test_a_version_3_file_moves_each_runs_totals_to_the_hour_it_started(tmp_path
     store.close()
 
 
+@pytest.mark.e2e  # stops a PostgreSQL server of its own
 def test_records_wait_through_a_database_outage_and_are_written_when_it_answers() -> None:
     """A short outage loses no record: they are kept (bounded) and written when the database
     answers again; past the bound the oldest are dropped and counted (issue 24, item 7)."""

@@ -125,6 +125,7 @@ def test_a_list_is_added_all_or_nothing(tmp_path: Path) -> None:
         assert len(client.get("/v1/memories").json()["data"]) == 60
 
 
+@pytest.mark.e2e  # stops a PostgreSQL server of its own
 def test_a_stopped_memory_database_gives_503_and_chat_still_answers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

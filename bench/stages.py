@@ -30,6 +30,7 @@ import pstats
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,14 @@ class Marks:
         self.seen.append(dict(r.marks))
 
 
+def writer_cpu() -> float:
+    """CPU seconds the report's writer thread has used so far (Linux)."""
+    for thread in threading.enumerate():
+        if thread.name == "ctxbudget-report" and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
 async def run(app: Any, upstream: FakeUpstream, raw: bytes, n: int) -> float:
     """CPU seconds per request for `n` requests (after the app's report is flushed)."""
     transport = httpx.ASGITransport(app=app)
@@ -149,9 +158,11 @@ async def main() -> None:
     async with app.router.lifespan_context(app):
         await run(app, ours_upstream, raw, 50)  # warm: caches, litellm's price map, SQLite
         await run(floor, floor_upstream, raw, 50)
-        ours, bare = [], []
+        ours, bare, writer = [], [], []
         for _ in range(rounds):
+            before = writer_cpu()
             ours.append(await run(app, ours_upstream, raw, n))
+            writer.append((writer_cpu() - before) / n)
             bare.append(await run(floor, floor_upstream, raw, n))
         records = marks.seen[-n:]
         if args.profile:
@@ -166,6 +177,7 @@ async def main() -> None:
         f"  the pipeline's own cost: {mid(diffs) * 1e3:.3f} ms p50 of {rounds} rounds "
         f"({min(diffs) * 1e3:.3f}–{max(diffs) * 1e3:.3f})"
     )
+    print(f"  of which the report's writer thread: {mid(writer) * 1e3:.3f} ms")
     print("  wall time per stage (median of the last requests):")
     for label, a, b in STAGES:
         spans = [(r[b] - r[a]) / 1e6 for r in records if a in r and b in r]

@@ -141,17 +141,17 @@ def digested(
 
 
 def block_tokens(
-    data: bytes | Digested, count: Callable[[str], int], late: int | None = None
+    data: bytes | Digested, count: Callable[[bytes], int], late: int | None = None
 ) -> int:
-    """The tokens of a block's serial bytes (`Moved.client`, `Moved.forwarded`); `late`, a
-    large block's count from `PrefixChange.late_tokens`. One never counted (the offload
-    process failed) is estimated at 4 bytes a token."""
+    """The tokens of a block's serial bytes (`Moved.client`, `Moved.forwarded`), `count`ed;
+    `late`, a large block's count from `PrefixChange.late_tokens`. One never counted (the
+    offload process failed) is estimated at 4 bytes a token."""
     if isinstance(data, Digested):
         if data.data is None:
             found = data.tokens if data.tokens is not None else late
             return found if found is not None else data.size // 4
         data = data.data
-    return count(data.decode(errors="replace"))
+    return count(data)
 
 
 def _data(value: Any) -> bytes | Digested:

@@ -96,11 +96,23 @@ def storable(value: _T) -> _T:
         if value.isascii() and "\x00" not in value:
             return value  # the common case, without a regex
         return _UNSTORABLE.sub("\ufffd", value)  # type: ignore[return-value]
+    if isinstance(value, dict | list | tuple) and _clean(value):
+        return value  # the common case: one C call, where walking an entry took ~0.4 ms
     if isinstance(value, dict):
         return {storable(k): storable(v) for k, v in value.items()}  # type: ignore[return-value]
     if isinstance(value, list | tuple):
         return type(value)(storable(v) for v in value)
     return value
+
+
+def _clean(value: Any) -> bool:
+    """Whether no string in `value` needs `storable`: orjson refuses a lone surrogate, and
+    writes a NUL as `\\u0000` (a false alarm, a backslash before `u0000`, only costs the walk)."""
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return False
+    return b"\\u0000" not in data
 
 
 def storable_record(r: RequestRecord) -> RequestRecord:
@@ -192,8 +204,8 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     prefix = r.prefix
     late = prefix.late_tokens() if prefix is not None else {}
 
-    def count(text: str) -> int:
-        return tokens.count(text, r.encoding)
+    def count(data: bytes) -> int:
+        return tokens.count_bytes(data, r.encoding)
 
     shifts = [
         Shift(

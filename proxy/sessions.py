@@ -237,9 +237,9 @@ def _metadata_session(user_id: Any) -> str | None:
     if not isinstance(user_id, str):
         return None
     if user_id.startswith("{"):
-        try:
-            found = json.loads(user_id)
-        except ValueError:
+        try:  # orjson: no Python recursion, and a 1,024-level limit it reports as an error
+            found = orjson.loads(user_id)
+        except (ValueError, RecursionError):  # malformed, too deep, a lone surrogate
             return None
         session = found.get("session_id") if isinstance(found, dict) else None
         return session if isinstance(session, str) and session else None

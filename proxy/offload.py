@@ -61,6 +61,12 @@ from proxy.wire.types import WireFormat, WireRequest
 LARGE_BODY = 1 << 20
 """Bodies past this many bytes are parsed, clamped, counted, hashed and spliced in the
 worker process (`Offload.threshold`); smaller ones skip the hop (~1 ms there and back)."""
+MANY_OBJECTS = 4096
+"""Bodies with more `{` than this take the worker too, whatever their size (`Offload.objects`).
+The event loop spends ~13 µs on each message, block or item (parsing, the clamp's walk,
+hashing each block for the session), so 12,700 tiny Responses items in 1 MB held it ~0.5 s
+(issue 24); 4,096 objects is ~50 ms. A `{` inside a string counts too: an overestimate that
+at worst costs a small body the hop. OpenClaw's requests have ~1,100 (mostly `tools`)."""
 _EMPTY = {ord("["): b"[]", ord("{"): b"{}", ord('"'): b'""'}
 SMALL_FIELD = 1 << 16
 """Top-level fields up to this many bytes come back to the event loop (`get`); a chat
@@ -421,9 +427,11 @@ class Offload:
     120 ms.
     """
 
-    def __init__(self, *, threshold: int = LARGE_BODY) -> None:
+    def __init__(self, *, threshold: int = LARGE_BODY, objects: int = MANY_OBJECTS) -> None:
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
+        self.objects = objects
+        """Bodies with more `{` than this go too (`takes`)."""
         self._lock = threading.Lock()
         """Held by the one job the worker runs."""
         self._queued = 0
@@ -434,9 +442,10 @@ class Offload:
         """Waits on the worker, so large bodies never hold the loop's default threads."""
         self._closed = False
 
-    def takes(self, size: int) -> bool:
-        """Whether a body of `size` bytes is parsed in the worker."""
-        return size > self.threshold
+    def takes(self, raw: bytes) -> bool:
+        """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
+        JSON objects by a count of `{` (one C scan, ~0.1 ms a MB, before anything is parsed)."""
+        return len(raw) > self.threshold or raw.count(b"{") > self.objects
 
     @property
     def pid(self) -> int | None:

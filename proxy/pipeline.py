@@ -83,7 +83,7 @@ class Pipeline:
         # Work that grows with the body runs in another process for a large one, so one 30 MB
         # request does not stall every other client (a thread would not do: single C calls
         # over its 30 MB string hold the GIL for tens of ms); small ones skip the hop.
-        large = self.offload.takes(len(raw))
+        large = self.offload.takes(raw)
         if large:
             # it may wait behind other large bodies: a client that gives up meanwhile costs
             # no job (a job not yet started is dropped with the cancelled wait)

@@ -517,3 +517,21 @@ def test_values_nested_as_deep_as_the_parsers_take_come_back_from_the_worker(
         assert client.app.state.offload.pid == worker  # the same worker: it lived on
     assert (r.status_code, again.status_code) == (200, 200), r.text
     assert int(r.headers["x-context-budget-clamped"]) >= 3
+
+
+def test_a_body_of_many_small_items_takes_the_worker(tmp_path: Path) -> None:
+    # 12,700 tiny Responses items in 1 MB held the event loop ~0.5 s: work there grows with
+    # the items, not only the bytes (issue 24)
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"m{i}"}]}
+        for i in range(12_700)
+    ]
+    raw = orjson.dumps({"model": "gpt-x", "store": False, "input": items})
+    assert len(raw) < LARGE_BODY
+    with proxy_app(tmp_path) as (client, fake):
+        assert Offload().takes(raw) and not Offload().takes(orjson.dumps(openclaw_request()))
+        fake.answer_json({"id": "resp_1", "object": "response", "output": []})
+        r = client.post("/v1/responses", content=raw)
+        assert r.status_code == 200, r.text
+        assert client.app.state.offload.pid is not None  # the worker parsed it
+    assert orjson.loads(fake.last.body or b"")["input"] == items

@@ -19,16 +19,21 @@ from typing import Any
 import orjson
 
 
-def loads(text: str) -> Any:
-    """Parse a JSON object; `None` when it does not parse or is not an object."""
-    if not text.lstrip().startswith("{"):
+def loads(text: Any) -> Any:
+    """Parse a JSON object; `None` when it does not parse, is not an object, or `text` is not
+    a string at all (a client's `function.arguments` sent as an object: left as it came).
+
+    >>> loads('{"url": "u"}'), loads({"url": "u"}), loads("[1]")
+    ({'url': 'u'}, None, None)
+    """
+    if not isinstance(text, str) or not text.lstrip().startswith("{"):
         return None
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         try:  # lone surrogates and huge integers: valid JSON orjson refuses
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: past orjson's 1,024 levels
             return None
     return value if isinstance(value, dict) else None
 

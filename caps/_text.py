@@ -3,7 +3,8 @@
 Python's `len()` counts code points; a character outside the Basic Multilingual Plane (most
 emoji, some CJK) is one code point but two UTF-16 code units. Caps are set in OpenClaw's unit,
 so every measurement and every cut here uses UTF-16 units, and a cut never splits a surrogate
-pair: a result is never longer than its cap in either unit.
+pair: a result is never longer than its cap in either unit. A lone surrogate (valid in a JSON
+string as an escape, and in a JavaScript string) is one unit, as JavaScript counts it.
 
 >>> utf16_len("abc"), utf16_len("a\U0001f600")
 (3, 3)
@@ -11,6 +12,8 @@ pair: a result is never longer than its cap in either unit.
 'a'
 >>> utf16_tail("a\U0001f600b", 3)
 '\U0001f600b'
+>>> utf16_len("\\ud800\\U0001f600"), utf16_head("\\ud800\\U0001f600", 2) == "\\ud800"
+(3, True)
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ def utf16_len(text: str) -> int:
     """Length of `text` in UTF-16 code units."""
     if text.isascii():
         return len(text)
-    return len(text.encode("utf-16-le")) // 2
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _astral(text: str) -> bool:
     # Only astral characters (>= U+10000) make UTF-16 and code-point lengths differ.
-    return not text.isascii() and len(text.encode("utf-16-le")) // 2 != len(text)
+    return not text.isascii() and len(text.encode("utf-16-le", "surrogatepass")) // 2 != len(text)
 
 
 def utf16_head(text: str, units: int) -> str:

@@ -34,7 +34,8 @@ def clamp_request(
     new_messages: list[Any] = list(messages)
     changed = False
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _SYSTEM_ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in _SYSTEM_ROLES:  # a list role: not ours
             continue
         new_message, found = _clamp_system_message(message, caps)
         segments.extend(replace(s, message_index=index) for s in found)

@@ -99,7 +99,10 @@ def _calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
     for message in messages:
         if not isinstance(message, dict) or message.get("role") != "assistant":
             continue
-        for call in message.get("tool_calls") or ():
+        tool_calls = message.get("tool_calls")
+        if not isinstance(tool_calls, list):  # absent, or nothing we can read: no calls
+            continue
+        for call in tool_calls:
             if not isinstance(call, dict) or not isinstance(call.get("id"), str):
                 continue
             function = call.get("function")
@@ -144,14 +147,19 @@ def _clamp_text(
         return text  # a tool we do not cap
     payload = _json.loads(text)
     if payload is not None:
-        envelope = _envelope_inner(payload)
-        if envelope is not None:
-            return _clamp_envelope(text, payload, envelope, where, caps, tools, segments)
-        kind = kind or _guess(payload)
-        if kind is None:
+        mark = len(segments)
+        try:
+            envelope = _envelope_inner(payload)
+            if envelope is not None:
+                return _clamp_envelope(text, payload, envelope, where, caps, tools, segments)
+            kind = kind or _guess(payload)
+            if kind is None:
+                return text
+            new = _clamp_payload(payload, kind, where, caps, segments)
+            return text if new is payload else _json.dumps_like(new, text)
+        except RecursionError:  # JSON nested past what can be written back: left as it came
+            segments[mark:] = [_left(s, "nested too deeply to rewrite") for s in segments[mark:]]
             return text
-        new = _clamp_payload(payload, kind, where, caps, segments)
-        return text if new is payload else _json.dumps_like(new, text)
     wrapped = _unwrap_api(text)
     if wrapped is not None:
         return _clamp_bridge_text(text, wrapped, where, caps, tools, segments)
@@ -284,6 +292,17 @@ def _clamp_envelope(
     part = {**payload["result"]["content"][0], "text": new_inner}
     new = {**payload, "result": {**payload["result"], "content": [part]}}
     return _json.dumps_like(new, text)
+
+
+def _left(segment: Segment, why: str) -> Segment:
+    """`segment` as left untouched (`kept`), saying why."""
+    return replace(
+        segment,
+        action="kept",
+        after=segment.before,
+        clamped=segment.original,
+        note=f"{why}: left as is",
+    )
 
 
 def _unwrap_api(text: str) -> str | None:

@@ -16,6 +16,11 @@ from typing import Any
 INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 _STAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
 _RUNTIME = re.compile(r"^(?:Runtime|Reasoning): .*$", re.M)
+QUERY_HEAD = 2_000
+"""Characters from the start of a long user turn that recall reads (`excerpt`)."""
+QUERY_TAIL = 2_000
+"""Characters from its end."""
+_SPACES = " \t\r\n"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,8 +36,9 @@ class UserTurn:
 
     @cached_property  # read by the command check, the memory stage and recall
     def query(self) -> str:
-        """What recall searches for and the chat command is read from: `clean(text)`."""
-        return clean(self.text)
+        """What recall searches for and the chat command is read from: `clean(excerpt(text))`,
+        at most `QUERY_HEAD + QUERY_TAIL` characters of the turn (see `excerpt`)."""
+        return clean(excerpt(self.text))
 
     @property
     def key(self) -> str:
@@ -84,6 +90,38 @@ def user_turn(messages: list[Any]) -> UserTurn | None:
         for m in messages[index + 1 :]
     )
     return UserTurn(index=index, text=text, last=last)
+
+
+def excerpt(text: str) -> str:
+    """The part of a user turn recall reads: all of it up to `QUERY_HEAD + QUERY_TAIL`
+    characters, else its first `QUERY_HEAD` and last `QUERY_TAIL`, without the word each cut
+    splits.
+
+    Why a bound, and this one: recall costs about one index lookup per distinct word, so a
+    1 MB message took ~2 s of recall and 5 MB up to 12 s (issue 24), while what a person asks
+    fits in a few hundred characters. When a turn is long it is a paste (a log, a file, a
+    page) with the ask before or after it, so the head and the tail are where the ask is; the
+    middle of a paste adds words that match everything and nothing. 2,000 + 2,000 characters
+    (~600 words, ~50 ms of recall at worst) keep a question with a long preamble whole and
+    bound recall, the chat command check (`/context budget` is the whole turn, so a long turn
+    is never one) and deep's LLM rewrite alike. `UserTurn.key` still hashes the whole text.
+
+    >>> excerpt("short question") == "short question"
+    True
+    >>> long = "When is the zebra deadline? " + "log line " * 2_000 + "Also, who owns it?"
+    >>> cut = excerpt(long)
+    >>> len(cut) <= QUERY_HEAD + QUERY_TAIL + 1, cut.startswith("When is"), cut.endswith("it?")
+    (True, True, True)
+    """
+    if len(text) <= QUERY_HEAD + QUERY_TAIL:
+        return text
+    head, tail = text[:QUERY_HEAD], text[-QUERY_TAIL:]
+    if not text[QUERY_HEAD].isspace():  # the head's last word goes on past the cut
+        head = head[: max(head.rfind(c) for c in _SPACES) + 1] or head
+    if not text[-QUERY_TAIL - 1].isspace():  # the tail's first word began before the cut
+        at = min((i for i in (tail.find(c) for c in _SPACES) if i >= 0), default=-1)
+        tail = tail[at + 1 :] if at >= 0 else tail
+    return f"{head}\n{tail}"
 
 
 def clean(text: str) -> str:

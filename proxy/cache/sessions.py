@@ -25,9 +25,10 @@ and — the point — the first block the client left unchanged but ctxbudget fo
 (`bust`). A client that changed its own earlier blocks (dropped a thinking block, edited
 history) is a client bust, not ours.
 
-Sessions are kept per worker process, the newest 2,048 (an LRU), each with its previous
-request's first 1,024 block digests and its last 8 memory blocks: a session whose requests go
-to different workers of one server is compared within each worker.
+Sessions are kept per worker process and per owner, the newest 2,048 of each owner (an LRU)
+and 4,096 in all, each with its previous request's first 1,024 block digests and its last 8
+memory blocks: a session whose requests go to different workers of one server is compared
+within each worker.
 
 A large body (`proxy/pipeline/offload.py`) is parsed in another process, and its blocks reach
 this one as `Digested` stand-ins: the digest, and the bytes of a small block or the token count
@@ -61,10 +62,13 @@ _STABLE_CHARS = 65_536
 _MARKER = b'"cache_control"'
 _MARKER_VALUE = re.compile(rb"\s*:\s*\{[^{}]*\}\s*")
 KEEP_SESSIONS = 2048
+"""Sessions kept per owner (each key holder's own LRU)."""
+KEEP_TOTAL = 4096
+"""Sessions kept in all, over every owner (the owner with the most gives way first)."""
 KEEP_BLOCKS = 1024
 """Blocks of a request compared with the next one (later blocks count as new). With the
-sessions kept, this bounds the digests at 64 MB in the worst case (~13 MB for 200-block agent
-sessions)."""
+sessions kept, this bounds the digests at 128 MB in the worst case (~26 MB for 200-block
+agent sessions)."""
 DIGEST = 16
 """Bytes of a block digest (`_digest`)."""
 SEED_ENV = "CTXBUDGET_DIGEST_SEED"
@@ -249,9 +253,9 @@ def _metadata_session(user_id: Any) -> str | None:
     if not isinstance(user_id, str):
         return None
     if user_id.startswith("{"):
-        try:
-            found = json.loads(user_id)
-        except ValueError:
+        try:  # orjson: no Python recursion, and a 1,024-level limit it reports as an error
+            found = orjson.loads(user_id)
+        except (ValueError, RecursionError):  # malformed, too deep, a lone surrogate
             return None
         session = found.get("session_id") if isinstance(found, dict) else None
         return session if isinstance(session, str) and session else None
@@ -384,18 +388,50 @@ class ClientPrefix:
 
 
 class SessionTracker:
-    """The previous request of each recent session, to compare the next one with."""
+    """The previous request of each recent session, to compare the next one with.
 
-    def __init__(self, *, keep: int = KEEP_SESSIONS) -> None:
-        self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
+    Kept per owner (each key holder its own LRU of `keep` sessions), and `keep_total` in
+    all: past that, the owner holding the most sessions loses its least recent one. So one
+    tenant's flood of new sessions pushes out its own, never another's (one shared LRU let
+    any key holder evict everyone's: issue 24). An owner with no session left is dropped,
+    so owners are bounded too.
+    """
+
+    def __init__(self, *, keep: int = KEEP_SESSIONS, keep_total: int = KEEP_TOTAL) -> None:
+        self._owners: dict[str, OrderedDict[str, _Session]] = {}
         self._keep = keep
+        self._keep_total = keep_total
+        self._total = 0
+
+    def _get(self, owner: str, session: str) -> _Session | None:
+        sessions = self._owners.get(owner)
+        return sessions.get(session) if sessions is not None else None
+
+    def _put(self, owner: str, session: str, state: _Session) -> None:
+        """Keep `state` as `owner`'s newest session, evicting as the class docstring says."""
+        sessions = self._owners.setdefault(owner, OrderedDict())
+        self._total += sessions.pop(session, None) is None
+        sessions[session] = state
+        if len(sessions) > self._keep:
+            self._evict(owner)
+        while self._total > self._keep_total:
+            most = max(self._owners, key=lambda o: len(self._owners[o]))
+            # on a tie, the owner whose new session went over gives way
+            self._evict(owner if len(sessions) >= len(self._owners[most]) else most)
+
+    def _evict(self, owner: str) -> None:
+        sessions = self._owners[owner]
+        sessions.popitem(last=False)
+        self._total -= 1
+        if not sessions:
+            del self._owners[owner]
 
     def placed_memory(self, owner: str, session: str, prefix: ClientPrefix) -> dict[int, str]:
         """Memory blocks this session placed before, in blocks of the prefix the client
         resent unchanged (the part the provider has cached), by block index: placing them
         again keeps that prefix. A block that moved (OpenClaw re-appends its internal-context
         message every turn) is not in the cached prefix: it gets a fresh recall instead."""
-        state = self._sessions.get((owner, session))
+        state = self._get(owner, session)
         if state is None or not state.memory:
             return {}
         shared = _common(state.client, b"".join(prefix.digests[:KEEP_BLOCKS]))
@@ -432,8 +468,7 @@ class SessionTracker:
             for b, digest, data in zip(forwarded_blocks, client, forwarded_bytes, strict=True)
         ]
         memory = memory or {}
-        key = (owner, session)
-        previous = self._sessions.pop(key, None)
+        previous = self._get(owner, session)
         state = _Session(
             b"".join(client[:KEEP_BLOCKS]),
             b"".join(forwarded[:KEEP_BLOCKS]),
@@ -444,9 +479,7 @@ class SessionTracker:
             state.memory.move_to_end(client[i])
         while len(state.memory) > KEEP_MEMORY_BLOCKS:
             state.memory.popitem(last=False)
-        self._sessions[key] = state
-        while len(self._sessions) > self._keep:
-            self._sessions.popitem(last=False)
+        self._put(owner, session, state)
 
         shared_client = shared_forwarded = 0
         bust = None

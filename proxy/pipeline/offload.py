@@ -49,6 +49,12 @@ from proxy.wire.types import WireFormat, WireRequest
 LARGE_BODY = 1 << 20
 """Bodies past this many bytes are parsed, clamped, counted, hashed and spliced in the
 worker process (`Offload.threshold`); smaller ones skip the hop (~1 ms there and back)."""
+MANY_OBJECTS = 4096
+"""Bodies with more `{` than this take the worker too, whatever their size (`Offload.objects`).
+The event loop spends ~13 µs on each message, block or item (parsing, the clamp's walk,
+hashing each block for the session), so 12,700 tiny Responses items in 1 MB held it ~0.5 s
+(issue 24); 4,096 objects is ~50 ms. A `{` inside a string counts too: an overestimate that
+at worst costs a small body the hop. OpenClaw's requests have ~1,100 (mostly `tools`)."""
 
 
 # -- this process's side -------------------------------------------------------------------
@@ -58,15 +64,18 @@ class Offload(Worker):
     """The worker process, with the jobs a large body needs (`prepare`, then the
     `OffloadedRequest`'s own)."""
 
-    def __init__(self, *, threshold: int = LARGE_BODY) -> None:
+    def __init__(self, *, threshold: int = LARGE_BODY, objects: int = MANY_OBJECTS) -> None:
         # the blocks it digests are compared with this process's
         super().__init__(env={sessions.SEED_ENV: str(sessions.SEED)})
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
+        self.objects = objects
+        """Bodies with more `{` than this go too (`takes`)."""
 
-    def takes(self, size: int) -> bool:
-        """Whether a body of `size` bytes is parsed in the worker."""
-        return size > self.threshold
+    def takes(self, raw: bytes) -> bool:
+        """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
+        JSON objects by a count of `{` (one C scan, ~0.1 ms a MB, before anything is parsed)."""
+        return len(raw) > self.threshold or raw.count(b"{") > self.objects
 
     async def prepare(
         self,

@@ -90,12 +90,18 @@ _BOOT = (
 """The worker's start: the parent's import path, then `serve`."""
 _conn: Connection | None = None
 """The worker's end of the pipe (for `ask`)."""
+_RECURSION = 5_000
+"""The worker's recursion limit: room for values nested as deep as the parsers take."""
 
 
 def serve(fd: int) -> None:
     """The worker process: one job at a time from the socket `fd` until it closes."""
     global _conn
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops us
+    # The body's parsers take ~1,000 levels of nesting, and pickling an answer that holds
+    # such a value (a small top-level field) recurses once per level: at the default limit
+    # 500 levels killed the worker (issue 24). Jobs run on this process's main thread.
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), _RECURSION))
     conn = _conn = Connection(fd)
     while True:
         try:
@@ -110,7 +116,12 @@ def serve(fd: int) -> None:
             continue
         finally:
             del data
-        conn.send(("done", False, answer, blob is not None))
+        try:
+            reply = pickle.dumps(("done", False, answer, blob is not None))
+        except Exception as exc:  # what cannot go back is an error, never the worker's end
+            conn.send(("done", True, (portable(exc), traceback.format_exc()), False))
+            continue
+        conn.send_bytes(reply)
         if blob is not None:
             conn.send_bytes(blob)
         del answer, blob

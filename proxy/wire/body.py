@@ -8,16 +8,27 @@ parsed, and a changed request is written back by splicing the new `messages` bet
 untouched raw values: 0.25 ms for the same request, and every other field reaches the
 upstream byte for byte.
 
+Within a changed list (`messages`, `input`, `system` blocks) the same holds one level down:
+each message or item the proxy did not change is written as the client's bytes, and only the
+changed ones are serialised (`_splice`). So in them `1E2` stays `1E2` (not `100.0`), and a
+number no float can hold (`1e999`) stays as sent instead of becoming `null`, or `Infinity`
+(not JSON).
+
 >>> body = parse_chat_body(b'{"model": "m", "tools": [1.50], "messages": [{"role": "user"}]}')
 >>> body.get("model"), body.messages
 ('m', [{'role': 'user'}])
 >>> body.encode([{"role": "user", "content": "x"}])
 b'{"model":"m","tools":[1.50],"messages":[{"role":"user","content":"x"}]}'
+>>> body = parse_chat_body(b'{"model": "m", "messages": [{"n": 1E2, "x": 1e999}, {"c": "a"}]}')
+>>> first, second = body.messages
+>>> body.encode([first, {**second, "c": "b"}])
+b'{"model":"m","messages":[{"n": 1E2, "x": 1e999},{"c":"b"}]}'
 """
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -31,8 +42,13 @@ from starlette.requests import Request
 from proxy.errors import BadRequest, PayloadTooLarge
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _TOO_DEEP = (
     "request body nests JSON too deeply (the parsers stop at about 1,000 levels): send flatter JSON"
+)
+_OUT_OF_RANGE = (
+    "request body holds a number beyond a 64-bit float (like 1e999) where the proxy cannot "
+    "keep the client's bytes: send numbers within ±1.7e308, or such a value as a string"
 )
 _MISSING = object()
 
@@ -86,7 +102,13 @@ class JsonBody:
         parts: list[bytes | memoryview] = [b"{"]
         for key, value in self._fields.items():
             if key in changes:
-                encoded = _dumps(changes[key])
+                old = self._cache.get(key, _MISSING)
+                new = changes[key]
+                encoded = (
+                    _splice(new, old, value)
+                    if not self._decoded and old is not _MISSING
+                    else _dumps(new)
+                )
             elif self._decoded:
                 encoded = _dumps(value)
             else:
@@ -139,8 +161,8 @@ def parse_object(
     except msgspec.DecodeError:
         # Lone surrogate escapes ("\\ud800") are valid JSON that msgspec refuses; the stdlib
         # parser takes them. Anything neither accepts is malformed.
-        try:
-            whole = json.loads(raw)
+        try:  # NaN and Infinity are not JSON; 1e999 is, but nothing without the raw keeps it
+            whole = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
         except RecursionError:
             raise BadRequest(_TOO_DEEP) from None
         except ValueError as exc:
@@ -311,23 +333,71 @@ _SEED = secrets.randbits(64)
 """Unknown outside this process: no one can make invalid bytes digest as valid ones did."""
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise BadRequest(_OUT_OF_RANGE)
+    return value
+
+
+class _Overflow(float):
+    """A number too large for a float (`1e999`), read as infinity. orjson refuses to write it
+    (where plain infinity became `null`), so `_dumps` answers the 400 rather than change it;
+    the client's bytes carry it wherever the proxy changed nothing (`_splice`)."""
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    return _Overflow(value) if math.isinf(value) else value
+
+
 def _loads(data: memoryview) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        try:  # valid JSON orjson refuses (huge integers)
-            return json.loads(bytes(data))
+        try:  # valid JSON orjson refuses (huge integers, 1e999)
+            return json.loads(bytes(data), parse_float=_float)
         except RecursionError:
             raise BadRequest(_TOO_DEEP) from None
         except ValueError:
             raise BadRequest(f"request body is not valid JSON: {exc}") from exc
 
 
+def _splice(new: Any, old: Any, raw: bytes | msgspec.Raw) -> bytes:
+    """`new` as JSON, where `old` is the value parsed from the client's bytes `raw`: when both
+    are lists, each item of `new` that is an item of `old` (the same object: the wires and
+    the clamp copy what they change and share the rest) is written as its bytes in `raw`, and
+    only the others are serialised.
+
+    One level: a changed message is serialised whole, as before. Going down into it too
+    would scan its bytes again (a 30 MB tool result, for one clamp) and cost ~10 µs a
+    changed message on every request, for numbers written unusually inside it.
+    """
+    if not (isinstance(new, list) and isinstance(old, list)):
+        return _dumps(new)
+    items = _ITEMS.decode(raw)
+    if len(items) != len(old):  # cannot happen: `old` was parsed from `raw`
+        return _dumps(new)
+    where = {id(item): i for i, item in enumerate(old)}
+    parts: list[bytes | msgspec.Raw] = []
+    for item in new:
+        i = where.get(id(item))
+        parts.append(items[i] if i is not None and old[i] is item else _dumps(item))
+    return b"[" + b",".join(parts) + b"]"
+
+
 def _dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
     except TypeError:  # integers past 64 bits, lone surrogates: the stdlib escapes them
-        return json.dumps(value, separators=(",", ":")).encode()
+        try:
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError:  # never `Infinity`, which is not JSON
+            raise BadRequest(_OUT_OF_RANGE) from None
 
 
 def type_name(value: Any) -> str:

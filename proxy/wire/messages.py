@@ -323,10 +323,16 @@ def _check_messages(messages: list[Any]) -> None:
             kind = part.get("type")
             if kind == "tool_use" and isinstance(part.get("id"), str):
                 calls.add(part["id"])
-            elif kind == "tool_result" and part.get("tool_use_id") not in calls:
+            elif kind == "tool_result" and not isinstance(part.get("tool_use_id"), str):
+                raise BadRequest(
+                    f"'{where}.content[{i}].tool_use_id' must be a string (the id of the "
+                    f"tool_use block it answers), got {type_name(part.get('tool_use_id'))}",
+                    param=f"{where}.content[{i}].tool_use_id",
+                )
+            elif kind == "tool_result" and part["tool_use_id"] not in calls:
                 raise BadRequest(
                     f"'{where}.content[{i}]' is a tool_result for tool_use_id "
-                    f"{part.get('tool_use_id')!r}, which no earlier tool_use block has: "
+                    f"{part['tool_use_id']!r}, which no earlier tool_use block has: "
                     "send the assistant turn that called the tool",
                     param=f"{where}.content[{i}].tool_use_id",
                 )

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import doctest
 import re
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -168,3 +169,52 @@ def test_system_text_properties(agents: str, user: str, cap: int, version: str) 
     assert clamp_system_text(text, cap)[0] == text
     assert clamp_system_text(prompt, cap)[0] == text
     assert _outside_bodies(text) == _outside_bodies(prompt)
+
+
+# -- crafted text (issue 24): work stays linear in the prompt --------------------------------
+
+_PROMPT = "# Project Context\nLoaded project context:\n"
+
+
+def _raw_size_by_trying_each_marker(body: str) -> int | None:
+    """What `_raw_size` must answer: every probe tried in turn (the quadratic original)."""
+    for probe, pattern in (
+        ("…(truncated ", caps.bootstrap._TRUNCATED),
+        ("[…truncated ", caps.bootstrap._TRUNCATED_COMPACT),
+    ):
+        for found in re.finditer(re.escape(probe), body):
+            match = pattern.match(body, found.start())
+            if match:
+                return int(match.group(1))
+    return None
+
+
+_PIECES = "…(truncated |[…truncated |AGENTS.md|: kept |12|+|policy 3+| chars of |900|)…|]|/|:|\n|x"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES.split("|")), max_size=40))
+def test_the_raw_size_is_the_first_marker_that_parses(pieces: list[str]) -> None:
+    body = "".join(pieces)
+    assert caps.bootstrap._raw_size(body) == _raw_size_by_trying_each_marker(body)
+
+
+def test_a_body_of_truncation_markers_is_read_in_linear_time() -> None:
+    # 400 KB of `…(truncated ` took minutes when each marker was tried to the line's end
+    # (136 KB: 10 s, 240 KB: 53 s in the issue); now one pass
+    body = "…(truncated " * 34_000 + "\n…(truncated AGENTS.md: kept 9+3 chars of 777)…"
+    started = time.perf_counter()
+    text, [segment] = clamp_system_text(f"{_PROMPT}## /w/AGENTS.md\n{body}", None)
+    assert time.perf_counter() - started < 2
+    assert text.endswith(body)
+    assert segment.note == "already truncated by OpenClaw (raw 777)"
+
+
+def test_repeated_project_context_blocks_never_overlap() -> None:
+    # each block ran to the end of the prompt, so every later file was found again in every
+    # earlier block: 4,000 blocks made 8 million segments and overlapping cuts
+    prompt = "\n".join([f"{_PROMPT}## /w/AGENTS.md\n" + "a" * 40] * 4000)
+    text, segments = clamp_system_text(prompt, 20)
+    assert len(segments) == 4000
+    assert {(s.before, s.after) for s in segments} == {(40, 20)}
+    assert text.count(_PROMPT) == 4000 and len(text) < len(prompt)

@@ -42,3 +42,16 @@ def test_segments_point_at_their_messages() -> None:
     for segment in result.segments:
         message = request["messages"][segment.message_index]
         assert message["role"] == ("system" if segment.kind == "bootstrap" else "tool")
+
+
+def test_what_the_clamp_cannot_read_is_left_as_it_came() -> None:
+    # a role or tool_calls of the wrong type raised, so the clamp gave up on every segment
+    # (or, with failClosed, the request got a 500) (issue 24)
+    request = openclaw_request()
+    request["messages"][1] = {"role": ["user"], "content": "odd"}
+    request["messages"].insert(2, {"role": "assistant", "content": None, "tool_calls": 1})
+    result = clamp_request(request, CAPS)
+    assert result.request["messages"][1] is request["messages"][1]
+    assert result.request["messages"][2] is request["messages"][2]
+    kinds = {s.kind for s in result.segments if s.action == "clamped"}
+    assert kinds == {"bootstrap", "web_fetch", "memory"}

@@ -250,3 +250,37 @@ def test_an_unwrapped_page_is_left_whole_and_says_why() -> None:
     (segment,) = result.segments
     assert not result.changed and segment.action == "kept"
     assert segment.note == "no untrusted-content wrapper to cut inside: left whole"
+
+
+# -- what a clamp cannot read is left as it came (issue 24) -----------------------------------
+
+
+def test_arguments_sent_as_an_object_are_not_read() -> None:
+    page = web_fetch_result(version="9.x", content="p" * 9000)
+    messages = _turn("web_fetch", page)
+    messages[1]["tool_calls"][0]["function"]["arguments"] = {"url": "https://example.com"}
+    out, [segment] = clamp_tool_results(messages, CAPS, TOOLS)
+    assert segment.action == "clamped"  # known by the tool name; the URL by the result
+    assert utf16_len(out[2]["content"]) < len(page)
+
+
+def test_a_lone_surrogate_is_one_unit_as_javascript_counts_it() -> None:
+    page = "\ud800" + "p" * 9000
+    messages = _turn("web_fetch", web_fetch_result(version="9.x", content=page))
+    out, [segment] = clamp_tool_results(messages, CAPS, TOOLS)
+    assert segment.action == "clamped" and segment.after <= CAPS.web_fetch_max_chars
+    payload = json.loads(out[2]["content"])
+    assert payload["length"] == utf16_len(payload["text"])
+    assert "\ud800" in payload["text"]
+    memory = _turn("memory_get", memory_get_result(text="\udfff" + "- fact\n" * 500))
+    _, [got] = clamp_tool_results(memory, CAPS, TOOLS)
+    assert got.action == "clamped" and got.after <= CAPS.memory_max_chars
+
+
+@pytest.mark.parametrize("depth", [900, 1100])
+def test_json_nested_too_deeply_to_rewrite_is_kept(depth: int) -> None:
+    result = web_fetch_result(version="9.x", content="p" * 9000)
+    nested = result[:-1].rstrip() + ', "deep": ' + "[" * depth + "]" * depth + "}"
+    out, [segment] = clamp_tool_results(_turn("web_fetch", nested), CAPS, TOOLS)
+    assert out[2]["content"] is nested
+    assert segment.action == "kept" and segment.after == segment.before

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 from memory.profiles import PROFILES, REQUESTED_PROFILES, RetrievalProfileName, choose
 
 TWENTY_FIVE = " ".join(f"word{i}" for i in range(25))
@@ -47,3 +49,12 @@ def test_choose_is_deterministic() -> None:
     first = [choose("auto", q) for q in queries]
     assert [choose("auto", q) for q in reversed(queries)] == list(reversed(first))
     assert [p.name for p, _ in first] == ["lean", "balanced", "deep", "deep", "deep"]
+
+
+def test_code_terms_are_found_in_linear_time() -> None:
+    # `[A-Za-z]+[_.]`, tried at each letter of one long word, read to its end every time:
+    # 25,000 letters took 6-12 s (issue 24); 100,000 take minutes
+    started = time.perf_counter()
+    assert _auto("a" * 100_000)[0] == "lean"  # one word, no code term
+    assert _auto("a" * 100_000 + "_b")[0] == "deep"
+    assert time.perf_counter() - started < 2

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from memory import MemoryLimits, MemoryStore, NewMemory
@@ -198,3 +199,13 @@ def test_deep_reports_its_second_hop_and_each_memorys_new_signals(backend: Backe
     shared = _recall(store, turn, profile="deep").report.to_dict()
     assert shared["secondHopWords"] == len(looked["secondHopWords"])
     assert "secondHopWords" not in _recall(store, turn, profile="balanced").report.to_dict()
+
+
+def test_a_huge_turn_is_recalled_from_its_head_and_tail(backend: Backend) -> None:
+    # a 2.7 MB paste of distinct words: recall read it all, ~2 s a MB (issue 24)
+    paste = " ".join(f"w{i}x" for i in range(300_000))
+    store = _store(backend, THERAPY, *DEPLOYS)
+    started = time.perf_counter()
+    recalled = _recall(store, _turn(f"{paste}\n\nwhen is therapy"))
+    assert time.perf_counter() - started < 2
+    assert recalled.lines and THERAPY in recalled.lines[0]

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.inproc import proxy_app
+from tests.fakes import chat_completion
+from tests.inproc import config_for, proxy_app
+from tests.openclaw import (
+    memory_get_result,
+    openclaw_request,
+    tool_call,
+    web_fetch_result,
+)
 
 
 @pytest.mark.parametrize(
@@ -93,3 +102,93 @@ def test_the_text_report_carries_no_terminal_escapes(tmp_path: Path) -> None:
         text = client.get("/context/budget?format=text").text
     assert "https://x.example/" in text
     assert "\x1b" not in text and "\x07" not in text
+
+
+# -- issue 24, item 9: each was a 500, which also closes the client's connection -------------
+
+
+def _fail_closed(tmp_path: Path) -> dict[str, Any]:
+    """The budget on, and a clamp that raises is a 500 (`failClosed`): what was a crash shows."""
+    return config_for(tmp_path, agents={"defaults": {"contextBudget": {"failClosed": True}}})
+
+
+def _messages_with_result(tool_use_id: Any) -> dict[str, Any]:
+    call = {"type": "tool_use", "id": "t1", "name": "x", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": tool_use_id, "content": "x"}
+    return {
+        "model": "claude-x",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "fetch"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]},
+        ],
+    }
+
+
+@pytest.mark.parametrize(("tool_use_id", "kind"), [(["t1"], "list"), ({"id": "t1"}, "object")])
+def test_a_tool_use_id_that_is_not_a_string_is_a_400(
+    tmp_path: Path, tool_use_id: Any, kind: str
+) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        r = client.post("/v1/messages", json=_messages_with_result(tool_use_id))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "'messages[2].content[0].tool_use_id' must be a string (the id of the tool_use block "
+        f"it answers), got {kind}"
+    )
+    assert fake.sent == []
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages"])
+def test_a_user_id_holding_json_nested_200000_deep_is_not_a_session(
+    tmp_path: Path, route: str
+) -> None:
+    user_id = '{"session_id": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    body = {**_messages_with_result("t1"), "metadata": {"user_id": user_id}}
+    if route == "/v1/chat/completions":
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion())
+        r = client.post(route, json=body, headers={"x-api-key": "k"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-context-budget-session"].startswith("prefix:")
+
+
+def test_arguments_sent_as_an_object_leave_the_rest_clamped(tmp_path: Path) -> None:
+    body = openclaw_request(stream=False)
+    body["messages"][2]["tool_calls"][0]["function"]["arguments"] = {"url": "https://x.example"}
+    with proxy_app(tmp_path, _fail_closed(tmp_path)) as (client, fake):
+        fake.answer_json(chat_completion())
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert int(r.headers["x-context-budget-clamped"]) >= 3
+    assert fake.last.json["messages"][2] == body["messages"][2]  # forwarded as it came
+
+
+@pytest.mark.parametrize("name", ["web_fetch", "memory_get"])
+def test_a_lone_surrogate_in_a_tool_result_is_clamped_like_any_text(
+    tmp_path: Path, name: str
+) -> None:
+    text = "\ud800" + "z" * 60_000
+    content = {
+        "web_fetch": web_fetch_result(version="9.x", content=text),
+        "memory_get": memory_get_result(text=text),
+    }[name]
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "run it"},
+            tool_call("c1", name, {}),
+            {"role": "tool", "tool_call_id": "c1", "content": content},
+        ],
+    }
+    raw = json.dumps(body).encode()  # the surrogate as the escape `\ud800`
+    with proxy_app(tmp_path, _fail_closed(tmp_path)) as (client, fake):
+        fake.answer_json(chat_completion())
+        r = client.post("/v1/chat/completions", content=raw)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-context-budget-clamped"] == "1"
+    sent = json.loads(fake.last.body or b"")["messages"][2]["content"]
+    assert "\ud800" in sent and len(sent) < len(content)

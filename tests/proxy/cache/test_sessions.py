@@ -328,3 +328,29 @@ def test_a_new_question_gets_its_own_recall_when_the_client_moves_its_last_messa
         sent = [s.json["messages"][-1]["content"] for s in fake.sent]
     assert "zebra deadline" in sent[0] and "zebra deadline" in sent[1]
     assert "Harbour Street" in sent[2], "the new question was recalled for"
+
+
+def test_one_owners_flood_of_sessions_pushes_out_only_its_own() -> None:
+    # one LRU for every owner let any key holder evict everyone's sessions (issue 24)
+    tracker = SessionTracker()
+    first = _request("a", "b")
+    tracker.observe("alice", "hers", first, first.blocks)
+    for i in range(5_000):
+        tracker.observe("mallory", f"flood{i}", first, first.blocks)
+    assert not tracker.observe("alice", "hers", first, first.blocks).first
+    assert tracker.observe("mallory", "flood0", first, first.blocks).first  # its own went
+
+
+def test_past_the_total_the_owner_with_the_most_sessions_gives_way() -> None:
+    tracker = SessionTracker(keep=4, keep_total=6)
+    one = _request("a")
+    for owner, count in (("a", 1), ("b", 2), ("c", 3)):
+        for i in range(count):
+            tracker.observe(owner, f"{owner}{i}", one, one.blocks)
+    tracker.observe("a", "a1", one, one.blocks)  # 7 in all: c, with the most, loses c0
+    kept = [tracker.observe(o, s, one, one.blocks).first for o, s in _OWNED]
+    assert kept == [False] * len(_OWNED)
+    assert tracker.observe("c", "c0", one, one.blocks).first
+
+
+_OWNED = [("a", "a0"), ("a", "a1"), ("b", "b0"), ("b", "b1"), ("c", "c1"), ("c", "c2")]

@@ -497,3 +497,39 @@ def test_the_worker_stops_with_the_app(tmp_path: Path) -> None:
         process = client.app.state.offload._process
         assert process.poll() is None
     assert process.poll() is not None
+
+
+def test_values_nested_as_deep_as_the_parsers_take_come_back_from_the_worker(
+    tmp_path: Path,
+) -> None:
+    # a small field comes back to the event loop pickled, one recursion per level: 500 levels
+    # killed the worker (a 500 for this request, and for whatever it held) (issue 24)
+    body = {**openclaw_request(stream=False), "tools": "DEEP"}
+    raw = json.dumps(body).replace('"DEEP"', "[" * 900 + "]" * 900).encode()
+    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
+        fake.answer_json(chat_completion())
+        r = client.post("/v1/chat/completions", content=raw)
+        worker = client.app.state.offload.pid
+        fake.answer_json(chat_completion())
+        again = _post(client, openclaw_request(stream=False))
+        assert client.app.state.offload.pid == worker  # the same worker: it lived on
+    assert (r.status_code, again.status_code) == (200, 200), r.text
+    assert int(r.headers["x-context-budget-clamped"]) >= 3
+
+
+def test_a_body_of_many_small_items_takes_the_worker(tmp_path: Path) -> None:
+    # 12,700 tiny Responses items in 1 MB held the event loop ~0.5 s: work there grows with
+    # the items, not only the bytes (issue 24)
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"m{i}"}]}
+        for i in range(12_700)
+    ]
+    raw = orjson.dumps({"model": "gpt-x", "store": False, "input": items})
+    assert len(raw) < LARGE_BODY
+    with proxy_app(tmp_path) as (client, fake):
+        assert Offload().takes(raw) and not Offload().takes(orjson.dumps(openclaw_request()))
+        fake.answer_json({"id": "resp_1", "object": "response", "output": []})
+        r = client.post("/v1/responses", content=raw)
+        assert r.status_code == 200, r.text
+        assert client.app.state.offload.pid is not None  # the worker parsed it
+    assert orjson.loads(fake.last.body or b"")["input"] == items

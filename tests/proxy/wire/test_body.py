@@ -3,6 +3,8 @@ from __future__ import annotations
 import doctest
 import itertools
 import json
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -11,6 +13,9 @@ from hypothesis import strategies as st
 import proxy.wire.body
 from proxy.errors import BadRequest
 from proxy.wire.body import TAILS, parse_chat_body, parse_object
+from tests.fakes import chat_completion
+from tests.inproc import proxy_app
+from tests.openclaw import openclaw_request
 
 
 def test_doctests() -> None:
@@ -107,3 +112,49 @@ def test_the_tail_of_one_owner_is_not_another_owners() -> None:
     later = f'{{"messages": [1], "tools": {TOOLS}}}'.encode()
     assert TAILS.fields(later, "alice") is not None
     assert TAILS.fields(later, "bob") is None
+
+
+# -- numbers written back as the client wrote them (issue 24) --------------------------------
+
+
+def test_messages_the_proxy_did_not_change_go_on_as_the_client_wrote_them(tmp_path: Path) -> None:
+    # re-serialised, 1E2 became 100.0, and 1e999 null (orjson) or Infinity (not JSON)
+    body = openclaw_request(stream=False)
+    body["messages"][1]["n"] = "N"
+    raw = json.dumps(body).replace('"N"', "[1E2, 1e999, -1e999, 1.50]").encode()
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion())
+        r = client.post("/v1/chat/completions", content=raw)
+    assert r.status_code == 200
+    assert int(r.headers["x-context-budget-clamped"]) >= 3  # other messages did change
+    sent = fake.last.body or b""
+    untouched = json.dumps(body["messages"][1]).replace('"N"', "[1E2, 1e999, -1e999, 1.50]")
+    assert untouched.encode() in sent
+    assert b"Infinity" not in sent and b"NaN" not in sent
+
+
+def test_a_number_no_float_holds_is_never_written_as_infinity() -> None:
+    # a lone surrogate makes the whole body go through the stdlib parser: no raw bytes to
+    # keep, so such a number cannot be written back: a 400, never `Infinity`
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800", "n": 1e999}]}'
+    with pytest.raises(BadRequest, match=re.escape("a number beyond a 64-bit float (like 1e999)")):
+        parse_chat_body(raw)
+    body = parse_chat_body(raw.replace(b"1e999", b"1E2"))
+    assert body.encode([*body.messages, {"role": "user", "content": "x"}]).count(b"100.0") == 1
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinity_are_not_json(constant: bytes) -> None:
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800", "n": X}]}'
+    with pytest.raises(BadRequest, match="request body is not valid JSON"):
+        parse_chat_body(raw.replace(b"X", constant))
+    with pytest.raises(BadRequest, match="request body is not valid JSON"):
+        parse_chat_body(raw.replace(b"\\ud800", b"a").replace(b"X", constant))
+
+
+def test_a_number_no_float_holds_in_a_changed_message_is_a_400_not_null() -> None:
+    body = parse_chat_body(b'{"model": "m", "messages": [{"role": "user", "n": [1e999, 2]}]}')
+    with pytest.raises(BadRequest, match=re.escape("a number beyond a 64-bit float")):
+        body.encode([{**body.messages[0], "content": "x"}])
+    unchanged = body.encode([*body.messages, {"role": "user", "content": "x"}])
+    assert b'[{"role": "user", "n": [1e999, 2]},{"role":"user"' in unchanged

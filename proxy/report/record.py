@@ -74,6 +74,9 @@ class RequestRecord:
     """The memory blocks placed in it (new or placed again), for their token cost."""
     memory_reused: int = 0
     """Memories placed again from an earlier request of the session (recall did not run)."""
+    billed: dict[str, Any] | None = None
+    """`billing(self)`, when the request path already priced it (a JSON answer, for its
+    `x-context-budget-saved-usd` header); None: the writer prices it."""
 
 
 def usd(tokens: int, price: float | None) -> float | None:
@@ -142,7 +145,7 @@ def describe(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "owner": r.owner,
         "memory": r.memory,
         "usage": r.usage.to_dict() if r.usage is not None else None,
-        **billing(r, tokens),
+        **(r.billed if r.billed is not None else billing(r, tokens)),
     }
 
 

@@ -1,4 +1,5 @@
-"""The report routes: `GET /context/budget` (JSON, text or the page) and one request's record.
+"""The report routes: `GET /context/budget` (JSON, text, the chat-sized summary or the page)
+and one request's record.
 
 With `proxy.keys`, a key is needed to read them (the page also takes HTTP Basic, so a browser
 can ask for it).
@@ -18,7 +19,7 @@ from proxy.config.settings import Settings
 from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
 from proxy.report.page import render_html
-from proxy.report.render import render_text
+from proxy.report.render import render_summary, render_text
 from proxy.report.summary import parse_since
 from proxy.state import ProxyState
 
@@ -78,9 +79,10 @@ class Reporting:
     async def budget(self, request: Request) -> Response:
         settings = self.state.settings()
         fmt = request.query_params.get("format")
-        if fmt not in (None, "json", "text", "html"):
+        if fmt not in (None, "json", "text", "summary", "html"):
             raise BadRequest(
-                f"format must be 'json', 'text' or 'html', got {fmt!r}", param="format"
+                f"format must be 'json', 'text', 'summary' or 'html', got {fmt!r}",
+                param="format",
             )
         accept = request.headers.get("accept", "")
         if fmt is None and "json" not in accept:
@@ -96,6 +98,8 @@ class Reporting:
         report = await self.report(settings, request, owner=owner, since=since)
         if fmt == "text":
             return PlainTextResponse(render_text(report))
+        if fmt == "summary":  # the chat-sized one, as `/context budget` answers
+            return PlainTextResponse(render_summary(report))
         return JSONResponse(report)
 
     async def budget_request(self, request: Request) -> Response:

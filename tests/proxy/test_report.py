@@ -105,7 +105,7 @@ def test_text_report_lists_segments_and_totals(where: Where) -> None:
         "encoding": "o200k_base",
     }
     text = render_text(build_report(store.summary(recent=5), settings=settings))
-    assert "📉 Context budget: ON" in text
+    assert "\nContext budget: ON" in text
     assert "- web fetch: 200 per result — from contextBudget.webFetchMaxChars (file)" in text
     assert ": 1 request, 2 segments seen, 1 clamped" in text
     assert "  - web_fetch web_fetch call1 https://example.com: 1,000 → 200 clamped" in text

@@ -10,12 +10,13 @@
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
     ctxbudget config init [PATH] [--force]
     ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
+    ctxbudget demo [--port P]
     ctxbudget --version
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
 `./ctxbudget.json`, else `~/.ctxbudget/config.jsonc`, else built-in defaults: see
-`proxy/config/file.py`) and says on stderr which file it used. `--json` prints
-machine-readable JSON on stdout and nothing else.
+`proxy/config/file.py`) and says on stderr which file it used; `demo` uses a temporary one
+of its own. `--json` prints machine-readable JSON on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
         each.add_argument("--owner", default="default", help="whose memories (default: default)")
         each.add_argument("--json", action="store_true", help="print JSON only")
 
+    demo = sub.add_parser(
+        "demo",
+        help="the proxy, a built-in stand-in upstream and a sample session: no provider, no key",
+    )
+    demo.add_argument(
+        "--port", type=int, help="port to serve on (default 4141, or any free one if taken)"
+    )
+
     config = sub.add_parser(
         "config", help="write a starter config, show the one in force, check it"
     )
@@ -200,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
             _recall(args)
         elif args.command == "config":
             _config(args)
+        elif args.command == "demo":
+            _demo(args)
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -251,6 +262,15 @@ def _serve(args: argparse.Namespace) -> None:
             access_log=level == "debug",
             timeout_graceful_shutdown=5,
         )
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from proxy.demo.run import PortInUse, run_demo
+
+    try:
+        run_demo(args.port, out=sys.stdout, err=sys.stderr)
+    except PortInUse as exc:
+        raise SystemExit(f"ctxbudget demo: {exc}: pass another --port (0: any free one)") from None
 
 
 def _start_run(cfg: Any, run: str) -> None:

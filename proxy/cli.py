@@ -720,12 +720,17 @@ def _config_init(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    """The report `serve` answers with the same config: the same file or database, the same
+    recommendations, its page's address."""
+    from memory import SQLiteMemoryStore
     from memory.pg import DatabaseUnavailable
     from proxy.config.database import open_database
     from proxy.config.settings import settings_for
+    from proxy.pipeline.recall import open_store
     from proxy.report import build_report, open_db, read_summary, render_text
     from proxy.report.store import open_pg
     from proxy.report.summary import parse_since
+    from proxy.routes.report import page_url, report_analysis
 
     try:
         since = parse_since(args.since) if args.since else None
@@ -755,6 +760,18 @@ def _report(args: argparse.Namespace) -> None:
         finally:
             db.close()
     report = build_report(summary, settings=settings.describe(source))
+    # what the server's report adds: the recommendations, and where its page is (a memory
+    # store that does not exist yet has nothing to recommend from, and is not created here)
+    memory = (
+        SQLiteMemoryStore(Path(":memory:"))
+        if pg is None and not settings.memory_path.exists()
+        else open_store(settings, os.environ)
+    )
+    try:
+        report["analysis"] = report_analysis(memory.monitor, settings, None)
+    finally:
+        memory.close()
+    report["page"] = page_url(cfg.proxy.host, cfg.proxy.port)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:

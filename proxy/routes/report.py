@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from memory.monitor import analysis
+from memory.monitor import Monitor, analysis
 from proxy.access.auth import report_viewer
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, NotFound
@@ -31,6 +31,28 @@ READ_LATE = 2.0
 """How long a report read waits for records still waiting for a large block's token count
 (`ReportStore.add`): one 30 MB body's count takes ~1.5 s; a burst of them must not hold the
 report page (it shows them a moment later)."""
+
+
+def report_analysis(monitor: Monitor, settings: Settings, owner: str | None) -> dict[str, Any]:
+    """The report's `analysis`: `ctxbudget analyze`'s recommendations over the last
+    `ANALYSIS_DAYS` (the server and `ctxbudget report` both)."""
+    return analysis(
+        monitor,
+        settings.recall.budget_profiles,
+        days=ANALYSIS_DAYS,
+        owner=owner,
+        agents=settings.recall.agents,
+        default_profile=settings.recall.default_budget_profile,
+    )
+
+
+def page_url(host: str, port: int) -> str:
+    """The report page of a server listening on `host`:`port`, as a browser on this machine
+    reaches it (a wildcard address is reached on loopback)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/context/budget"
 
 
 class Reporting:
@@ -58,17 +80,7 @@ class Reporting:
             summary = state.reports.summary(
                 recent=recent or settings.recent_requests, owner=owner, since=since
             )
-            store = state.memory.store(settings)
-            profiles = settings.recall.budget_profiles
-            found = analysis(
-                store.monitor,
-                profiles,
-                days=ANALYSIS_DAYS,
-                owner=owner,
-                agents=settings.recall.agents,
-                default_profile=settings.recall.default_budget_profile,
-            )
-            return summary, found
+            return summary, report_analysis(state.memory.store(settings).monitor, settings, owner)
 
         summary, found = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.describe(state.config))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
+from tests.e2e.server import CTXBUDGET, base_config, free_port, sdk, serve
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn
 
@@ -196,3 +198,58 @@ def test_the_saved_usd_header_is_the_requests_net_saving(tmp_path: Path, standin
             streamed.read()
         entry = httpx.get(server.root + streamed.headers["x-context-budget-report"]).json()
         assert entry["stream"] and entry["netSavedUsd"] is not None
+
+
+def test_report_beside_a_running_serve_reports_what_the_server_does(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """As scripts/serve runs it (issue 23): `serve` and `ctxbudget report` in the same
+    directory find the same ./ctxbudget.jsonc — no --config, no $CTXBUDGET_CONFIG — and the
+    report is the server's, recommendations and the page's address included."""
+    here, home = tmp_path / "checkout", tmp_path / "home"
+    here.mkdir()
+    home.mkdir()
+    port = free_port()
+    config = base_config(tmp_path, standin.base_url)
+    config["proxy"]["port"] = port
+    (here / "ctxbudget.jsonc").write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUDGET")}
+    env["HOME"] = str(home)
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = subprocess.Popen(
+            [CTXBUDGET, "serve"], cwd=here, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            root = f"http://127.0.0.1:{port}"
+            for _ in range(600):
+                try:
+                    if httpx.get(f"{root}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+            client = sdk(base_url=f"{root}/v1", api_key="sk-x")
+            client.chat.completions.create(**{**openclaw_request(stream=False), "model": "gpt-4o"})
+            served = httpx.get(f"{root}/context/budget", timeout=30).json()
+            served_text = httpx.get(f"{root}/context/budget?format=text", timeout=30).text
+        finally:
+            process.terminate()
+            process.wait(timeout=15)
+
+    def report(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CTXBUDGET, "report", *flags], cwd=here, env=env, capture_output=True, text=True
+        )
+
+    as_json, as_text = report("--json"), report()
+    assert as_json.returncode == 0, as_json.stderr
+    assert as_json.stderr == f"ctxbudget: using config {here / 'ctxbudget.jsonc'}\n"
+    cli = json.loads(as_json.stdout)
+    assert served["totals"]["requests"] == 1
+    assert served["page"] == f"http://127.0.0.1:{port}/context/budget"
+    moments = ("generatedAt", "config")  # when each was made, and when each loaded the file
+    assert {k: v for k, v in cli.items() if k not in moments} == {
+        k: v for k, v in served.items() if k not in moments
+    }
+    assert cli["config"]["path"] == served["config"]["path"] == str(here / "ctxbudget.jsonc")
+    loaded = re.compile(r"\(loaded [^)]*\)")
+    assert loaded.sub("", as_text.stdout) == loaded.sub("", served_text)

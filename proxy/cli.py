@@ -124,7 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     imports.add_argument(
         "--format", choices=("auto", "jsonl", "md"), default="auto", help="default: by extension"
     )
-    imports.add_argument("--category", default="fact", help="category of Markdown memories")
+    imports.add_argument(
+        "--category",
+        default="fact",
+        help="category of Markdown memories under no heading that names one (## Preferences)",
+    )
     exports = actions.add_parser("export", help="print memories as JSONL (what import reads)")
     exports.add_argument("--scope", help="only this scope")
     for each in (add, listing, search, remove, imports, exports):
@@ -437,7 +441,7 @@ def _memory(args: argparse.Namespace) -> None:
 
 def _import(args: argparse.Namespace, store: Any) -> None:
     from memory import InvalidMemory
-    from memory.transfer import parse_jsonl, parse_markdown
+    from memory.transfer import not_stored, parse_jsonl, parse_markdown
 
     name = args.file
     try:
@@ -449,22 +453,35 @@ def _import(args: argparse.Namespace, store: Any) -> None:
         kind = "jsonl" if name == "-" or name.endswith((".jsonl", ".json")) else "md"
     started = time.perf_counter()
     try:
-        new = (
+        parsed = (
             parse_jsonl(text, args.owner, store.limits)
             if kind == "jsonl"
-            else parse_markdown(text, args.owner, category=args.category)
+            else parse_markdown(
+                text, args.owner, category=args.category, categories=store.limits.categories
+            )
         )
+        new = not_stored(parsed, store.all(args.owner))  # an export imported back: no twins
         added, evicted = store.add_many(new)
     except InvalidMemory as exc:
         print(f"ctxbudget: nothing imported from {name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     took = time.perf_counter() - started
+    there = len(parsed) - len(new)
     if args.json:
-        print(json.dumps({"imported": len(added), "evicted": [m.to_dict() for m in evicted]}))
+        print(
+            json.dumps(
+                {
+                    "imported": len(added),
+                    "alreadyThere": there,
+                    "evicted": [m.to_dict() for m in evicted],
+                }
+            )
+        )
     else:
         print(
             f"imported {len(added)} memor{'y' if len(added) == 1 else 'ies'} from {name} "
             f"in {took * 1000:.0f} ms"
+            + (f"; {there} already there (same text and scope), skipped" if there else "")
             + (f"; evicted {len(evicted)} least recently used" if evicted else "")
         )
 

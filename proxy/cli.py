@@ -274,7 +274,10 @@ def _demo(args: argparse.Namespace) -> None:
     try:
         run_demo(args.port, out=sys.stdout, err=sys.stderr)
     except PortInUse as exc:
-        raise SystemExit(f"ctxbudget demo: {exc}: pass another --port (0: any free one)") from None
+        raise SystemExit(
+            f"ctxbudget demo: {exc}{running_there('127.0.0.1', args.port)}: pass another "
+            "--port (0: any free one)"
+        ) from None
 
 
 def _start_run(cfg: Any, run: str) -> None:
@@ -324,9 +327,30 @@ def _check_port(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise SystemExit(
-                    f"ctxbudget: port {port} on {host} is in use: pass --port or set proxy.port"
+                    f"ctxbudget: port {port} on {host} is in use{running_there(host, port)}: "
+                    "pass --port or set proxy.port"
                 ) from None
             raise SystemExit(f"ctxbudget: cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def running_there(host: str, port: int) -> str:
+    """`, by ctxbudget (already running: …)` when what holds `host`:`port` answers /healthz
+    as ctxbudget does, else nothing: a second `serve` is then the likelier mistake."""
+    import httpx
+
+    from proxy.routes.report import page_url
+
+    base = page_url(host, port).removesuffix("/context/budget")
+    try:
+        answer = httpx.get(f"{base}/healthz", timeout=1.0).json()
+    except (httpx.HTTPError, ValueError):
+        return ""
+    if not isinstance(answer, dict) or answer.get("service") != "ctxbudget":
+        return ""
+    return (
+        f", by ctxbudget already running there (its report: `ctxbudget report`, or "
+        f"{base}/context/budget; stop it first to restart it)"
+    )
 
 
 def _warn_if_keys_without_upstream_key(cfg: Any) -> None:

@@ -367,7 +367,7 @@ def _tools(n: int) -> list[dict[str, Any]]:
     ]
 
 
-SAMPLE_MODEL = "gpt-4o"
+SAMPLE_MODEL = "gpt-5.5"
 """The sample session's model: litellm's map prices it, cache reads included."""
 
 

@@ -33,7 +33,7 @@ ANSWER = (
     "(ctxbudget demo: a stand-in answered, no model was asked.) The release notes say the "
     "deadline moved to Friday."
 )
-MODELS = ("gpt-4o", "gpt-4.1")
+MODELS = ("gpt-5.5", "gpt-5.4-mini")
 KEEP_PREFIXES = 100_000
 """Prefix digests remembered; past this the imitated cache starts over."""
 

@@ -236,3 +236,28 @@ def test_a_version_3_file_moves_each_runs_totals_to_the_hour_it_started(tmp_path
     recent = store.summary(recent=5, since=started)["totals"]
     assert recent["requests"] == 4  # the older run started a day before
     store.close()
+
+
+def test_a_loss_is_shown_plainly_with_a_minus_sign() -> None:
+    """Issue 23: a negative saving printed as `$-0.000060`."""
+    from proxy.report.render import headline, money, net_text
+
+    assert money(-0.00006) == "−$0.000060" and money(0.00006) == "$0.000060"
+    assert money(-4e-9) == "$0.000000"  # rounds to nothing: no sign
+    loss = {
+        "sessions": 1,
+        "billedRequests": 2,
+        "savedUsd": -0.00006,
+        "costUsd": 0.01006,
+        "withoutCtxbudgetUsd": 0.01,
+    }
+    assert net_text(loss, 2) == (
+        "saved −$0.000060 net of cache effects over 1 session: ctxbudget cost more than it "
+        "saved (memories injected, cache busts)"
+    )
+    assert headline({"totals": {"requests": 2, "money": loss}}).startswith(
+        "📉 ctxbudget saved −$0.000060 net of cache effects over 1 session"
+    )
+    assert net_text(None, 0) == "saved nothing yet: no requests kept"
+    unbilled = {**loss, "billedRequests": 0}
+    assert net_text(unbilled, 3) == "net saving unknown over 3 requests: no provider usage read yet"

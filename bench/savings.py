@@ -11,7 +11,9 @@ Responses) is replayed twice to the stand-in upstream, which bills as a provider
 It prints, per session and in total: prompt tokens, cost with and without ctxbudget at
 litellm's prices (cache reads and writes at their own prices), the net saving, the report's
 estimate next to the replayed truth, the naive saving (tokens removed at the full input
-price, what a proxy that ignores caching would claim), and cache busts.
+price, what a proxy that ignores caching would claim), and cache busts; then what each surface
+shows first: the text report's first money line, the page's first money card, the sum of the
+`x-context-budget-saved-usd` headers and the `ctxbudget_money_saved_usd_total` metric.
 
     .venv/bin/python bench/savings.py
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,7 +101,7 @@ def main() -> None:
                         break
                 except httpx.TransportError:
                     time.sleep(0.05)
-            with_proxy, busts = {}, {}
+            with_proxy, busts, header_usd = {}, {}, 0.0
             for folder, route, _, bodies in sessions:
                 standin.billed.clear()
                 headers = {**HEADERS, "x-context-budget-session": f"bench-{folder}"}
@@ -109,8 +112,14 @@ def main() -> None:
                 ]  # fmt: skip
                 assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
                 busts[folder] = [r.headers.get("x-context-budget-cache-bust") for r in replies]
+                header_usd += sum(
+                    float(r.headers.get("x-context-budget-saved-usd", 0)) for r in replies
+                )
                 with_proxy[folder] = [billed_as_reported(u, route) for u in standin.billed]
             report = httpx.get(f"{base}/context/budget", timeout=30).json()
+            text = httpx.get(f"{base}/context/budget?format=text", timeout=30).text
+            page = httpx.get(f"{base}/context/budget?format=html", timeout=30).text
+            metrics = httpx.get(f"{base}/metrics", timeout=30).text
         finally:
             proxy.terminate()
             proxy.wait(timeout=15)
@@ -151,6 +160,20 @@ def main() -> None:
             f"${est:.4f} ({est - truth:+.5f})  ${naive:.4f}      {b}/{hb}"
         )
     saved = totals["without"] - totals["with"]
+    first_line = next(line for line in text.splitlines() if "$" in line)
+    card = re.search(
+        r"<div class='k'>([^<]*)</div><div class='v'>(?:<[^>]*>)*([^<]*\$[^<]*)<", page
+    )
+    metric = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("ctxbudget_money_saved_usd_total")
+    )
+    print("what each surface shows first:")
+    print(f"  text report's first money line: {first_line.strip()}")
+    print(f"  page's first money card: {card.group(1) + ': ' + card.group(2) if card else '-'}")
+    print(f"  x-context-budget-saved-usd headers, summed: ${header_usd:.4f}")
+    print(f"  ctxbudget_money_saved_usd_total: ${metric:.4f}")
     print(
         f"total: ${totals['without']:.4f} → ${totals['with']:.4f}, saved ${saved:.4f} net of "
         f"cache effects ({saved / totals['without']:.1%}); the report estimated "

@@ -3,14 +3,21 @@ and `memory/*.md`, in only).
 
 JSONL: one object per line, `{"text", "category", "source", "scope", "created"}` — all but
 `text` optional; `created` is ISO 8601 (UTC when it has no zone; a time in the future is
-stored as the time of the import). A UTF-8 byte order mark at the start is skipped.
-Markdown: one memory per bullet (`-`, `*`, `+`, `1.`), or per paragraph of plain text;
-headings, rules, code fences and HTML comments are not memories. Parsing names the bad line
-and writes nothing; the store adds a batch in one transaction (`SQLiteMemoryStore.add_many`).
+stored as the time of the import). A UTF-8 byte order mark at the start is skipped. Markdown:
+one memory per bullet (`-`, `*`, `+`, `1.`), or per paragraph of plain text; headings, rules,
+code fences and HTML comments are not memories, but a heading that names a category (`##
+Preferences`, `## Facts`: any of `categories`, singular or plural) sets the category of what
+follows it, until the next heading of its level or above. Parsing names the bad line and
+writes nothing; the store adds a batch in one transaction (`SQLiteMemoryStore.add_many`).
+`not_stored` leaves out what the store already holds, so importing an export back adds
+nothing twice.
 
 >>> notes = "# Me\\n- Likes tea\\n- Hates\\n  mornings\\n\\nLives in Oslo."
 >>> [m.text for m in parse_markdown(notes, "o")]
 ['Likes tea', 'Hates mornings', 'Lives in Oslo.']
+>>> notes = "# MEMORY\\n## Preferences\\n- Green tea\\n## Projects\\n- Zebra ships Friday"
+>>> [(m.text, m.category) for m in parse_markdown(notes, "o", categories=["preference"])]
+[('Green tea', 'preference'), ('Zebra ships Friday', 'fact')]
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
 _FIELDS = ("text", "category", "source", "scope", "created")
 _BULLET = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+(.*)$")
 _SKIP = re.compile(r"^\s{0,3}(?:#{1,6}\s|(?:-{3,}|\*{3,}|_{3,})\s*$)")
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
 
 
 class InvalidImport(InvalidMemory):
@@ -76,12 +84,25 @@ def from_dict(item: dict[str, Any], owner: str) -> NewMemory:
     )
 
 
-def parse_markdown(text: str, owner: str, *, category: str = "fact") -> list[NewMemory]:
-    """One memory per bullet or plain paragraph of a Markdown file."""
-    items: list[list[str]] = []
+def parse_markdown(
+    text: str, owner: str, *, category: str = "fact", categories: Iterable[str] = ()
+) -> list[NewMemory]:
+    """One memory per bullet or plain paragraph of a Markdown file, in `category` unless a
+    heading above it names one of `categories`."""
+    known = {c.lower(): c for c in categories}
+    items: list[tuple[list[str], str]] = []
+    headings: list[tuple[int, str | None]] = []
+    """The headings in force: level, and the category each names (None: none)."""
     current: list[str] | None = None
     fenced = comment = False
     for line in _without_bom(text).splitlines():
+        heading = _HEADING.match(line) if not (fenced or comment) else None
+        if heading:
+            level = len(heading.group(1))
+            headings = [h for h in headings if h[0] < level]
+            headings.append((level, _category(heading.group(2), known)))
+            current = None
+            continue
         stripped = line.strip()
         if stripped.startswith(("```", "~~~")):
             fenced, current = not fenced, None
@@ -94,19 +115,49 @@ def parse_markdown(text: str, owner: str, *, category: str = "fact") -> list[New
             current = None
             continue
         bullet = _BULLET.match(line)
+        named = next((c for _, c in reversed(headings) if c is not None), category)
         if bullet:
             current = [bullet.group(1).strip()]
-            items.append(current)
+            items.append((current, named))
         elif current is not None:
             current.append(stripped)  # a bullet's or paragraph's next line
         else:
             current = [stripped]
-            items.append(current)
+            items.append((current, named))
     return [
-        NewMemory(owner=owner, text=" ".join(parts), category=category)
-        for parts in items
+        NewMemory(owner=owner, text=" ".join(parts), category=named)
+        for parts, named in items
         if " ".join(parts).strip()
     ]
+
+
+def _category(heading: str, known: dict[str, str]) -> str | None:
+    """The category a heading names (`Preferences` → `preference`), or None."""
+    name = heading.strip().rstrip(":").strip().lower()
+    return known.get(name) or (known.get(name[:-1]) if name.endswith("s") else None)
+
+
+def not_stored(memories: Iterable[NewMemory], stored: Iterable[Memory]) -> list[NewMemory]:
+    """`memories` without those `stored` already holds, or that came earlier in `memories`:
+    the same text (whitespace aside) in the same scope. An import run twice, or an export
+    imported back, adds nothing twice.
+
+    >>> new = [NewMemory(owner="o", text="Likes  tea"), NewMemory(owner="o", text="Likes tea")]
+    >>> [m.text for m in not_stored(new, [])]
+    ['Likes  tea']
+    """
+    seen = {(m.scope, _content(m.text)) for m in stored}
+    out = []
+    for memory in memories:
+        key = (memory.scope, _content(memory.text))
+        if key not in seen:
+            seen.add(key)
+            out.append(memory)
+    return out
+
+
+def _content(text: str) -> str:
+    return " ".join(text.split())
 
 
 def export_jsonl(memories: Iterable[Memory]) -> str:

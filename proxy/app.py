@@ -147,7 +147,7 @@ def create_app(
         return Response(body, headers={"content-type": content_type})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "service": "ctxbudget"})  # `serve`: who holds a port
 
     chat = pipeline.endpoint(CHAT)
     messages = pipeline.endpoint(AnthropicMessages())

@@ -10,12 +10,13 @@
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
     ctxbudget config init [PATH] [--force]
     ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
+    ctxbudget demo [--port P]
     ctxbudget --version
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
 `./ctxbudget.json`, else `~/.ctxbudget/config.jsonc`, else built-in defaults: see
-`proxy/config/file.py`) and says on stderr which file it used. `--json` prints
-machine-readable JSON on stdout and nothing else.
+`proxy/config/file.py`) and says on stderr which file it used; `demo` uses a temporary one
+of its own. `--json` prints machine-readable JSON on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -123,13 +124,25 @@ def _parser() -> argparse.ArgumentParser:
     imports.add_argument(
         "--format", choices=("auto", "jsonl", "md"), default="auto", help="default: by extension"
     )
-    imports.add_argument("--category", default="fact", help="category of Markdown memories")
+    imports.add_argument(
+        "--category",
+        default="fact",
+        help="category of Markdown memories under no heading that names one (## Preferences)",
+    )
     exports = actions.add_parser("export", help="print memories as JSONL (what import reads)")
     exports.add_argument("--scope", help="only this scope")
     for each in (add, listing, search, remove, imports, exports):
         each.add_argument("--config", metavar="PATH", help="config file (JSONC)")
         each.add_argument("--owner", default="default", help="whose memories (default: default)")
         each.add_argument("--json", action="store_true", help="print JSON only")
+
+    demo = sub.add_parser(
+        "demo",
+        help="the proxy, a built-in stand-in upstream and a sample session: no provider, no key",
+    )
+    demo.add_argument(
+        "--port", type=int, help="port to serve on (default 4141, or any free one if taken)"
+    )
 
     config = sub.add_parser(
         "config", help="write a starter config, show the one in force, check it"
@@ -200,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
             _recall(args)
         elif args.command == "config":
             _config(args)
+        elif args.command == "demo":
+            _demo(args)
     except ConfigError as exc:
         print(f"ctxbudget: config error:\n{exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -253,6 +268,18 @@ def _serve(args: argparse.Namespace) -> None:
         )
 
 
+def _demo(args: argparse.Namespace) -> None:
+    from proxy.demo.run import PortInUse, run_demo
+
+    try:
+        run_demo(args.port, out=sys.stdout, err=sys.stderr)
+    except PortInUse as exc:
+        raise SystemExit(
+            f"ctxbudget demo: {exc}{running_there('127.0.0.1', args.port)}: pass another "
+            "--port (0: any free one)"
+        ) from None
+
+
 def _start_run(cfg: Any, run: str) -> None:
     """Record this serving run in the report (SQLite file or PostgreSQL) before workers start.
     A database that does not answer is said once here; each worker retries on its own."""
@@ -300,9 +327,30 @@ def _check_port(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise SystemExit(
-                    f"ctxbudget: port {port} on {host} is in use: pass --port or set proxy.port"
+                    f"ctxbudget: port {port} on {host} is in use{running_there(host, port)}: "
+                    "pass --port or set proxy.port"
                 ) from None
             raise SystemExit(f"ctxbudget: cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def running_there(host: str, port: int) -> str:
+    """`, by ctxbudget (already running: …)` when what holds `host`:`port` answers /healthz
+    as ctxbudget does, else nothing: a second `serve` is then the likelier mistake."""
+    import httpx
+
+    from proxy.routes.report import page_url
+
+    base = page_url(host, port).removesuffix("/context/budget")
+    try:
+        answer = httpx.get(f"{base}/healthz", timeout=1.0).json()
+    except (httpx.HTTPError, ValueError):
+        return ""
+    if not isinstance(answer, dict) or answer.get("service") != "ctxbudget":
+        return ""
+    return (
+        f", by ctxbudget already running there (its report: `ctxbudget report`, or "
+        f"{base}/context/budget; stop it first to restart it)"
+    )
 
 
 def _warn_if_keys_without_upstream_key(cfg: Any) -> None:
@@ -417,7 +465,7 @@ def _memory(args: argparse.Namespace) -> None:
 
 def _import(args: argparse.Namespace, store: Any) -> None:
     from memory import InvalidMemory
-    from memory.transfer import parse_jsonl, parse_markdown
+    from memory.transfer import not_stored, parse_jsonl, parse_markdown
 
     name = args.file
     try:
@@ -429,22 +477,35 @@ def _import(args: argparse.Namespace, store: Any) -> None:
         kind = "jsonl" if name == "-" or name.endswith((".jsonl", ".json")) else "md"
     started = time.perf_counter()
     try:
-        new = (
+        parsed = (
             parse_jsonl(text, args.owner, store.limits)
             if kind == "jsonl"
-            else parse_markdown(text, args.owner, category=args.category)
+            else parse_markdown(
+                text, args.owner, category=args.category, categories=store.limits.categories
+            )
         )
+        new = not_stored(parsed, store.all(args.owner))  # an export imported back: no twins
         added, evicted = store.add_many(new)
     except InvalidMemory as exc:
         print(f"ctxbudget: nothing imported from {name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     took = time.perf_counter() - started
+    there = len(parsed) - len(new)
     if args.json:
-        print(json.dumps({"imported": len(added), "evicted": [m.to_dict() for m in evicted]}))
+        print(
+            json.dumps(
+                {
+                    "imported": len(added),
+                    "alreadyThere": there,
+                    "evicted": [m.to_dict() for m in evicted],
+                }
+            )
+        )
     else:
         print(
             f"imported {len(added)} memor{'y' if len(added) == 1 else 'ies'} from {name} "
             f"in {took * 1000:.0f} ms"
+            + (f"; {there} already there (same text and scope), skipped" if there else "")
             + (f"; evicted {len(evicted)} least recently used" if evicted else "")
         )
 
@@ -700,12 +761,17 @@ def _config_init(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    """The report `serve` answers with the same config: the same file or database, the same
+    recommendations, its page's address."""
+    from memory import SQLiteMemoryStore
     from memory.pg import DatabaseUnavailable
     from proxy.config.database import open_database
     from proxy.config.settings import settings_for
+    from proxy.stores import open_store
     from proxy.report import build_report, open_db, read_summary, render_text
     from proxy.report.store import open_pg
     from proxy.report.summary import parse_since
+    from proxy.routes.report import page_url, report_analysis
 
     try:
         since = parse_since(args.since) if args.since else None
@@ -735,6 +801,18 @@ def _report(args: argparse.Namespace) -> None:
         finally:
             db.close()
     report = build_report(summary, settings=settings.report_section(source))
+    # what the server's report adds: the recommendations, and where its page is (a memory
+    # store that does not exist yet has nothing to recommend from, and is not created here)
+    memory = (
+        SQLiteMemoryStore(Path(":memory:"))
+        if pg is None and not settings.memory_path.exists()
+        else open_store(settings, os.environ)
+    )
+    try:
+        report["analysis"] = report_analysis(memory.monitor, settings, None)
+    finally:
+        memory.close()
+    report["page"] = page_url(cfg.proxy.host, cfg.proxy.port)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:

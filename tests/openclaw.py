@@ -365,3 +365,58 @@ def _tools(n: int) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
+
+
+SAMPLE_MODEL = "gpt-5.5"
+"""The sample session's model: litellm's map prices it, cache reads included."""
+
+
+def sample_session() -> dict[str, Any]:
+    """The session `ctxbudget demo` replays (`proxy/demo/sample-session.json`): one OpenClaw
+    9.x tool loop of four requests — the user's turn, then after a web_fetch, a memory_search
+    and a memory_get result — built here from the shapes above, nothing captured or secret.
+    Request `i` is `history[:requests[i]]` plus `internal` (OpenClaw ends every request with
+    its internal context, and keeps it out of the history). Regenerate the file with
+    `python -m tests.openclaw > proxy/demo/sample-session.json`."""
+    user = {
+        "role": "user",
+        "content": "[Sun 2026-11-22 11:28 UTC] Fetch the release notes at "
+        "https://example.com/releases and check memory: what did we decide about the "
+        "deadline?\n\nRuntime: agent=main | host=vm",
+    }
+    steps = [
+        (
+            tool_call("call_webfetch_1", "web_fetch", {"url": "https://example.com/releases"}),
+            web_fetch_result(url="https://example.com/releases", content=_paragraphs(30_000)),
+        ),
+        (
+            tool_call("call_memsearch_2", "memory_search", {"query": "deadline"}),
+            memory_search_result(snippets=[f"- fact {i}: " + "x" * 600 for i in range(6)]),
+        ),
+        (
+            tool_call("call_memget_3", "memory_get", {"path": "MEMORY.md"}),
+            memory_get_result(text="# MEMORY\n" + "- fact: the deadline moved to Friday\n" * 150),
+        ),
+    ]
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": system_prompt(version="9.x")},
+        user,
+    ]
+    requests = [len(history)]
+    for call, result in steps:
+        call_id = call["tool_calls"][0]["id"]
+        history += [call, {"role": "tool", "tool_call_id": call_id, "content": result}]
+        requests.append(len(history))
+    return {
+        "about": "A sample OpenClaw 9.x session for `ctxbudget demo`, built by "
+        "tests/openclaw.py sample_session(): no real user, page or key in it.",
+        "model": SAMPLE_MODEL,
+        "tools": _tools(20),
+        "internal": {"role": "user", "content": [{"type": "text", "text": INTERNAL_CONTEXT}]},
+        "history": history,
+        "requests": requests,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(sample_session(), indent=1, ensure_ascii=False))

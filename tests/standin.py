@@ -353,9 +353,13 @@ def create_standin(state: StandIn) -> Starlette:
         answer = _messages_answer(state, data, control)
         total, read, written = _anthropic_cache(state, data)
         usage = {
-            "input_tokens": total - read - written,
-            "cache_creation_input_tokens": written,
+            "input_tokens": total - read - sum(written.values()),
+            "cache_creation_input_tokens": sum(written.values()),
             "cache_read_input_tokens": read,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": written["5m"],
+                "ephemeral_1h_input_tokens": written["1h"],
+            },
             "output_tokens": _tokens(answer),
         }
         state.billed.append(usage)
@@ -731,9 +735,9 @@ def _anthropic_blocks(data: dict[str, Any]) -> list[tuple[str, Any]]:
     return blocks
 
 
-def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int, int]:
-    """(prompt tokens, of which read from cache, of which written to it), as Anthropic's
-    prompt caching counts.
+def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
+    """(prompt tokens, of which read from cache, of which written to it by lifetime: `5m`,
+    `1h`), as Anthropic's prompt caching counts.
 
     The prompt is a run of blocks in the API's order, tools → system → messages. A request
     writes the prefix ending at each `cache_control` marker; it reads the longest prefix
@@ -741,6 +745,10 @@ def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int, in
     Markers are not part of a prefix: OpenClaw moves its tool_result marker to the newest
     result on every request, and the older prefix still hits. The rest up to the last marker
     is written. The real API's minimum cacheable length (1,024+ tokens) is not imitated.
+
+    Each written token has the lifetime of the marker that ends its stretch
+    (`cache_control.ttl`, "5m" unless "1h"), as the API reports it in `usage.cache_creation`.
+    Expiry is not imitated: a prefix written once is read for the rest of the run.
     """
     blocks = _anthropic_blocks(data)
     prefixes = _prefixes(blocks)
@@ -751,13 +759,20 @@ def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int, in
         if isinstance(block, dict) and block.get("cache_control")
     ]
     if not marked:
-        return total, 0, 0
+        return total, 0, {"5m": 0, "1h": 0}
     looked = {i for m in marked for i in range(max(0, m - 19), m + 1)}
     read = max(
         (prefixes[i][1] for i in looked if prefixes[i][0] in state.cache_prefixes), default=0
     )
     _remember(state, (prefixes[m][0] for m in marked))
-    return total, read, prefixes[marked[-1]][1] - read
+    written = {"5m": 0, "1h": 0}
+    start = 0
+    for m in marked:
+        end = prefixes[m][1]
+        ttl = "1h" if blocks[m][1]["cache_control"].get("ttl") == "1h" else "5m"
+        written[ttl] += max(0, end - max(start, read))
+        start = end
+    return total, read, written
 
 
 async def _messages_events(
@@ -979,13 +994,15 @@ def _sizes(parts: list[tuple[str, Any]]) -> list[int]:
 
 def billed_as_reported(usage: dict[str, Any], route: str) -> dict[str, int]:
     """What the stand-in billed (`StandIn.billed`, each format's own fields) in the report's
-    terms: `input` is the uncached input; the cache reads and writes apart."""
+    terms: `input` is the uncached input; the cache reads and writes apart (`cacheWrite` all
+    writes, `cacheWrite1h` the 1-hour ones among them)."""
     if route.endswith("/messages"):
         return {
             "input": usage["input_tokens"],
             "cacheRead": usage["cache_read_input_tokens"],
             "cacheWrite": usage["cache_creation_input_tokens"],
             "output": usage["output_tokens"],
+            "cacheWrite1h": usage["cache_creation"]["ephemeral_1h_input_tokens"],
         }
     if route.endswith("/responses"):
         cached = usage["input_tokens_details"]["cached_tokens"]
@@ -993,7 +1010,13 @@ def billed_as_reported(usage: dict[str, Any], route: str) -> dict[str, int]:
     else:
         cached = usage["prompt_tokens_details"]["cached_tokens"]
         total, output = usage["prompt_tokens"], usage["completion_tokens"]
-    return {"input": total - cached, "cacheRead": cached, "cacheWrite": 0, "output": output}
+    return {
+        "input": total - cached,
+        "cacheRead": cached,
+        "cacheWrite": 0,
+        "output": output,
+        "cacheWrite1h": 0,
+    }
 
 
 _TOKEN_COUNTS: dict[str, int] = {}

@@ -83,7 +83,8 @@ ROOMS = {
     "proxy.routes": 6,
     "proxy.pipeline": 7,
     "proxy.app": 8,
-    "proxy.cli": 9,
+    "proxy.demo": 9,
+    "proxy.cli": 10,
 }
 """proxy's rooms, lowest first (docs/architecture.md draws them): a module imports its own room
 and rooms below it, never a room above or beside it on the same floor."""

@@ -122,6 +122,7 @@ def test_messages_tool_turn_as_json(standin: StandIn) -> None:
         "input_tokens",
         "cache_creation_input_tokens",
         "cache_read_input_tokens",
+        "cache_creation",
         "output_tokens",
     }
 
@@ -201,6 +202,29 @@ def test_messages_cache_usage_follows_cache_control_prefixes(standin: StandIn) -
         _messages(plain_ask, {"role": "assistant", "content": [use]}, result)
     )
     assert later["cache_creation_input_tokens"] == new_blocks - _prompt_tokens(_messages(plain_ask))
+
+
+def test_messages_cache_writes_are_split_by_lifetime_as_anthropic_reports(
+    standin: StandIn,
+) -> None:
+    hour, minutes = {"type": "ephemeral", "ttl": "1h"}, {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are a careful agent. " * 200, "cache_control": hour}]
+    ask = {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi " * 300, "cache_control": minutes}],
+    }
+    body = _messages(ask, system=system)
+    usage = _post(standin, "/v1/messages", body).json()["usage"]
+    split = usage["cache_creation"]
+    # the system prompt up to its 1-hour marker, the user turn after it for 5 minutes
+    assert split["ephemeral_1h_input_tokens"] == _prompt_tokens(_messages(system=system))
+    assert split["ephemeral_5m_input_tokens"] > 0
+    assert sum(split.values()) == usage["cache_creation_input_tokens"]
+    again = _post(standin, "/v1/messages", body).json()["usage"]
+    assert again["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": 0,
+    }
 
 
 def test_messages_without_cache_control_report_no_cache(standin: StandIn) -> None:

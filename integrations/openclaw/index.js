@@ -1,6 +1,7 @@
-// ctxbudget for OpenClaw: `/ctxbudget [json]` and `/context budget [json]` answered with the
-// ctxbudget proxy's report (GET <proxyUrl>/context/budget), in every chat surface that goes
-// through the gateway (Control UI, `openclaw tui`, channels).
+// ctxbudget for OpenClaw: `/ctxbudget [full|json]` and `/context budget [full|json]` answered
+// with the ctxbudget proxy's report (GET <proxyUrl>/context/budget): a chat-sized summary,
+// the whole text report (`full`) or the JSON, in every chat surface that goes through the
+// gateway (Control UI, `openclaw tui`, channels).
 //
 // `context` is a reserved command name, so `/context budget` is caught by a `reply_dispatch`
 // hook, which runs before OpenClaw's own `/context` handler; every other message (plain
@@ -15,20 +16,24 @@ export const DEFAULT_PROXY_URL = "http://127.0.0.1:4141";
 export const DEFAULT_TIMEOUT_MS = 3000;
 const CONFIG_KEY = "plugins.entries.ctxbudget.config";
 
-/** "text" or "json" when `text` is `/context budget [json]`, else null. */
+const MODES = ["full", "json"];
+/** What each mode asks the proxy for: the chat-sized summary, the whole text, the JSON. */
+const QUERY = { summary: "?format=summary", full: "?format=text", json: "" };
+
+/** "summary", "full" or "json" when `text` is `/context budget [full|json]`, else null. */
 export function contextBudgetMode(text) {
   const words = String(text ?? "").trim().toLowerCase().split(/\s+/);
   if (words[0] !== "/context" || words[1] !== "budget") return null;
-  if (words.length === 2) return "text";
-  if (words.length === 3 && words[2] === "json") return "json";
+  if (words.length === 2) return "summary";
+  if (words.length === 3 && MODES.includes(words[2])) return words[2];
   return null;
 }
 
-/** "text" or "json" for the arguments of `/ctxbudget`, else null. */
+/** "summary", "full" or "json" for the arguments of `/ctxbudget`, else null. */
 export function ctxbudgetMode(args) {
   const words = String(args ?? "").trim().toLowerCase().split(/\s+/).filter(Boolean);
-  if (words.length === 0) return "text";
-  if (words.length === 1 && words[0] === "json") return "json";
+  if (words.length === 0) return "summary";
+  if (words.length === 1 && MODES.includes(words[0])) return words[0];
   return null;
 }
 
@@ -51,7 +56,7 @@ export async function report(mode, config = {}, env = process.env) {
     }
     headers.authorization = `Bearer ${key}`;
   }
-  const url = `${base}/context/budget${mode === "json" ? "" : "?format=text"}`;
+  const url = `${base}/context/budget${QUERY[mode] ?? QUERY.summary}`;
   let status;
   let body;
   try {
@@ -101,7 +106,7 @@ function refused(base, status, body, config) {
   return `ctxbudget: the proxy at ${base} answered ${status}: ${message}${fix}`;
 }
 
-const USAGE = "Usage: /ctxbudget [json] (or /context budget [json])";
+const USAGE = "Usage: /ctxbudget [full|json] (or /context budget [full|json])";
 // What OpenClaw 2026.9.6 answers an unauthorized sender of a plugin command such as
 // /ctxbudget (its executeRegisteredPluginCommand), so that both spellings answer alike.
 const NOT_AUTHORIZED = "⚠️ This command requires authorization.";
@@ -145,7 +150,7 @@ function isAuthorizedSender(inbound, cfg) {
   }
 }
 
-/** The reply to `/context budget [json]` in `inbound` (a finalized message context), or null
+/** The reply to `/context budget [full|json]` in `inbound` (a finalized message context), or null
  * when the message is not that command and stays OpenClaw's. */
 async function contextBudgetReply(api, config, inbound, cfg) {
   // chat.send with command interpretation off: the text goes to the model, as /ctxbudget would
@@ -165,13 +170,15 @@ async function contextBudgetReply(api, config, inbound, cfg) {
 export default {
   id: "ctxbudget",
   name: "ctxbudget",
-  description: "/context budget and /ctxbudget [json]: the ctxbudget proxy's report in chat",
+  description:
+    "/context budget and /ctxbudget [full|json]: the ctxbudget proxy's report in chat",
   register(api) {
     const config = api.pluginConfig ?? {};
 
     api.registerCommand({
       name: "ctxbudget",
-      description: "What ctxbudget clamped and saved (add json for the raw report)",
+      description:
+        "What ctxbudget saved, net, and clamped (add full for every request, json for the raw report)",
       acceptsArgs: true,
       // requireAuth (the default): OpenClaw runs it only for authorized senders
       handler: async (ctx) => {

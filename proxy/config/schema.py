@@ -399,7 +399,8 @@ def load_config(
     data: dict[str, Any] = {}
     origins: dict[str, str] = {}
     sources: dict[str, str] = {}
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []
+    """Each problem, and where its value came from (`file`, `env`, `cli`)."""
     if path is not None:
         data = _read_file(path)
         for key in _leaves(data):
@@ -410,7 +411,7 @@ def load_config(
             continue
         parts = [to_camel(p.lower()) for p in name[len(ENV_PREFIX) :].split("__")]
         if not all(parts):
-            problems.append(f"${name}: not a config path (use CTXBUDGET__SECTION__KEY)")
+            problems.append((f"${name}: not a config path (use CTXBUDGET__SECTION__KEY)", "env"))
             continue
         _set(data, parts, _env_value(value))
         origins[".".join(parts)] = "env"
@@ -426,10 +427,22 @@ def load_config(
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        problems.extend(_describe(err, origins, env) for err in exc.errors())
+        problems.extend(_describe(err, origins, sources) for err in exc.errors())
     if problems:
-        where = f" in {path}" if path else ""
-        raise ConfigError(f"invalid config{where}:\n" + "\n".join(f"- {p}" for p in problems))
+        # blame what holds the bad values: the file, the environment, the command line
+        blamed = {origin for _, origin in problems}
+        where = " and".join(
+            text
+            for origin, text in (
+                ("file", f" in {path}"),
+                ("env", " from the environment"),
+                ("cli", " from the command line"),
+            )
+            if origin in blamed and (origin != "file" or path is not None)
+        )
+        raise ConfigError(
+            f"invalid config{where}:\n" + "\n".join(f"- {text}" for text, _ in problems)
+        )
     config._origins = origins
     config._sources = sources
     return config
@@ -491,26 +504,41 @@ _SECRET_KEYS = {
 }
 
 
-def _describe(err: Any, origins: Mapping[str, str], env: Mapping[str, str]) -> str:
+def _describe(err: Any, origins: Mapping[str, str], sources: Mapping[str, str]) -> tuple[str, str]:
+    """What is wrong, for people, and where the bad value came from (`file`, `env`, `cli`)."""
     loc = [str(p) for p in err["loc"]]
+    path = ".".join(loc)
+    # an unknown key holds the values under it: it came from where they did
+    under = [key for key in origins if key == path or key.startswith(path + ".")]
+    origin = origins.get(path) or (origins[under[0]] if under else "file")
+    text = _problem(err, loc, origin)
+    if origin == "env":
+        names = sorted({sources[key] for key in under if sources.get(key, "").startswith("$")})
+        text += f" (from {', '.join(names)})" if names else ""
+    return text, origin
+
+
+def _problem(err: Any, loc: list[str], origin: str) -> str:
     path = ".".join(loc)
     kind = err["type"]
     given = err.get("input")
     ctx = err.get("ctx") or {}
-    source = ""
-    if origins.get(path) == "env":
-        var = ENV_PREFIX + "__".join(_snake(p) for p in loc)
-        source = f" (from ${var})"
     if kind == "extra_forbidden":
         key = loc[-1]
         if key in _SECRET_KEYS:
-            return f"{path}: unknown key" + _SECRET_HINT.format(field=_SECRET_KEYS[key]) + source
-        known = _known_keys(loc[:-1])
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f" — did you mean {close[0]}?" if close else ""
-        return f"{path}: unknown key{hint}{source}"
+            return f"{path}: unknown key" + _SECRET_HINT.format(field=_SECRET_KEYS[key])
+        known = {k.lower(): k for k in _known_keys(loc[:-1])}  # variables are upper case
+        close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.6)
+        right = known[close[0]] if close else None
+        hint = ""
+        if right is not None and origin == "env" and _snake(right) != right.upper():
+            # a variable spells camelCase words apart: CONTEXT_BUDGET
+            hint = f" — did you mean {right}? (in a variable: {_snake(right)})"
+        elif right is not None:
+            hint = f" — did you mean {right}?"
+        return f"{path}: unknown key{hint}"
     if kind == "value_error":  # a validator's own message says what is wrong and why
-        return f"{path}: {ctx.get('error', err['msg'])}{source}"
+        return f"{path}: {ctx.get('error', err['msg'])}"
     shown = f"{given!r}" if not isinstance(given, dict) else "an object"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {
@@ -520,7 +548,7 @@ def _describe(err: Any, origins: Mapping[str, str], env: Mapping[str, str]) -> s
             "less_than": "<",
         }[kind]
         bound = next(iter(ctx.values()))
-        return f"{path} must be {op} {bound}, got {shown}{source}"
+        return f"{path} must be {op} {bound}, got {shown}"
     what = {
         "int_type": "an integer",
         "int_parsing": "an integer",
@@ -540,8 +568,8 @@ def _describe(err: Any, origins: Mapping[str, str], env: Mapping[str, str]) -> s
     if kind == "literal_error":
         what = f"one of {ctx.get('expected')}"
     if what is None:
-        return f"{path}: {err['msg']}, got {shown}{source}"
-    return f"{path} must be {what}, got {shown}{source}"
+        return f"{path}: {err['msg']}, got {shown}"
+    return f"{path} must be {what}, got {shown}"
 
 
 def _snake(camel: str) -> str:

@@ -1,5 +1,8 @@
 """The `/context budget` chat command: recognised in a user turn, answered by the proxy.
 
+`/context budget` (or `/ctxbudget`) answers a chat-sized summary, `… full` the whole text
+report, `… json` the JSON.
+
 Format-neutral: a wire adapter finds the turn (`UserTurn`) and shapes the answer. The command
 is the whole of the latest *real* user text — OpenClaw 9.x ends every request with an
 internal-context message, stamps user text with `[Sun 2026-11-22 11:28 UTC]` and appends its
@@ -8,7 +11,9 @@ not in a tool loop that follows it.
 
 >>> from memory.query import UserTurn
 >>> find_command(UserTurn(index=0, text="[Sun 2026-11-22 11:28 UTC] /context budget", last=True))
-'text'
+'summary'
+>>> find_command(UserTurn(index=0, text="/ctxbudget full", last=True))
+'full'
 >>> find_command(UserTurn(index=0, text="/ctxbudget json", last=True))
 'json'
 >>> find_command(UserTurn(index=0, text="/context budget please", last=True)) is None
@@ -21,19 +26,21 @@ from typing import Literal
 
 from memory.query import UserTurn
 
-CommandMode = Literal["text", "json"]
+CommandMode = Literal["summary", "full", "json"]
 _NAMES = (["/context", "budget"], ["/ctxbudget"])
+_MODES: tuple[CommandMode, ...] = ("full", "json")
 
 
 def find_command(turn: UserTurn | None) -> CommandMode | None:
-    """`"text"` or `"json"` when the user's own latest turn is `/context budget [json]`
-    (or `/ctxbudget [json]`)."""
+    """`"summary"`, `"full"` or `"json"` when the user's own latest turn is
+    `/context budget [full|json]` (or `/ctxbudget [full|json]`)."""
     if turn is None or not turn.last:
         return None
     words = turn.query.split()
     for name in _NAMES:
         if words == name:
-            return "text"
-        if words == [*name, "json"]:
-            return "json"
+            return "summary"
+        for mode in _MODES:
+            if words == [*name, mode]:
+                return mode
     return None

@@ -2,9 +2,15 @@
 
 Request: `x-context-budget: on|off` (the caps), `-memories: on|off` (injection), `-profile`,
 `-complexity`, `-agent`.
-Response: request id, enabled, segments clamped, chars/tokens/USD saved (or that would be,
-with the budget off), memories injected and the profile applied, and
-`-memories-skipped: database-unavailable` when recall could not run (`proxy/pipeline/recall.py`).
+Response: request id, enabled, segments clamped, chars/tokens removed (or that would be,
+with the budget off) and their value at the input price (`-gross-saved-usd`), memories
+injected and the profile applied, `-memories-skipped: database-unavailable` when recall
+could not run (`proxy/pipeline/recall.py`), and where the request's report entry is
+(`-report`).
+`-saved-usd` is what the request saved net of cache effects — its cost without ctxbudget
+minus its cost, from the reply's usage — on a JSON answer (read whole before its headers
+go); a stream's headers leave before its usage, so a stream has none and its report entry
+(`netSavedUsd`, at `-report`) has the figure once it ends.
 """
 
 from __future__ import annotations
@@ -76,9 +82,14 @@ def choice(headers: Mapping[str, str], name: str, allowed: Sequence[_T]) -> _T |
 
 
 def budget_headers(
-    request_id: str, enabled: bool, segments: Sequence[Segment], clamp_error: str | None
+    request_id: str,
+    enabled: bool,
+    segments: Sequence[Segment],
+    clamp_error: str | None,
+    *,
+    recorded: bool = True,
 ) -> dict[str, str]:
-    """The headers every proxied answer carries."""
+    """The headers every proxied answer carries (`-report` when the report keeps it)."""
     clamped = [s for s in segments if s.action == "clamped"]
     would = [s for s in segments if s.action == "would-clamp"]
     headers = {
@@ -88,6 +99,8 @@ def budget_headers(
         f"{PREFIX}-saved-chars": str(sum(s.saved for s in clamped)),
         f"{PREFIX}-memories": "0",
     }
+    if recorded:
+        headers[f"{PREFIX}-report"] = f"/context/budget/requests/{request_id}"
     if not enabled:
         headers[f"{PREFIX}-would-clamp"] = str(len(would))
         headers[f"{PREFIX}-would-save-chars"] = str(sum(s.saved for s in would))
@@ -103,11 +116,19 @@ def money_headers(
     tokens: Sequence[int],
     price: float | None,
 ) -> None:
-    """Tokens saved (or that would be saved), and their input price when the model has one."""
+    """Tokens removed (or that would be), and their value at the model's input price when it
+    has one: gross, before cache effects (`-gross-saved-usd`, `-gross-would-save-usd`)."""
     action = "clamped" if enabled else "would-clamp"
     saved = sum(n for s, n in zip(segments, tokens, strict=True) if s.action == action)
     name = "saved" if enabled else "would-save"
     headers[f"{PREFIX}-{name}-tokens"] = str(saved)
     money = usd(saved, price)
     if money is not None:
-        headers[f"{PREFIX}-{name}-usd"] = f"{money:.6f}"
+        headers[f"{PREFIX}-gross-{name}-usd"] = f"{money:.6f}"
+
+
+def net_header(headers: dict[str, str], net_usd: float | None) -> None:
+    """`x-context-budget-saved-usd`: what the request saved net of cache effects (negative
+    when it cost more: a memory block, a cache bust), as the report's `netSavedUsd`."""
+    if net_usd is not None:
+        headers[f"{PREFIX}-saved-usd"] = f"{net_usd:.6f}"

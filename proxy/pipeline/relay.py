@@ -4,10 +4,17 @@
 when a JSON answer is read, when a stream ends (completed, broken upstream, or the client
 gone), or when the upstream call fails. `relay` is the one SSE relay, for every upstream
 (HTTP or litellm) and every wire format.
+
+A JSON answer is read whole before its headers go, so its record is priced here
+(`Recorder.finish_priced`, `proxy/report/record.py` `billing`, off the event loop) and the
+answer says what the request saved net (`x-context-budget-saved-usd`); the report's writer
+keeps those same figures. A stream's headers leave before its usage: the report has its
+net saving once the stream ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,7 +22,9 @@ from dataclasses import replace
 
 from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
+from proxy.report.record import billing
 from proxy.report.usage import UsageChunkDropper, UsageReader
+from proxy.tokens import TokenCounter
 from proxy.upstream.http import UpstreamReply
 from proxy.wire.types import ReplyWatcher, WireFormat
 
@@ -47,6 +56,7 @@ class Recorder:
         started: float,
         record: bool = True,
         usage: UsageReader | None = None,
+        tokens: TokenCounter | None = None,
     ) -> None:
         self._reports = reports
         self._record = record
@@ -55,16 +65,50 @@ class Recorder:
         self._started = started
         self.usage = usage
         """Reads the provider's usage from the reply (every relayed chunk, or the body)."""
+        self._tokens = tokens
+        """Counts the blocks ctxbudget moved, to price a JSON answer before it goes."""
         self.done = False
+        self.net_usd: float | None = None
+        """What the request saved net of cache effects (its cost without ctxbudget minus its
+        cost), when `finish_priced` could price it; else None."""
 
     def finish(self, status: int, *, upstream_error: str | None = None) -> None:
         if self.done:
             return
         self.done = True
-        if not self._record:
+        if self._record:
+            self._queue(self._completed(status, upstream_error))
+
+    async def finish_priced(self, status: int) -> None:
+        """`finish` for a JSON answer read whole: price it first (`billing`, in a thread: it
+        counts the tokens of the blocks ctxbudget moved), so its headers can carry `net_usd`
+        and the report keeps the same figures. Not priced when the reply had no usage or
+        the model no price; nor when a large block's token count (`PrefixChange.late`, in
+        the offload process) is not done within `LATE_HEADER_SECONDS` of the reply (the
+        writer prices it then, as for a stream)."""
+        if self.done:
             return
+        if not self._record:
+            self.finish(status)
+            return
+        self.done = True
+        record = self._completed(status, None)
+        try:
+            if (
+                self._tokens is not None
+                and record.usage is not None
+                and record.prices is not None
+                and await _counted(record)
+            ):
+                money = await asyncio.to_thread(billing, record, self._tokens)
+                record = replace(record, billed=money)
+                self.net_usd = money["netSavedUsd"]
+        finally:  # queued exactly once, priced or not, even if the client left meanwhile
+            self._queue(record)
+
+    def _completed(self, status: int, upstream_error: str | None) -> RequestRecord:
         self.draft.marks["end"] = time.time_ns()
-        record = replace(
+        return replace(
             self.draft,
             ts=time.time(),
             status=status,
@@ -74,9 +118,29 @@ class Recorder:
             response_id=self.usage.response_id if self.usage is not None else None,
             response_model=self.usage.response_model if self.usage is not None else None,
         )
+
+    def _queue(self, record: RequestRecord) -> None:
         self._reports.add(record)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", summary_line(record))
+
+
+LATE_HEADER_SECONDS = 0.5
+"""How long a JSON answer waits for its large blocks' token count (counted while the upstream
+answered: ~50 ms per MB) to carry its net saving. A count still running after that (a body of
+tens of MB) does not hold the answer: it goes without the header, and the report has it."""
+
+
+async def _counted(record: RequestRecord) -> bool:
+    """Whether the blocks `record` moved are counted (a large body's, within the wait)."""
+    late = record.prefix.late if record.prefix is not None else None
+    if late is None or late.done():
+        return True
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(late)), LATE_HEADER_SECONDS)
+    except Exception:  # not in time, or the count failed: the writer prices it
+        return False
+    return True
 
 
 def summary_line(r: RequestRecord) -> str:
@@ -133,7 +197,7 @@ async def read_whole(
         watcher.close()
     if recorder.usage is not None:
         recorder.usage.read_json(data)
-    recorder.finish(reply.status)
+    await recorder.finish_priced(reply.status)
     return data
 
 

@@ -41,13 +41,19 @@ from proxy.config.schema import RouteConfig
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
 from proxy.pipeline.chat_command import CommandMode, find_command
-from proxy.pipeline.headers import PREFIX, RequestOptions, budget_headers, money_headers
+from proxy.pipeline.headers import (
+    PREFIX,
+    RequestOptions,
+    budget_headers,
+    money_headers,
+    net_header,
+)
 from proxy.pipeline.offload import Offload
 from proxy.pipeline.recall import RecallStage, Skipped
 from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
-from proxy.report.render import render_text
+from proxy.report.render import render_summary, render_text
 from proxy.report.usage import UsageChunkDropper, UsageReader
 from proxy.routes.report import Reporting
 from proxy.state import ProxyState
@@ -204,7 +210,9 @@ class Pipeline:
         # ~0.1 ms per 1,000 chars the first time a text is seen, a cache hit on every later
         # turn that resends it (a large body's were counted in the offload process)
         saved = call.body.saved_tokens(segments, self.state.tokens, encoding)
-        headers = budget_headers(call.id, call.options.enabled, segments, clamp_error)
+        headers = budget_headers(
+            call.id, call.options.enabled, segments, clamp_error, recorded=call.wire.generates
+        )
         money_headers(headers, call.options.enabled, segments, saved, price)
         recall.headers(headers)
         draft = RequestRecord(
@@ -235,6 +243,7 @@ class Pipeline:
             started=call.started,
             record=call.wire.generates,
             usage=UsageReader(call.wire.name) if call.wire.generates else None,
+            tokens=self.state.tokens,
         )
         return Outgoing(headers, recorder)
 
@@ -329,6 +338,7 @@ class Pipeline:
             watch.stop()
         if not isinstance(data, bytes):  # too large to hold: passed through as it arrives
             return StreamingResponse(data, status_code=reply.status, headers=headers)
+        net_header(headers, out.recorder.net_usd)
         return Response(data, status_code=reply.status, headers=headers)
 
     async def _forward(
@@ -385,12 +395,11 @@ class Pipeline:
     async def _answer_command(self, call: Call, mode: CommandMode) -> Response:
         viewer = call.owner if call.settings.proxy_keys else None  # a key sees its own report
         report = await self.reporting.report(call.settings, call.request, owner=viewer)
-        text = (
-            orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
-            if mode == "json"
-            else render_text(report)
-        )
-        headers = budget_headers(call.id, call.settings.enabled, (), None)
+        if mode == "json":
+            text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+        else:
+            text = render_text(report) if mode == "full" else render_summary(report)
+        headers = budget_headers(call.id, call.settings.enabled, (), None, recorded=False)
         headers[f"{PREFIX}-command"] = "context-budget"
         reply = call.wire.command_reply(text, call.body, request_id=call.id)
         if isinstance(reply.body, bytes):

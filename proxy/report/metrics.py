@@ -9,9 +9,16 @@ Prometheus names and units, through prometheus_client:
 | `ctxbudget.segments.clamped` | `ctxbudget_segments_clamped_total` | `kind`, `action` |
 | `ctxbudget.chars.saved` | `ctxbudget_chars_saved_total` | `kind`, `action` |
 | `ctxbudget.tokens.saved` | `ctxbudget_tokens_saved_total` | `kind`, `action` |
-| `ctxbudget.money.saved` | `ctxbudget_money_saved_usd_total` | `kind`, `action` |
+| `ctxbudget.money.saved` | `ctxbudget_money_saved_usd_total` (a gauge: it can fall) | `model` |
+| `ctxbudget.money.gross_saved` | `ctxbudget_money_gross_saved_usd_total` | `kind`, `action` |
 | `ctxbudget.added_latency` (ms) | `ctxbudget_added_latency_seconds` | |
 | `ctxbudget.recall.duration` (ms) | `ctxbudget_recall_duration_seconds` | `profile` |
+
+`ctxbudget_money_saved_usd_total` is the money saved net of cache effects: each priced
+request's cost without ctxbudget minus its cost (the report's `netSavedUsd`), so a memory block
+or a cache bust makes it fall; the sum over a window is what the report's first line says.
+`ctxbudget_money_gross_saved_usd_total` is the gross figure: the tokens the clamps removed at
+the input price, per kind, cache effects ignored.
 
 Like telemetry, it is a sink of the report store: the writer thread that already describes
 each finished request adds it to the counters, so the request path does no work for them. It
@@ -67,7 +74,7 @@ class Metrics:
     """Prometheus counters and histograms of finished requests: a sink of the report store."""
 
     def __init__(self, *, max_models: int = MAX_MODELS) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.shared_dir = os.environ.get(MULTIPROCESS_ENV) or None
         """The multiprocess directory when values are shared between workers, else None."""
@@ -100,9 +107,19 @@ class Metrics:
         self.tokens = Counter(
             "ctxbudget_tokens_saved", "Input tokens saved, per kind", per_kind, registry=into
         )
-        self.money = Counter(
-            "ctxbudget_money_saved_usd",
-            "Input cost saved at the model's price, per kind (priced models only)",
+        self.money = Gauge(
+            "ctxbudget_money_saved_usd_total",
+            "Money saved net of prompt-cache effects: each request's cost without ctxbudget"
+            " minus its cost, summed (negative when memories or cache busts cost more; priced"
+            " models with provider usage only)",
+            ["model"],
+            registry=into,
+            multiprocess_mode="sum",  # a running total: every worker's, ended ones too
+        )
+        self.gross = Counter(
+            "ctxbudget_money_gross_saved_usd",
+            "Gross: tokens the clamps removed at the model's input price, per kind, before"
+            " cache effects (priced models only)",
             per_kind,
             registry=into,
         )
@@ -145,7 +162,7 @@ class Metrics:
         # first clamp.
         for kind in SEGMENT_KINDS:
             for action in ACTIONS:
-                for counter in (self.segments, self.chars, self.tokens, self.money):
+                for counter in (self.segments, self.chars, self.tokens, self.gross):
                     counter.labels(kind, action)
 
     def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
@@ -162,7 +179,7 @@ class Metrics:
             self.tokens.labels(kind, action).inc(max(0, sum(s["savedTokens"] for s in acted)))
             if r.input_price is not None:
                 usd = sum(s["savedUsd"] or 0 for s in acted)
-                self.money.labels(kind, action).inc(max(0.0, usd))
+                self.gross.labels(kind, action).inc(max(0.0, usd))
         if body.get("clientCacheBust"):
             self.busts.labels("client").inc()
         if body.get("cacheBust"):
@@ -179,6 +196,7 @@ class Metrics:
         if body.get("costUsd") is not None:
             self.cost.labels(model, "actual").inc(max(0.0, body["costUsd"]))
             self.cost.labels(model, "without_ctxbudget").inc(max(0.0, body["withoutCtxbudgetUsd"]))
+            self.money.labels(model).inc(body["netSavedUsd"])
         marks = r.marks
         if "start" in marks and "upstream_start" in marks:
             self.added.observe(max(0, marks["upstream_start"] - marks["start"]) / 1e9)

@@ -12,9 +12,11 @@ from typing import Any
 
 from proxy.report.render import (
     KIND_TITLES,
+    MINUS,
     change_text,
     money,
     net_text,
+    no_recommendations,
     profile_of,
     window_text,
     wire_label,
@@ -35,6 +37,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 28px 0 10
 .cards { display:grid; grid-template-columns:repeat(auto-fit,minmax(170px,1fr)); gap:12px; }
 .card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:12px; }
 .card .v { font-size:22px; font-weight:650; } .card .k { color:var(--muted); font-size:12px; }
+.card.net { border-color:var(--after); grid-column: span 2; } .card.net .v { font-size:28px; }
 table { border-collapse:collapse; width:100%; background:#fff; border:1px solid var(--line); }
 th, td { text-align:left; padding:6px 8px; border-bottom:1px solid var(--line);
          vertical-align:top; }
@@ -44,7 +47,7 @@ td.n, th.n { text-align:right; font-variant-numeric: tabular-nums; }
 .seg li { margin:1px 0; } code { font-size:12px; word-break:break-all; }
 .panel { background:#fff; border:1px solid var(--line); border-radius:8px; padding:12px; }
 .warn { color:var(--warn); } .bad { color:var(--bad); }
-svg text { font: 12px system-ui, sans-serif; fill: var(--fg); }
+svg text { font: 12px system-ui, sans-serif; fill: var(--fg); } svg text.sub { fill: var(--muted); }
 .legend span { display:inline-block; width:10px; height:10px; margin:0 4px 0 12px; }
 """
 
@@ -98,23 +101,55 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
+def _net_card(t: dict[str, Any]) -> str:
+    """The headline card: the money saved net of cache effects (the sessions' `savedUsd`)."""
+    money_totals = t.get("money") or {}
+    saved = money_totals.get("savedUsd")
+    shown = money(saved) if saved is not None else "unknown"
+    loss = money(saved).startswith(MINUS) if saved is not None else False
+    if saved is None:
+        said = net_text(money_totals, t["requests"])
+    else:
+        said = (
+            f"over {money_totals['sessions']:,} session"
+            f"{'' if money_totals['sessions'] == 1 else 's'}: billed "
+            f"{money(money_totals['costUsd'])}, {money(money_totals['withoutCtxbudgetUsd'])} "
+            "without ctxbudget" + (" — ctxbudget cost more than it saved" if loss else "")
+        )
+    return (
+        f"<div class='card net' id='net-card'><div class='k'>Saved, net of cache effects</div>"
+        f"<div class='v{' bad' if loss else ''}'>"
+        f"{_figure('totals.money.savedUsd', saved, shown)}</div>"
+        f"<div class='k'>{escape(said)}</div></div>"
+    )
+
+
 def _cards(t: dict[str, Any]) -> str:
     cards = [
         ("Requests", _figure("totals.requests", t["requests"], _n(t["requests"]))),
         ("Segments clamped", _figure("totals.clamped", t["clamped"], _n(t["clamped"]))),
-        ("Chars saved", _figure("totals.savedChars", t["savedChars"], _n(t["savedChars"]))),
-        ("Tokens saved", _figure("totals.savedTokens", t["savedTokens"], _n(t["savedTokens"]))),
-        ("Money saved", _figure("totals.savedUsd", t["savedUsd"], money(t["savedUsd"]))),
+        (
+            "Chars removed (gross)",
+            _figure("totals.savedChars", t["savedChars"], _n(t["savedChars"])),
+        ),
+        (
+            "Tokens removed (gross)",
+            _figure("totals.savedTokens", t["savedTokens"], _n(t["savedTokens"])),
+        ),
+        (
+            "Gross: removed tokens at input price",
+            _figure("totals.savedUsd", t["savedUsd"], money(t["savedUsd"])),
+        ),
     ]
     if t["wouldSaveChars"]:
         cards.append(
             (
-                "Would save (budget off)",
+                "Would remove (budget off, gross)",
                 _figure("totals.wouldSaveChars", t["wouldSaveChars"], _n(t["wouldSaveChars"]))
                 + " chars",
             )
         )
-    html = "".join(
+    html = _net_card(t) + "".join(
         f"<div class='card'><div class='k'>{escape(k)}</div><div class='v'>{v}</div></div>"
         for k, v in cards
     )
@@ -193,8 +228,8 @@ def _kinds(t: dict[str, Any]) -> str:
         "<div class='legend sub'><span style='background:var(--before)'></span>before"
         "<span style='background:var(--after)'></span>sent (what went upstream)</div></div>"
         "<table id='kinds'><tr><th>kind</th><th class='n'>seen</th><th class='n'>clamped</th>"
-        "<th class='n'>chars before</th><th class='n'>chars sent</th><th class='n'>chars saved"
-        "</th><th class='n'>tokens saved</th><th class='n'>money saved</th>"
+        "<th class='n'>chars before</th><th class='n'>chars sent</th><th class='n'>chars removed"
+        "</th><th class='n'>tokens removed</th><th class='n'>gross at input price</th>"
         "<th class='n'>would save with the budget on (chars)</th></tr>"
         f"{rows}</table>"
     )
@@ -208,10 +243,9 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
         return head + "<p class='sub' id='sessions'>No sessions yet.</p>"
     ratio = money_totals["cacheHitRatio"]
     busts = money_totals["cacheBusts"]
-    headline = net_text(money_totals)
+    headline = net_text(money_totals, money_totals["requests"])
     summary = (
-        f"<p id='net'>{_figure('totals.money.savedUsd', money_totals['savedUsd'], '')}"
-        f"{escape(headline[:1].upper() + headline[1:])} · billed "
+        f"<p id='net'>{escape(headline[:1].upper() + headline[1:])} · billed "
         + _figure("totals.money.costUsd", money_totals["costUsd"], money(money_totals["costUsd"]))
         + " · without ctxbudget "
         + _figure(
@@ -232,23 +266,32 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
         + [s["costUsd"] or 0 for s in sessions]
         + [1e-12]
     )
-    width, label_w, row_h = 720, 190, 46
+    # Each session: its name on a line of its own, then its two bars below it, values at
+    # their ends: a long session id never runs into a bar (the SVG scales with the page).
+    width, row_h, value_w = 720, 64, 110
     bars, rows = [], []
     for i, s in enumerate(sessions):
-        y = 10 + i * row_h
+        y = 8 + i * row_h
         cost, would = s["costUsd"], s["withoutCtxbudgetUsd"]
-        name = f"{s['id'][:24]} ({wire_label(s['format'])})"
-        with_w = (cost or 0) / top * (width - label_w - 110)
-        without_w = (would or 0) / top * (width - label_w - 110)
-        bars.append(
-            f"<text x='0' y='{y + 17}'>{escape(name)}</text>"
-            f"<rect x='{label_w}' y='{y}' width='{without_w:.1f}' height='16' "
-            f"fill='var(--before)'><title>without ctxbudget: {escape(money(would))}</title></rect>"
-            f"<text x='{label_w + without_w + 6:.1f}' y='{y + 13}'>{escape(money(would))}</text>"
-            f"<rect x='{label_w}' y='{y + 18}' width='{with_w:.1f}' height='16' "
-            f"fill='var(--after)'><title>billed: {escape(money(cost))}</title></rect>"
-            f"<text x='{label_w + with_w + 6:.1f}' y='{y + 31}'>{escape(money(cost))}</text>"
-        )
+        name = f"{s['id']} ({wire_label(s['format'])}, {s['model'] or '?'})"
+        bars.append(f"<text x='0' y='{y + 12}'>{escape(_short(name, 90))}</text>")
+        with_w = (cost or 0) / top * (width - value_w)
+        without_w = (would or 0) / top * (width - value_w)
+        if cost is None or would is None:
+            bars.append(
+                f"<text x='0' y='{y + 32}' class='sub'>price unknown: the model is not in "
+                "litellm's map (tokens only)</text>"
+            )
+        else:
+            bars.append(
+                f"<rect x='0' y='{y + 18}' width='{without_w:.1f}' height='16' "
+                "fill='var(--before)'>"
+                f"<title>without ctxbudget: {escape(money(would))}</title></rect>"
+                f"<text x='{without_w + 6:.1f}' y='{y + 31}'>{escape(money(would))}</text>"
+                f"<rect x='0' y='{y + 36}' width='{with_w:.1f}' height='16' fill='var(--after)'>"
+                f"<title>billed: {escape(money(cost))}</title></rect>"
+                f"<text x='{with_w + 6:.1f}' y='{y + 49}'>{escape(money(cost))}</text>"
+            )
         hit = s["cacheHitRatio"]
         at = f"sessions.{i}"
         rows.append(
@@ -262,7 +305,7 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
             f"<td class='n'>{_count(f'{at}.cacheBusts.ctxbudget', s['cacheBusts']['ctxbudget'])}"
             f" / {_n(s['cacheBusts']['client'])}</td></tr>"
         )
-    height = 10 + len(sessions) * row_h
+    height = 8 + len(sessions) * row_h
     return (
         head
         + summary
@@ -277,6 +320,10 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
         + "".join(rows)
         + "</table>"
     )
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _over_time(recent: list[dict[str, Any]]) -> str:
@@ -342,7 +389,8 @@ def _requests(recent: list[dict[str, Any]]) -> str:
             f"<tr data-request='{escape(rid)}'><td>{escape(r['at'])}<br><code>{escape(rid)}"
             f"</code></td><td>{escape(r.get('model') or '?')}<br>"
             f"<span class='sub'>{escape(wire_label(r.get('wire')))}</span></td>"
-            f"<td class='n'>{r['status']}</td>"
+            f"<td class='n'>{r['status']}</td><td class='n'>"
+            f"{_figure(f'recent.{rid}.netSavedUsd', r.get('netSavedUsd'), _net(r))}</td>"
             f"<td class='n'>{_figure(f'recent.{rid}.clamped', r['clamped'], _n(r['clamped']))}"
             "</td><td class='n'>"
             f"{_figure(f'recent.{rid}.savedChars', r['savedChars'], _n(r['savedChars']))}"
@@ -360,13 +408,21 @@ def _requests(recent: list[dict[str, Any]]) -> str:
             f"{_figure(f'recent.{rid}.savedUsd', r['savedUsd'], money(r['savedUsd']))}"
             f"</td><td>{error}<ul class='seg'>{detail}</ul></td></tr>"
         )
-    body = "".join(rows) or "<tr><td colspan='8' class='sub'>No requests yet.</td></tr>"
+    body = "".join(rows) or "<tr><td colspan='9' class='sub'>No requests yet.</td></tr>"
     return (
         "<h2>Latest requests and their clamps</h2><table id='requests'><tr><th>when / id</th>"
-        "<th>model</th><th class='n'>status</th><th class='n'>clamped</th>"
-        "<th class='n'>chars saved</th><th class='n'>tokens saved</th><th class='n'>money</th>"
+        "<th>model</th><th class='n'>status</th><th class='n'>saved, net</th>"
+        "<th class='n'>clamped</th>"
+        "<th class='n'>chars removed</th><th class='n'>tokens removed</th>"
+        "<th class='n'>gross at input price</th>"
         f"<th>clamps: file, tool or URL, before → after</th></tr>{body}</table>"
     )
+
+
+def _net(r: dict[str, Any]) -> str:
+    """A request's net saving as shown: unknown without the provider's usage or a price."""
+    net = r.get("netSavedUsd")
+    return "unknown" if net is None else money(net)
 
 
 def _memory(recent: list[dict[str, Any]]) -> str:
@@ -421,7 +477,7 @@ def _monitor(report: dict[str, Any]) -> str:
         + (
             f"<ul id='recommendations'>{recs}</ul>"
             if recs
-            else "<p class='sub'>None: budgets fit the observed use.</p>"
+            else f"<p class='sub' id='recommendations'>{escape(no_recommendations(analysis))}</p>"
         )
         + "</div>"
     )

@@ -1,4 +1,4 @@
-"""Context windows and input prices from litellm's offline model map, read as plain JSON.
+"""Context windows and prices from litellm's offline model map, read as plain JSON.
 
 litellm ships `model_prices_and_context_window_backup.json`; reading that file (once, ~25 ms)
 gives the windows without importing litellm (~5 s, ~165 MB).
@@ -73,7 +73,12 @@ class Prices:
     cache_read: float
     """Cached input read; the input price when the map has none (billed as input)."""
     cache_write: float
-    """Cached input written; the input price when the map has none (no write premium)."""
+    """Cached input written for 5 minutes (Anthropic's default lifetime: 1.25× input); the
+    input price when the map has none (no write premium)."""
+    cache_write_1h: float | None = None
+    """Cached input written for 1 hour (`cache_control.ttl: "1h"`): the map's
+    `cache_creation_input_token_cost_above_1hr`; None: Anthropic's rule, 2× input
+    (`proxy.report.billing.write_price` reads it)."""
 
 
 @functools.lru_cache(maxsize=512)
@@ -94,6 +99,7 @@ def prices(model: str | None) -> Prices | None:
             output=_price(entry, "output_cost_per_token") or 0.0,
             cache_read=_or(_price(entry, "cache_read_input_token_cost"), price),
             cache_write=_or(_price(entry, "cache_creation_input_token_cost"), price),
+            cache_write_1h=_price(entry, "cache_creation_input_token_cost_above_1hr"),
         )
     return None
 

@@ -82,6 +82,10 @@ class RequestRecord:
     memory_skipped: str | None = None
     """Why recall was skipped (the memory database did not answer), or None."""
 
+    billed: dict[str, Any] | None = None
+    """`billing(self)`, when the request path already priced it (a JSON answer, for its
+    `x-context-budget-saved-usd` header); None: the writer prices it."""
+
 
 def storable(value: _T) -> _T:
     """`value` (a report entry or any part of one) with every string as both databases' text
@@ -193,7 +197,7 @@ def report_entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "owner": r.owner,
         "memory": r.memory,
         "usage": r.usage.to_dict() if r.usage is not None else None,
-        **billing(r, tokens),
+        **(r.billed if r.billed is not None else billing(r, tokens)),
     }
     return storable(body)
 

@@ -60,9 +60,21 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
+MINUS = "\u2212"
+"""A negative amount's sign where people read it: `−$0.000060`, not `$-0.000060`."""
+
+
 def money(usd: float | None) -> str:
-    """`$0.012345`, or "price unknown" for a model litellm's map does not price."""
-    return "price unknown" if usd is None else f"${usd:,.6f}"
+    """`$0.012345`, `−$0.000060` for a loss, or "price unknown" for a model litellm's map
+    does not price.
+
+    >>> money(0.0123454), money(-0.00006), money(-1e-12), money(None)
+    ('$0.012345', '−$0.000060', '$0.000000', 'price unknown')
+    """
+    if usd is None:
+        return "price unknown"
+    shown = f"${abs(usd):,.6f}"
+    return MINUS + shown if usd < 0 and shown != "$0.000000" else shown
 
 
 WIRE_LABELS = {
@@ -97,6 +109,19 @@ def change_text(r: dict[str, Any]) -> str:
     return f"{r['kind']} to {r['to']}"
 
 
+def no_recommendations(analysis: dict[str, Any]) -> str:
+    """What to say when `analyze` recommends nothing: that it has too little to go on, or
+    that the budgets fit (as `ctxbudget analyze` says it)."""
+    if analysis.get("tooFewRequests") or not analysis.get("requests"):
+        needs = analysis.get("minRequests")
+        return "None yet: not enough data" + (
+            f" (a recommendation needs {needs} requests with memory recall of one agent)"
+            if needs
+            else ""
+        )
+    return "None: budgets fit the observed use."
+
+
 def profile_of(r: dict[str, Any]) -> str:
     """The budget profile an `analyze` recommendation would change."""
     return str(r["profile"] if r["kind"] == "scope-weights" else r["from"])
@@ -111,15 +136,46 @@ def wire_label(wire: str | None) -> str:
     return WIRE_LABELS.get(wire or "chat", wire or "chat")
 
 
-def net_text(money_totals: dict[str, Any]) -> str:
-    """`saved $0.123456 net of cache effects over 3 sessions`: the headline, honest sign."""
+def net_text(money_totals: dict[str, Any] | None, requests: int) -> str:
+    """`saved $0.123456 net of cache effects over 3 sessions`: the headline, honest sign
+    (`saved −$0.000060 …: ctxbudget cost more than it saved` for a loss); `requests`: all
+    the report counts."""
+    if not requests:
+        return "saved nothing yet: no requests kept"
+    if not money_totals or not money_totals["billedRequests"]:
+        return f"net saving unknown over {_plural(requests, 'request')}: no provider usage read yet"
     count = _plural(money_totals["sessions"], "session")
     saved = money_totals["savedUsd"]
     if saved is None:
-        return f"money unknown over {count} (no priced model): tokens only"
-    if saved < 0:
-        return f"cost {money(-saved)} more net of cache effects over {count}"
+        return f"net saving unknown over {count} (no priced model): tokens only"
+    if money(saved).startswith(MINUS):
+        return (
+            f"saved {money(saved)} net of cache effects over {count}: ctxbudget cost more "
+            "than it saved (memories injected, cache busts)"
+        )
     return f"saved {money(saved)} net of cache effects over {count}"
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The report's first line: the money saved net of cache effects, what the provider
+    billed and what it would have billed without ctxbudget."""
+    money_totals = report["totals"].get("money")
+    line = f"📉 ctxbudget {net_text(money_totals, report['totals']['requests'])}"
+    if money_totals and money_totals.get("savedUsd") is not None:
+        line += (
+            f" (billed {money(money_totals['costUsd'])}; "
+            f"{money(money_totals['withoutCtxbudgetUsd'])} without ctxbudget)"
+        )
+    return line
+
+
+def gross_text(totals: dict[str, Any], encoding: str) -> str:
+    """What the clamps removed, before cache effects: chars, tokens and their input price."""
+    return (
+        f"Gross, before cache effects: {_n(totals['savedChars'])} chars removed "
+        f"(~{_n(totals['savedTokens'])} tokens, {encoding} for unknown models) = "
+        f"{money(totals['savedUsd'])} at the full input price"
+    )
 
 
 def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> list[str]:
@@ -136,7 +192,7 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
         f"Billed: {money(money_totals['costUsd'])} for {_n(usage['input'])} input, "
         f"{_n(usage['cacheRead'])} cache-read, {_n(usage['cacheWrite'])} cache-write and "
         f"{_n(usage['output'])} output tokens; without ctxbudget "
-        f"{money(money_totals['withoutCtxbudgetUsd'])} — {net_text(money_totals)}",
+        f"{money(money_totals['withoutCtxbudgetUsd'])}",
         f"Prompt cache: {'n/a' if ratio is None else f'{ratio:.0%}'} of input read from cache; "
         f"cache busts caused by ctxbudget: {busts['ctxbudget']}, by the clients: "
         f"{busts['client']}; memories injected: ~{_n(money_totals['memoryTokens'])} tokens "
@@ -148,8 +204,8 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
         hit = s["cacheHitRatio"]
         lines.append(
             f"- {s['id']} ({wire_label(s['format'])}, {s['model'] or '?'}): "
-            f"{_plural(s['requests'], 'request')}, {money(s['costUsd'])} "
-            f"vs {money(s['withoutCtxbudgetUsd'])} without ctxbudget; "
+            f"{_plural(s['requests'], 'request')}, saved {money(s['savedUsd'])} net "
+            f"({money(s['costUsd'])} vs {money(s['withoutCtxbudgetUsd'])} without ctxbudget); "
             f"cache hits {'n/a' if hit is None else f'{hit:.0%}'}, busts by ctxbudget "
             f"{s['cacheBusts']['ctxbudget']}"
             + (f" (last: {s['lastCacheBust']})" if s.get("lastCacheBust") else "")
@@ -157,13 +213,91 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
     return lines
 
 
+SUMMARY_CLAMPS = 5
+"""Segments the summary lists (the most chars removed first)."""
+_LABEL = 72
+"""Longest label (path, URL, tool) the summary shows whole."""
+
+
+def render_summary(report: dict[str, Any]) -> str:
+    """The chat-sized report (`/context budget`): on/off, caps, net money, the biggest clamps,
+    where to see more — at most ~25 lines, whatever the traffic (`full` is `render_text`)."""
+    totals = report["totals"]
+    config = report["config"]
+    lines = [
+        headline(report),
+        f"Context budget: {'ON' if report['enabled'] else 'OFF'} "
+        f"(agents.defaults.contextBudget.enabled) · config "
+        f"{config['path'] or 'built-in defaults'}",
+    ]
+    if config.get("error"):
+        lines.append(f"⚠ Config error, last good config in force: {_short(config['error'], 200)}")
+    lines.append(
+        "Caps: "
+        + " · ".join(
+            f"{KIND_TITLES[kind]} "
+            + ("no limit" if cap["value"] is None else f"{_n(cap['value'])} {_UNITS[kind]}")
+            for kind, cap in report["caps"].items()
+        )
+    )
+    money_totals = totals.get("money") or {}
+    busts = (money_totals.get("cacheBusts") or {}).get("ctxbudget", 0)
+    lines.append(
+        f"{window_text(report)}: {_plural(totals['requests'], 'request')}, "
+        f"{_n(totals['clamped'])} segments clamped"
+        + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
+        + f"; cache busts caused by ctxbudget: {busts}"
+    )
+    lines.append(gross_text(totals, report["encoding"]))
+    if totals["clampErrors"]:
+        lines.append(f"⚠ {totals['clampErrors']} request(s) forwarded untouched (clamp error)")
+    top = _top_clamps(report["recent"])
+    if top:
+        lines.append(f"Biggest clamps in the latest {_plural(len(report['recent']), 'request')}:")
+    for (kind, label, action), (count, before, after) in top:
+        times = f" ({count}×)" if count > 1 else ""
+        would = " (would clamp)" if action == "would-clamp" else ""
+        lines.append(
+            f"- {kind} {_short(label, _LABEL)}: {_n(before)} → {_n(after)} chars{would}{times}"
+        )
+    recommendations = (report.get("analysis") or {}).get("recommendations", [])
+    if recommendations:
+        r = recommendations[0]
+        more = f" (+{len(recommendations) - 1} more)" if len(recommendations) > 1 else ""
+        lines.append(
+            f"Recommendation for {r['agent']}: {change_text(r)}{more} — `ctxbudget analyze`"
+        )
+    page = f" · the page: {report['page']}" if report.get("page") else ""
+    lines.append(f"More: /context budget full (every request) · /context budget json{page}")
+    return _CONTROL.sub("", "\n".join(lines)) + "\n"
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _top_clamps(
+    recent: list[dict[str, Any]],
+) -> list[tuple[tuple[str, str, str], tuple[int, int, int]]]:
+    """The segments that lost the most chars in `recent`, one line per kind and label: how
+    often, and before → after the last time."""
+    found: dict[tuple[str, str, str], list[int]] = {}
+    for r in reversed(recent):  # oldest first: the last time seen wins
+        for seg in r["segments"]:
+            if seg["action"] not in ("clamped", "would-clamp"):
+                continue
+            key = (seg["kind"], str(seg["label"]), seg["action"])
+            count, removed = found.get(key, [0, 0, 0, 0])[:2]
+            found[key] = [count + 1, removed + seg["saved"], seg["before"], seg["after"]]
+    ranked = sorted(found.items(), key=lambda item: -item[1][1])[:SUMMARY_CLAMPS]
+    return [(key, (v[0], v[2], v[3])) for key, v in ranked]
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command."""
-    lines: list[str] = []
+    lines: list[str] = [headline(report)]
     on = report["enabled"]
-    lines.append(
-        f"📉 Context budget: {'ON' if on else 'OFF'} (agents.defaults.contextBudget.enabled)"
-    )
+    lines.append(f"Context budget: {'ON' if on else 'OFF'} (agents.defaults.contextBudget.enabled)")
     config = report["config"]
     where = config["path"] or "built-in defaults"
     lines.append(f"Config: {where} (loaded {config['loadedAt']})")
@@ -181,16 +315,14 @@ def render_text(report: dict[str, Any]) -> str:
         f"{_n(totals['clamped'])} clamped"
         + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
     )
-    lines.append(
-        f"Saved: {_n(totals['savedChars'])} chars (~{_n(totals['savedTokens'])} tokens, "
-        f"{report['encoding']} for unknown models) = {money(totals['savedUsd'])} at input prices"
-    )
+    lines.extend(net_lines(totals.get("money"), report.get("sessions") or []))
+    lines.append(gross_text(totals, report["encoding"]))
     if totals["wouldSaveChars"]:
         lines.append(
-            f"Would save with the budget on: {_n(totals['wouldSaveChars'])} chars "
-            f"(~{_n(totals['wouldSaveTokens'])} tokens) = {money(totals['wouldSaveUsd'])}"
+            f"Would remove with the budget on: {_n(totals['wouldSaveChars'])} chars "
+            f"(~{_n(totals['wouldSaveTokens'])} tokens) = {money(totals['wouldSaveUsd'])} "
+            "gross"
         )
-    lines.extend(net_lines(totals.get("money"), report.get("sessions") or []))
     if totals["unpricedRequests"]:
         lines.append(
             f"{_n(totals['unpricedRequests'])} request(s) for models without a price in "
@@ -211,8 +343,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"- {KIND_TITLES[kind]}: {_n(t['seen'])} seen, {_n(t['clamped'])} clamped"
             + (f", {_n(t['wouldClamp'])} would clamp" if t["wouldClamp"] else "")
             + f"; {_n(t['charsBefore'])} → {_n(t['charsAfter'])} chars sent; "
-            f"saved {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens, "
-            f"{money(t['savedUsd'])})"
+            f"removed {_n(t['savedChars'])} chars (~{_n(t['savedTokens'])} tokens, "
+            f"{money(t['savedUsd'])} gross)"
             + (
                 f"; would save {_n(t['wouldSaveChars'])} more with the budget on"
                 if t["wouldSaveChars"]
@@ -235,8 +367,9 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(
             f"- {r['id']} {r['at']} {r.get('model') or '?'} ({wire_label(r.get('wire'))}) "
             f"[{flags}] HTTP {r['status']}: "
-            f"{r['clamped']} clamped, saved {_n(r['savedChars'])} chars "
-            f"(~{_n(r['savedTokens'])} tokens, {money(r['savedUsd'])})"
+            + (f"saved {money(r['netSavedUsd'])} net; " if r.get("netSavedUsd") is not None else "")
+            + f"{r['clamped']} clamped, removed {_n(r['savedChars'])} chars "
+            f"(~{_n(r['savedTokens'])} tokens, {money(r['savedUsd'])} gross)"
             + (f", would save {_n(r['wouldSaveChars'])} chars" if r["wouldSaveChars"] else "")
         )
         if r.get("note"):

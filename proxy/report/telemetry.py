@@ -73,10 +73,17 @@ class Telemetry:
         self.tokens = meter.create_counter(
             "ctxbudget.tokens.saved", unit="{token}", description="Input tokens saved, per kind"
         )
-        self.money = meter.create_counter(
+        self.money = meter.create_up_down_counter(
             "ctxbudget.money.saved",
             unit="USD",
-            description="Input cost saved at the model's price, per kind (priced models only)",
+            description="Money saved net of prompt-cache effects: each request's cost without"
+            " ctxbudget minus its cost (falls when memories or cache busts cost more)",
+        )
+        self.gross = meter.create_counter(
+            "ctxbudget.money.gross_saved",
+            unit="USD",
+            description="Gross: tokens the clamps removed at the model's input price, per kind,"
+            " before cache effects (priced models only)",
         )
         self.added = meter.create_histogram(
             "ctxbudget.added_latency",
@@ -193,9 +200,11 @@ class Telemetry:
         if r.model:
             attrs["gen_ai.request.model"] = r.model
         if body["inputPricePerMTok"] is not None:
-            attrs["ctxbudget.money.saved_usd"] = (body["savedUsd"] or 0) + (
+            attrs["ctxbudget.money.gross_saved_usd"] = (body["savedUsd"] or 0) + (
                 body["wouldSaveUsd"] or 0
             )
+        if body.get("netSavedUsd") is not None:
+            attrs["ctxbudget.money.saved_usd"] = body["netSavedUsd"]
         if r.clamp_error:
             attrs["ctxbudget.clamp_error"] = r.clamp_error.split(":", 1)[0]
         for kind in SEGMENT_KINDS:
@@ -267,7 +276,7 @@ class Telemetry:
             self.chars.add(sum(s["saved"] for s in acted), labels)
             self.tokens.add(sum(s["savedTokens"] for s in acted), labels)
             if r.input_price is not None:
-                self.money.add(sum(s["savedUsd"] or 0 for s in acted), labels)
+                self.gross.add(sum(s["savedUsd"] or 0 for s in acted), labels)
         for by, busted in (("client", body["clientCacheBust"]), ("ctxbudget", body["cacheBust"])):
             if busted:
                 self.busts.add(1, {"ctxbudget.cache_bust.by": by})
@@ -277,6 +286,7 @@ class Telemetry:
             self.cost.add(
                 body["withoutCtxbudgetUsd"], {**labels, "ctxbudget.cost.case": "without_ctxbudget"}
             )
+            self.money.add(body["netSavedUsd"], labels)
         marks = r.marks
         if "upstream_start" in marks:
             self.added.record((marks["upstream_start"] - marks["start"]) / 1e6, {})

@@ -4,10 +4,14 @@ Each format puts it somewhere else, with its own meaning for "input":
 
 - chat completions: `usage` of the JSON body, or of the last SSE chunk when the request set
   `stream_options.include_usage` — `prompt_tokens` counts cached tokens too
-  (`prompt_tokens_details.cached_tokens`);
+  (`prompt_tokens_details.cached_tokens`), and cache writes where the upstream reports them
+  (`cache_creation_input_tokens`, or litellm's `prompt_tokens_details.cache_write_tokens` and
+  `cache_creation_token_details`, split by lifetime as Anthropic's);
 - Anthropic Messages: `usage` of the body, or `message_start`'s `message.usage` then
   `message_delta`'s `usage` — `input_tokens` is already the uncached part, beside
-  `cache_read_input_tokens` and `cache_creation_input_tokens`;
+  `cache_read_input_tokens` and `cache_creation_input_tokens`, which `cache_creation` splits
+  by the cache's lifetime (`ephemeral_5m_input_tokens`, `ephemeral_1h_input_tokens`: a 1-hour
+  write costs 2× input, a 5-minute one 1.25×);
 - Responses: `usage` of the body, or `response.completed`'s `response.usage` —
   `input_tokens` counts cached tokens too (`input_tokens_details.cached_tokens`).
 
@@ -19,10 +23,14 @@ bytes are only split into lines, and only a line holding `"usage"` is parsed.
 >>> reader.feed(b'read_input_tokens": 90, "output_tokens": 1}}}\\n\\n')
 >>> reader.feed(b'data: {"type": "message_delta", "usage": {"output_tokens": 7}}\\n\\n')
 >>> reader.result()
-Usage(input=5, cache_read=90, cache_write=0, output=7)
+Usage(input=5, cache_read=90, cache_write=0, output=7, cache_write_1h=0)
 >>> UsageReader("chat").read_json(b'{"usage": {"prompt_tokens": 100, "completion_tokens": 3, '
 ...     b'"prompt_tokens_details": {"cached_tokens": 64}}}')
-Usage(input=36, cache_read=64, cache_write=0, output=3)
+Usage(input=36, cache_read=64, cache_write=0, output=3, cache_write_1h=0)
+>>> UsageReader("messages").read_json(b'{"usage": {"input_tokens": 4, "output_tokens": 9, '
+...     b'"cache_creation_input_tokens": 700, "cache_creation": {"ephemeral_5m_input_tokens": '
+...     b'200, "ephemeral_1h_input_tokens": 500}}}')
+Usage(input=4, cache_read=0, cache_write=700, output=9, cache_write_1h=500)
 """
 
 from __future__ import annotations
@@ -48,6 +56,11 @@ def _has_usage(data: bytes) -> bool:
 
 
 _DETAILS = ("prompt_tokens_details", "input_tokens_details")
+_DETAIL_COUNTS = ("cached_tokens", "cache_write_tokens")
+_WRITE_DETAILS = ("cache_creation", "cache_creation_token_details")
+"""Anthropic's `usage.cache_creation`; litellm's `prompt_tokens_details.cache_creation_token_
+details` (an Anthropic model behind a chat completions route): writes by the cache's lifetime."""
+_TTL_COUNTS = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,14 +75,23 @@ class Usage:
     """Input tokens written to the provider's prompt cache."""
     output: int
     """Output tokens (reasoning included)."""
+    cache_write_1h: int = 0
+    """Of `cache_write`, the tokens written to a 1-hour cache (Anthropic's `ttl: "1h"`, billed
+    at 2× input); the rest were written for 5 minutes (1.25×)."""
+
+    @property
+    def cache_write_5m(self) -> int:
+        """Of `cache_write`, the tokens written to a 5-minute cache (the default lifetime)."""
+        return self.cache_write - self.cache_write_1h
 
     def to_dict(self) -> dict[str, int]:
-        """The report's `usage` object."""
+        """The report's `usage` object (`cacheWrite1h`: of `cacheWrite`, the 1-hour writes)."""
         return {
             "input": self.input,
             "cacheRead": self.cache_read,
             "cacheWrite": self.cache_write,
             "output": self.output,
+            "cacheWrite1h": self.cache_write_1h,
         }
 
 
@@ -109,7 +131,8 @@ class UsageReader:
         if not f:
             return None
         read = f.get("cache_read_input_tokens", f.get("cached_tokens", 0))
-        write = f.get("cache_creation_input_tokens", f.get("cache_write_tokens", 0))
+        short, long = (f.get(key, 0) for key in _TTL_COUNTS)
+        write = f.get("cache_creation_input_tokens", f.get("cache_write_tokens", short + long))
         if self._wire == "chat":
             total = f.get("prompt_tokens", f.get("input_tokens", 0))
             output = f.get("completion_tokens", f.get("output_tokens", 0))
@@ -118,7 +141,13 @@ class UsageReader:
             output = f.get("output_tokens", 0)
         # Anthropic's input_tokens is the uncached part already; OpenAI's counts the cache in.
         uncached = total if self._wire == "messages" else max(0, total - read - write)
-        return Usage(input=uncached, cache_read=read, cache_write=write, output=output)
+        return Usage(
+            input=uncached,
+            cache_read=read,
+            cache_write=write,
+            output=output,
+            cache_write_1h=min(long, write),
+        )
 
     def _event(self, data: bytes) -> None:
         try:
@@ -139,11 +168,19 @@ class UsageReader:
                 setattr(self, attr, holder[key])
         for key, value in usage.items():
             if key in _DETAILS and isinstance(value, dict):
-                for inner_key in ("cached_tokens", "cache_write_tokens"):
-                    if _count(value.get(inner_key)):
-                        self._fields[inner_key] = value[inner_key]
+                self._counts(value, _DETAIL_COUNTS)
+                for inner in _WRITE_DETAILS:
+                    if isinstance(value.get(inner), dict):
+                        self._counts(value[inner], _TTL_COUNTS)
+            elif key in _WRITE_DETAILS and isinstance(value, dict):
+                self._counts(value, _TTL_COUNTS)
             elif _count(value):
                 self._fields[key] = value
+
+    def _counts(self, holder: dict[str, Any], keys: tuple[str, ...]) -> None:
+        for key in keys:
+            if _count(holder.get(key)):
+                self._fields[key] = holder[key]
 
 
 def _count(value: Any) -> bool:

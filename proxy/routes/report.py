@@ -1,4 +1,5 @@
-"""The report routes: `GET /context/budget` (JSON, text or the page) and one request's record.
+"""The report routes: `GET /context/budget` (JSON, text, the chat-sized summary or the page)
+and one request's record.
 
 With `proxy.keys`, a key is needed to read them (the page also takes HTTP Basic, so a browser
 can ask for it).
@@ -12,13 +13,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from memory.monitor import analysis
+from memory.monitor import Monitor, analysis
 from proxy.access.auth import report_viewer
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
 from proxy.report.page import render_html
-from proxy.report.render import render_text
+from proxy.report.render import render_summary, render_text
 from proxy.report.summary import parse_since
 from proxy.state import ProxyState
 
@@ -30,6 +31,28 @@ READ_LATE = 2.0
 """How long a report read waits for records still waiting for a large block's token count
 (`ReportStore.add`): one 30 MB body's count takes ~1.5 s; a burst of them must not hold the
 report page (it shows them a moment later)."""
+
+
+def report_analysis(monitor: Monitor, settings: Settings, owner: str | None) -> dict[str, Any]:
+    """The report's `analysis`: `ctxbudget analyze`'s recommendations over the last
+    `ANALYSIS_DAYS` (the server and `ctxbudget report` both)."""
+    return analysis(
+        monitor,
+        settings.recall.budget_profiles,
+        days=ANALYSIS_DAYS,
+        owner=owner,
+        agents=settings.recall.agents,
+        default_profile=settings.recall.default_budget_profile,
+    )
+
+
+def page_url(host: str, port: int) -> str:
+    """The report page of a server listening on `host`:`port`, as a browser on this machine
+    reaches it (a wildcard address is reached on loopback)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/context/budget"
 
 
 class Reporting:
@@ -57,17 +80,7 @@ class Reporting:
             summary = state.reports.summary(
                 recent=recent or settings.recent_requests, owner=owner, since=since
             )
-            store = state.stores.store(settings)
-            profiles = settings.recall.budget_profiles
-            found = analysis(
-                store.monitor,
-                profiles,
-                days=ANALYSIS_DAYS,
-                owner=owner,
-                agents=settings.recall.agents,
-                default_profile=settings.recall.default_budget_profile,
-            )
-            return summary, found
+            return summary, report_analysis(state.stores.store(settings).monitor, settings, owner)
 
         summary, found = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.report_section(state.config))
@@ -78,9 +91,10 @@ class Reporting:
     async def budget(self, request: Request) -> Response:
         settings = self.state.settings()
         fmt = request.query_params.get("format")
-        if fmt not in (None, "json", "text", "html"):
+        if fmt not in (None, "json", "text", "summary", "html"):
             raise BadRequest(
-                f"format must be 'json', 'text' or 'html', got {fmt!r}", param="format"
+                f"format must be 'json', 'text', 'summary' or 'html', got {fmt!r}",
+                param="format",
             )
         accept = request.headers.get("accept", "")
         if fmt is None and "json" not in accept:
@@ -96,6 +110,8 @@ class Reporting:
         report = await self.report(settings, request, owner=owner, since=since)
         if fmt == "text":
             return PlainTextResponse(render_text(report))
+        if fmt == "summary":  # the chat-sized one, as `/context budget` answers
+            return PlainTextResponse(render_summary(report))
         return JSONResponse(report)
 
     async def budget_request(self, request: Request) -> Response:

@@ -84,3 +84,26 @@ def test_serve_says_the_port_is_in_use_before_starting(tmp_path: Path) -> None:
         done.stderr
     )
     assert "Application startup complete" not in done.stderr
+
+
+def test_serve_says_when_the_port_is_held_by_ctxbudget_already_running(tmp_path: Path) -> None:
+    """Issue 23: a second `serve` (or `scripts/serve` run twice) said only "in use"."""
+    import subprocess
+
+    from tests.e2e.server import CTXBUDGET, base_config, serve
+
+    with serve(tmp_path, base_config(tmp_path, "http://127.0.0.1:9/v1")) as running:
+        done = subprocess.run(
+            [CTXBUDGET, "serve", "--port", str(running.port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "HOME": str(tmp_path)},
+        )
+    assert done.returncode == 1
+    assert (
+        f"ctxbudget: port {running.port} on 127.0.0.1 is in use, by ctxbudget already running "
+        f"there (its report: `ctxbudget report`, or {running.root}/context/budget; stop it first "
+        "to restart it): pass --port or set proxy.port"
+    ) in done.stderr

@@ -169,6 +169,9 @@ def test_deep_asks_the_configured_model_for_a_rewrite_once_per_query(
         "model": "openai/rewriter",
         "apiBase": standin.base_url,
         "apiKeyEnv": "TEST_REWRITE_KEY",
+        # the first rewrite waits for litellm's import (~5 s; far longer on a loaded machine:
+        # "litellm is still loading" after the default 5 s), then the stand-in answers at once
+        "timeoutSeconds": 120,
     }
     standin.replies["rewriter"] = "therapy counselling appointment"
     with serve(tmp_path, config, env={"TEST_REWRITE_KEY": "sk-rewrite"}) as server:
@@ -209,8 +212,8 @@ def test_a_failing_rewrite_costs_only_the_rewrite(tmp_path: Path, standin: Stand
     config = base_config(tmp_path, standin.base_url, enabled=False)
     config["memory"]["rewrite"] = {
         "model": "openai/rewriter",
-        "apiBase": "http://127.0.0.1:9/v1",  # nothing listens there
-        "timeoutSeconds": 5,
+        "apiBase": "http://127.0.0.1:9/v1",  # nothing listens there: refused at once
+        "timeoutSeconds": 120,  # time for litellm's import, however loaded the machine
     }
     with serve(tmp_path, config) as server:
         _add(server.config_path, "Deploy releases happen on Tuesdays after standup")

@@ -44,7 +44,7 @@ KEY_ENV = "CTXBUDGET_PLUGIN_TEST_KEY"
 KEY = "plugin-test-key"
 KEYS = "CTXBUDGET_PROXY_KEYS"  # the proxy's keysEnv (the default)
 TIMEOUT_MS = 1500
-REPORT_START = "📉 Context budget: ON"
+REPORT_START = "📉 ctxbudget "  # the summary and the full report: net money first
 NOT_KEPT = "does not keep it in the chat history"
 HANDLED = "reason=ctxbudget_context_budget"  # the plugin answered /context budget
 # OpenClaw's refusal of a plugin command to a sender it does not authorize (both spellings),
@@ -379,17 +379,25 @@ def test_ctxbudget_command_answers_with_the_report(
     gateway: Gateway, standin: StandIn, report_relay: Relay
 ) -> None:
     gateway.send("cmd", "/ctxbudget")
+    gateway.send("cmd", "/ctxbudget full")
     gateway.send("cmd", "/ctxbudget json")
     history = gateway.history("cmd")
 
-    assert [role for role, _ in history] == ["user", "assistant"] * 2
-    assert [history[0][1], history[2][1]] == ["/ctxbudget", "/ctxbudget json"]
-    assert history[1][1].startswith(REPORT_START)
-    assert "Effective caps" in history[1][1]
-    report = json.loads(history[3][1])
+    assert [role for role, _ in history] == ["user", "assistant"] * 3
+    assert [history[0][1], history[2][1], history[4][1]] == [
+        "/ctxbudget",
+        "/ctxbudget full",
+        "/ctxbudget json",
+    ]
+    summary, full = history[1][1], history[3][1]
+    assert summary.startswith(REPORT_START) and full.startswith(REPORT_START)
+    assert "\nCaps: " in summary and len(summary.splitlines()) <= 25  # chat-sized
+    assert "Effective caps" in full and "Effective caps" not in summary
+    report = json.loads(history[5][1])
     assert report["object"] == "context_budget.report"
     assert standin.received == []  # answered by the plugin: nothing went to the model
     assert [path for path, _ in report_relay.asked] == [
+        "/context/budget?format=summary",
         "/context/budget?format=text",
         "/context/budget",
     ]
@@ -427,7 +435,7 @@ def test_context_budget_is_answered_by_the_plugin(
         assert "and now a question for the model" in body
         assert "Context budget:" not in body and "context_budget.report" not in body
     assert [path for path, _ in report_relay.asked][1:] == [
-        "/context/budget?format=text",
+        "/context/budget?format=summary",
         "/context/budget",
     ]
 
@@ -496,7 +504,7 @@ def test_first_message_of_a_new_session(
     and the docs."""
     line = gateway.send("fresh", "/context budget")
     assert HANDLED in line, line
-    assert [path for path, _ in report_relay.asked] == ["/context/budget?format=text"]
+    assert [path for path, _ in report_relay.asked] == ["/context/budget?format=summary"]
     assert standin.received == []
     assert "agent:main:fresh has no session yet" in gateway.log()
     assert gateway.history("fresh") == []

@@ -18,6 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
+from proxy.report.render import money
 from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn
@@ -76,6 +77,24 @@ def _traffic(server: Any) -> None:
     client.chat.completions.create(**turn)
 
 
+OVERLAPS = """
+const out = [];
+for (const chart of document.querySelectorAll("svg[id$='-chart']")) {
+  const texts = [...chart.querySelectorAll("text")].map(e => [e, e.getBoundingClientRect()]);
+  const bars = [...chart.querySelectorAll("rect")].map(e => [e, e.getBoundingClientRect()]);
+  const hit = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 &&
+                        a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+  texts.forEach(([t, a], i) => {
+    for (const [r, b] of bars) if (b.width > 0 && hit(a, b))
+      out.push(`${chart.id}: "${t.textContent}" over a bar`);
+    for (const [u, b] of texts.slice(i + 1)) if (hit(a, b))
+      out.push(`${chart.id}: "${t.textContent}" over "${u.textContent}"`);
+  });
+}
+return out;
+"""
+
+
 def _at(report: dict[str, Any], path: str) -> Any:
     """The JSON value at a page figure's path (`recent.<id>.x` looks the request up by id,
     `sessions.<i>.x` takes the list's i-th)."""
@@ -103,6 +122,7 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
         )
         browser.get(f"{root}/context/budget")
         title = browser.title
+        first_card = browser.find_element(By.CSS_SELECTOR, "#totals .card").text
         status = browser.find_element(By.ID, "status").text
         figures = {
             e.get_attribute("data-figure"): (e.get_attribute("data-value"), e.text)
@@ -114,6 +134,8 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
         rows = browser.find_elements(By.CSS_SELECTOR, "#requests tr[data-request]")
         requests_text = browser.find_element(By.ID, "requests").text
         memory_text = browser.find_element(By.ID, "memory").text
+        overlaps = browser.execute_script(OVERLAPS)
+        recommendations = browser.find_element(By.ID, "recommendations").text
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shot = SCREENSHOTS / "report-page.png"
         assert browser.save_screenshot(str(shot))
@@ -133,11 +155,21 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
         if isinstance(expected, int) and not isinstance(expected, bool):
             assert shown == f"{expected:,}", path
     assert figures["totals.savedUsd"][1] == f"${totals['savedUsd']:,.6f}"
-    # ... and the text report and the chat command say the same
+    # money first, net of cache effects: the headline card, the text's and the command's
+    # first line (issue 23); the gross figures after, named as such
+    net = totals["money"]["savedUsd"]
+    assert figures["totals.money.savedUsd"][1] == money(net)
+    assert first_card.startswith("Saved, net of cache effects\n" + money(net))
     for said in (text, chat_text):
-        assert f"Saved: {totals['savedChars']:,} chars (~{totals['savedTokens']:,} tokens" in said
-        assert f"= ${totals['savedUsd']:,.6f} at input prices" in said
-        assert f"Report page with plots: {root}/context/budget" in said
+        assert said.startswith(f"📉 ctxbudget saved {money(net)} net of cache effects")
+        gross = (
+            f"Gross, before cache effects: {totals['savedChars']:,} chars removed "
+            f"(~{totals['savedTokens']:,} tokens"
+        )
+        assert gross in said
+        assert f"= ${totals['savedUsd']:,.6f} at the full input price" in said
+    assert f"Report page with plots: {root}/context/budget" in text
+    assert f"the page: {root}/context/budget" in chat_text
     # what a person sees: plots drawn, every request with its clamps, memory choices
     assert len(bars) == 6 and all(w >= 0 for w in bar_widths) and max(bar_widths) > 100
     assert len((line.get_attribute("points") or "").split()) == 3
@@ -147,3 +179,7 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
     assert memory["injected"] == 1 and memory["applied"] in memory_text
     assert memory["reason"] in memory_text
     assert shot.stat().st_size > 20_000
+    # the charts' labels and values stand clear of every bar and of each other (a session's
+    # name used to run into its bars); and with 3 requests analyze has too little to go on
+    assert overlaps == [], overlaps
+    assert recommendations.startswith("None yet: not enough data")

@@ -27,6 +27,7 @@ from tests.openclaw import captured_sessions
 from tests.standin import StandIn, billed_as_reported
 
 # USD per token (litellm's model_prices_and_context_window_backup.json, 1.106.2)
+# (cacheWrite: a 5-minute write; cacheWrite1h: a 1-hour one, Anthropic's `ttl: "1h"`)
 PRICES = {
     "gpt-4o": {"input": 2.5e-6, "cacheRead": 1.25e-6, "cacheWrite": 2.5e-6, "output": 10e-6},
     "gpt-4.1": {"input": 2e-6, "cacheRead": 0.5e-6, "cacheWrite": 2e-6, "output": 8e-6},
@@ -34,6 +35,7 @@ PRICES = {
         "input": 3e-6,
         "cacheRead": 0.3e-6,
         "cacheWrite": 3.75e-6,
+        "cacheWrite1h": 6e-6,
         "output": 15e-6,
     },
 }
@@ -67,7 +69,18 @@ def _post(base: str, route: str, body: dict[str, Any], **headers: str) -> httpx.
 
 
 def _usd(usage: dict[str, int], model: str) -> float:
-    return sum(usage[k] * PRICES[model][k] for k in usage)
+    """What the provider bills for `usage` (`billed_as_reported`): `cacheWrite` counts the
+    1-hour writes too, which cost `cacheWrite1h` instead."""
+    p = PRICES[model]
+    long = usage.get("cacheWrite1h", 0)
+    short = usage["cacheWrite"] - long
+    return (
+        usage["input"] * p["input"]
+        + usage["cacheRead"] * p["cacheRead"]
+        + short * p["cacheWrite"]
+        + (long * p["cacheWrite1h"] if long else 0.0)
+        + usage["output"] * p["output"]
+    )
 
 
 def _sum(usages: list[dict[str, int]]) -> dict[str, int]:
@@ -119,3 +132,34 @@ def test_the_report_bills_each_real_session_to_the_cent(
     assert money["sessions"] == len(with_proxy)
     assert money["costUsd"] == pytest.approx(sum(s["costUsd"] for s in report["sessions"]))
     assert money["cacheBusts"] == {"client": 0, "ctxbudget": 0}
+
+
+def _one_hour(value: Any) -> Any:
+    """`value` with every `cache_control` asking for a 1-hour cache, as OpenClaw sends it with
+    `agents.defaults.params.cacheRetention: "long"`."""
+    if isinstance(value, dict):
+        return {
+            k: {"type": "ephemeral", "ttl": "1h"} if k == "cache_control" else _one_hour(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_one_hour(v) for v in value]
+    return value
+
+
+@pytest.mark.skipif(not _sessions(), reason="../shared/fixtures (captured sessions) is absent")
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_one_hour_cache_writes_are_billed_at_twice_the_input_price(
+    server: ProxyServer, standin: StandIn, stream: bool
+) -> None:
+    route, model = "/v1/messages", MODELS["/v1/messages"]
+    (bodies,) = [b for _, r, _, b in _sessions() if r == route]
+    for body in bodies:
+        _post(server.base_url.removesuffix("/v1"), route, {**_one_hour(body), "stream": stream})
+    billed = [billed_as_reported(u, route) for u in standin.billed]
+    assert all(u["cacheWrite1h"] == u["cacheWrite"] for u in billed)
+    assert sum(u["cacheWrite1h"] for u in billed) > 10_000
+    (session,) = server.report()["sessions"]
+    assert session["usage"] == _sum(billed)
+    # every write at $6/MTok, not at the 5-minute $3.75: the provider's bill to the token
+    assert session["costUsd"] == pytest.approx(sum(_usd(u, model) for u in billed), abs=1e-9)

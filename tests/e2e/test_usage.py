@@ -51,6 +51,7 @@ def test_chat_stream_gets_usage_the_client_did_not_ask_for(
         "cacheRead": 0,
         "cacheWrite": 0,
         "output": output,
+        "cacheWrite1h": 0,
     }
 
     client = sdk(base_url=server.base_url, api_key="sk-client", max_retries=0)
@@ -66,6 +67,7 @@ def test_chat_stream_gets_usage_the_client_did_not_ask_for(
         "cacheRead": prompt,
         "cacheWrite": 0,
         "output": output,
+        "cacheWrite1h": 0,
     }
 
 
@@ -105,6 +107,7 @@ def messages_usage(server: ProxyServer, client: anthropic.Anthropic) -> list[Any
             "cacheRead": usage.cache_read_input_tokens or 0,
             "cacheWrite": usage.cache_creation_input_tokens or 0,
             "output": usage.output_tokens,
+            "cacheWrite1h": getattr(usage.cache_creation, "ephemeral_1h_input_tokens", 0),
         }
         usages.append(usage)
     return usages
@@ -129,5 +132,6 @@ def test_responses_usage_with_cache_reads(server: ProxyServer) -> None:
             "cacheRead": cached,
             "cacheWrite": 0,
             "output": usage.output_tokens,
+            "cacheWrite1h": 0,
         }
     assert cached

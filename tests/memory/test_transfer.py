@@ -116,10 +116,68 @@ def test_import_and_export_on_the_command_line(
     started = time.perf_counter()
     code, out, _ = run(capsys, "memory", "import", "big.jsonl", "--json", "--config", str(config))
     took = time.perf_counter() - started
-    assert code == 0 and json.loads(out) == {"imported": 10_000, "evicted": []}
+    assert code == 0 and json.loads(out) == {"imported": 10_000, "alreadyThere": 0, "evicted": []}
     assert took < 30  # a generous bound; the rate is measured in the note, not here
     code, found, _ = run(capsys, "memory", "search", "project", "--json", "--config", str(config))
     assert code == 0 and len(json.loads(found)) > 0
+
+
+def test_an_export_imported_back_adds_nothing_twice(
+    dirs: Dirs,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 23: `memory export` then `memory import` duplicated every memory."""
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    (dirs.work / "MEMORY.md").write_text(MEMORY_MD + "\n- Alice  prefers green tea\n")
+    code, out, _ = run(capsys, "memory", "import", "MEMORY.md", "--config", str(config))
+    assert out.startswith("imported 4 memories") and "1 already there" in out
+    _, exported, _ = run(capsys, "memory", "export", "--config", str(config))
+    (dirs.work / "back.jsonl").write_text(exported + json.dumps({"text": "New one"}) + "\n")
+    code, out, _ = run(capsys, "memory", "import", "back.jsonl", "--json", "--config", str(config))
+    assert json.loads(out) == {"imported": 1, "alreadyThere": 4, "evicted": []}
+    _, again, _ = run(capsys, "memory", "export", "--config", str(config))
+    assert len(again.splitlines()) == 5
+    # the same text in another scope is another memory
+    scoped = json.dumps({"text": "Bob is on call on Fridays", "scope": "agent:ops"}) + "\n"
+    (dirs.work / "scoped.jsonl").write_text(scoped)
+    code, out, _ = run(
+        capsys, "memory", "import", "scoped.jsonl", "--json", "--config", str(config)
+    )
+    assert json.loads(out)["imported"] == 1
+
+
+def test_markdown_headings_that_name_a_category_set_it() -> None:
+    """Issue 23: OpenClaw's MEMORY.md groups memories under `## Preferences`, `## Facts`…"""
+    notes = (
+        "# MEMORY\n- loose note\n## Preferences\n- Green tea\n### Food\n- No onions\n"
+        "## Patterns:\n- Deploys on Fridays\n## People\n- Alice leads zebra\n"
+        "```\n## Facts\n```\n- still people\n"
+    )
+    got = [
+        (m.text, m.category)
+        for m in parse_markdown(
+            notes, "me", category="fact", categories=["preference", "fact", "pattern"]
+        )
+    ]
+    assert got == [
+        ("loose note", "fact"),
+        ("Green tea", "preference"),
+        ("No onions", "preference"),  # a sub-heading naming none keeps its parent's
+        ("Deploys on Fridays", "pattern"),
+        ("Alice leads zebra", "fact"),  # a heading naming none: the default again
+        ("still people", "fact"),  # a heading in a code fence is code
+    ]
+
+
+def test_a_markdown_import_on_the_command_line_takes_the_headings_categories(
+    dirs: Dirs,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    (dirs.work / "MEMORY.md").write_text("## Preferences\n- Green tea\n## Facts\n- Oslo\n")
+    run(capsys, "memory", "import", "MEMORY.md", "--category", "pattern", "--config", str(config))
+    _, exported, _ = run(capsys, "memory", "export", "--config", str(config))
+    assert [json.loads(x)["category"] for x in exported.splitlines()] == ["preference", "fact"]
 
 
 def test_a_batch_larger_than_the_limit_is_refused_whole(tmp_path: Path) -> None:

@@ -171,6 +171,30 @@ def test_env_values_are_typed_and_unknown_env_keys_name_the_variable() -> None:
         load_config(None, env={"CTXBUDGET__PROXY__PROT": "1"}, overrides={})
 
 
+def test_a_bad_variable_is_blamed_on_the_environment_not_the_file(tmp_path: Path) -> None:
+    """Issue 23: `CTXBUDGET__…` mistakes were reported as "invalid config in <file>", and a
+    misspelt section in a variable did not name the variable at all."""
+    path = _write(tmp_path / "ctxbudget.jsonc", {"proxy": {"port": 5000}})
+    wrong = "CTXBUDGET__AGENTS__DEFAULTS__CONTEXTBUDGET__BOOTSTRAPMAXCHARS"
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, env={wrong: "4000"}, overrides={})
+    assert raised.value.message == (
+        "invalid config from the environment:\n- agents.defaults.contextbudget: unknown key — "
+        f"did you mean contextBudget? (in a variable: CONTEXT_BUDGET) (from ${wrong})"
+    )
+    enabled = "CTXBUDGET__AGENTS__DEFAULTS__CONTEXT_BUDGET__ENABLED"
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, env={enabled: "maybe"}, overrides={})
+    assert raised.value.message.startswith("invalid config from the environment:\n")
+    # both at fault: both named
+    broken = _write(tmp_path / "broken.jsonc", {"proxy": {"port": "x"}})
+    with pytest.raises(ConfigError) as raised:
+        load_config(broken, env={enabled: "maybe"}, overrides={})
+    assert raised.value.message.startswith(
+        f"invalid config in {broken} and from the environment:\n- "
+    )
+
+
 def test_secrets_come_from_the_environment() -> None:
     config = load_config(None, env={}, overrides={})
     assert upstream_api_key(config, {}) is None

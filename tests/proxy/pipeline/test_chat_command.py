@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memory.query import user_turn
 from proxy.pipeline.chat_command import find_command
+from proxy.report import render
+from tests.fakes import chat_completion
+from tests.inproc import InProcess, proxy_app, state_of
+from tests.openclaw import openclaw_request, tool_call
 
 INTERNAL = {
     "role": "user",
@@ -19,9 +26,9 @@ INTERNAL = {
 @pytest.mark.parametrize(
     ("messages", "mode"),
     [
-        ([{"role": "user", "content": "/context budget"}], "text"),
+        ([{"role": "user", "content": "/context budget"}], "summary"),
         ([{"role": "user", "content": "  /context   budget  json "}], "json"),
-        ([{"role": "user", "content": [{"type": "text", "text": "/context budget"}]}], "text"),
+        ([{"role": "user", "content": [{"type": "text", "text": "/context budget"}]}], "summary"),
         (
             [
                 {
@@ -31,7 +38,7 @@ INTERNAL = {
                 },
                 INTERNAL,
             ],
-            "text",
+            "summary",
         ),
         ([{"role": "user", "content": "/context budgets"}], None),
         ([{"role": "user", "content": "what does /context budget do?"}], None),
@@ -40,8 +47,10 @@ INTERNAL = {
             [{"role": "user", "content": "/context budget"}, {"role": "assistant", "content": "x"}],
             None,
         ),
-        ([{"role": "user", "content": "/ctxbudget"}], "text"),
+        ([{"role": "user", "content": "/ctxbudget"}], "summary"),
         ([{"role": "user", "content": "/ctxbudget json"}], "json"),
+        ([{"role": "user", "content": "/context budget full"}], "full"),
+        ([{"role": "user", "content": "/ctxbudget FULL"}], None),
         ([{"role": "user", "content": "/ctxbudget now"}], None),
         ([], None),
     ],
@@ -50,3 +59,46 @@ def test_command_is_found_only_in_the_latest_real_user_text(
     messages: list[dict[str, object]], mode: str | None
 ) -> None:
     assert find_command(user_turn(messages)) == mode
+
+
+def _ask(client: InProcess, text: str) -> str:
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": text}], "stream": False}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+def test_the_plain_command_is_chat_sized_and_full_and_json_give_the_rest(tmp_path: Path) -> None:
+    """After 36 requests the whole text report is tens of thousands of chars (issue 23):
+    `/context budget` answers a summary of at most ~25 lines, net money first."""
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for i in range(36):
+            body = openclaw_request(stream=False, model="gpt-4o")
+            body["messages"][2] = tool_call(
+                "callwebfetch34529", "web_fetch", {"url": f"https://example.com/{i}"}
+            )
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        state_of(client).reports.flush()
+        summary = _ask(client, "/context budget")
+        full = _ask(client, "/ctxbudget full")
+        as_json = json.loads(_ask(client, "/context budget json"))
+        over_http = client.get("/context/budget?format=summary").text
+        report = client.get("/context/budget").json()
+    lines = summary.splitlines()
+    assert len(lines) <= 25 and len(summary) < 3_000, summary
+    assert len(full) > 10 * len(summary)
+    money = report["totals"]["money"]
+    assert lines[0] == (
+        f"📉 ctxbudget saved {render.money(money['savedUsd'])} net of cache effects over "
+        f"1 session (billed {render.money(money['costUsd'])}; "
+        f"{render.money(money['withoutCtxbudgetUsd'])} without ctxbudget)"
+    )
+    assert lines[1].startswith("Context budget: ON")
+    assert "Caps: bootstrap files 8,000 per file" in summary
+    assert "Gross, before cache effects: " in summary  # after the net figure, and named
+    assert "- bootstrap " in summary and "AGENTS.md: " in summary and "(36×)" in summary
+    assert lines[-1].startswith("More: /context budget full")
+    assert full.startswith(lines[0]) and "Recent requests:" in full
+    assert as_json["totals"]["requests"] == 36
+    assert over_http.splitlines()[1:] == lines[1:]  # the HTTP summary is the command's

@@ -65,6 +65,7 @@ def test_budget_headers_count_clamped_or_would_clamp() -> None:
         "x-context-budget-clamped": "1",
         "x-context-budget-saved-chars": "6",
         "x-context-budget-memories": "0",
+        "x-context-budget-report": "/context/budget/requests/cb-1",
     }
     off = budget_headers("cb-2", False, [_segment("would-clamp", 10, 4)], "RuntimeError: x")
     assert off["x-context-budget-would-clamp"] == "1"
@@ -78,7 +79,7 @@ def test_money_headers_only_for_priced_models() -> None:
     money_headers(priced, True, segments, [1000], 2.5e-6)
     assert priced == {
         "x-context-budget-saved-tokens": "1000",
-        "x-context-budget-saved-usd": "0.002500",
+        "x-context-budget-gross-saved-usd": "0.002500",
     }
     unpriced: dict[str, str] = {}
     money_headers(unpriced, False, [_segment("would-clamp", 10, 4)], [7], None)

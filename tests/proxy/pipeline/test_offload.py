@@ -86,7 +86,8 @@ def _entry(client: InProcess, request_id: str) -> dict[str, Any]:
 
 
 def _headers(r: Any) -> dict[str, str]:
-    return {k: v for k, v in r.headers.items() if k != "x-context-budget-request-id"}
+    ids = ("x-context-budget-request-id", "x-context-budget-report")
+    return {k: v for k, v in r.headers.items() if k not in ids}
 
 
 def _run(

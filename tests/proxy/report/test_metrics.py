@@ -67,11 +67,15 @@ def test_counters_move_with_proxied_requests_and_match_the_report(tmp_path: Path
         assert got[("ctxbudget_segments_clamped_total", _kind(kind))] == by_kind[kind]["clamped"]
         assert got[("ctxbudget_chars_saved_total", _kind(kind))] == by_kind[kind]["savedChars"]
         assert got[("ctxbudget_tokens_saved_total", _kind(kind))] == by_kind[kind]["savedTokens"]
-        assert got[("ctxbudget_money_saved_usd_total", _kind(kind))] == pytest.approx(
+        assert got[("ctxbudget_money_gross_saved_usd_total", _kind(kind))] == pytest.approx(
             by_kind[kind]["savedUsd"]
         )
         assert got[("ctxbudget_chars_saved_total", _kind(kind, "would-clamp"))] == 0
     assert got[("ctxbudget_chars_saved_total", _kind("bootstrap"))] > 20_000
+    # the money metric is the net saving, the report's first figure (issue 23)
+    net = got[("ctxbudget_money_saved_usd_total", (("model", "gpt-4o"),))]
+    assert net == pytest.approx(report["totals"]["money"]["savedUsd"])
+    assert net == pytest.approx(sum(r["netSavedUsd"] for r in report["recent"]))
     assert got[("ctxbudget_added_latency_seconds_count", ())] == 2
     assert 0 < got[("ctxbudget_added_latency_seconds_sum", ())] < 10
     # the second request resends the first one's turn: its memory is placed again, and
@@ -228,7 +232,8 @@ for i in range(int(sys.argv[1])):
     r = RequestRecord(id=str(i), ts=0, model="gpt-4o", enabled=True, stream=False, status=200,
                       duration_ms=1, segments=(), encoding="o200k_base", input_price=1.0,
                       marks={"start": 0, "upstream_start": 2_000_000})
-    m.record(r, {"segments": segs})
+    m.record(r, {"segments": segs, "costUsd": 1.0, "withoutCtxbudgetUsd": 0.75,
+                 "netSavedUsd": -0.25})
 if len(sys.argv) > 2:
     sys.stdout.write(m.render("")[0].decode())
 """
@@ -252,6 +257,8 @@ def test_workers_add_up_in_multiprocess_mode(tmp_path: Path) -> None:
     labels = (("format", "chat"), ("model", "gpt-4o"), ("status_class", "2xx"))
     assert got[("ctxbudget_requests_total", labels)] == 8
     assert got[("ctxbudget_chars_saved_total", _kind("web_fetch"))] == 800
-    assert got[("ctxbudget_money_saved_usd_total", _kind("web_fetch"))] == 4.0
+    assert got[("ctxbudget_money_gross_saved_usd_total", _kind("web_fetch"))] == 4.0
+    # net of cache effects, and it may fall: every worker's, those that ended too
+    assert got[("ctxbudget_money_saved_usd_total", (("model", "gpt-4o"),))] == -2.0
     assert got[("ctxbudget_added_latency_seconds_count", ())] == 8
     assert got[("ctxbudget_added_latency_seconds_bucket", (("le", "0.002"),))] == 8

@@ -129,7 +129,7 @@ def test_text_report_lists_segments_and_totals(where: Where) -> None:
         "encoding": "o200k_base",
     }
     text = render_text(build_report(store.summary(recent=5), settings=settings))
-    assert "📉 Context budget: ON" in text
+    assert "\nContext budget: ON" in text
     assert "- web fetch: 200 per result — from contextBudget.webFetchMaxChars (file)" in text
     assert ": 1 request, 2 segments seen, 1 clamped" in text
     assert "  - web_fetch web_fetch call1 https://example.com: 1,000 → 200 clamped" in text
@@ -379,3 +379,28 @@ def _entry_text(store: ReportStore) -> str:
     found = store.request("cb-0")
     assert found is not None
     return json.dumps(found)
+
+
+def test_a_loss_is_shown_plainly_with_a_minus_sign() -> None:
+    """Issue 23: a negative saving printed as `$-0.000060`."""
+    from proxy.report.render import headline, money, net_text
+
+    assert money(-0.00006) == "−$0.000060" and money(0.00006) == "$0.000060"
+    assert money(-4e-9) == "$0.000000"  # rounds to nothing: no sign
+    loss = {
+        "sessions": 1,
+        "billedRequests": 2,
+        "savedUsd": -0.00006,
+        "costUsd": 0.01006,
+        "withoutCtxbudgetUsd": 0.01,
+    }
+    assert net_text(loss, 2) == (
+        "saved −$0.000060 net of cache effects over 1 session: ctxbudget cost more than it "
+        "saved (memories injected, cache busts)"
+    )
+    assert headline({"totals": {"requests": 2, "money": loss}}).startswith(
+        "📉 ctxbudget saved −$0.000060 net of cache effects over 1 session"
+    )
+    assert net_text(None, 0) == "saved nothing yet: no requests kept"
+    unbilled = {**loss, "billedRequests": 0}
+    assert net_text(unbilled, 3) == "net saving unknown over 3 requests: no provider usage read yet"

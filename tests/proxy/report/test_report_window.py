@@ -62,7 +62,7 @@ def test_saved_and_would_save_are_kept_apart_and_labelled(tmp_path: Path) -> Non
     assert web["charsAfterWithBudget"] == web["charsBefore"] - 2 * web["savedChars"]
     line = next(x for x in text.splitlines() if x.startswith("- web fetch:") and "seen" in x)
     assert f"{web['charsBefore']:,} → {web['charsAfter']:,} chars sent" in line
-    assert f"saved {web['savedChars']:,} chars" in line
+    assert f"removed {web['savedChars']:,} chars" in line
     assert f"would save {web['wouldSaveChars']:,} more with the budget on" in line
     tokens = report["totals"]["savedTokens"]
     assert f"saved {tokens:,} tokens · would save {tokens:,} more with the budget on" in page

@@ -99,7 +99,8 @@ def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn
             assert attrs[f"ctxbudget.{kind}.chars_before"] == sum(s["before"] for s in segs)
             assert attrs[f"ctxbudget.{kind}.tokens_saved"] == sum(s["savedTokens"] for s in segs)
         assert attrs["ctxbudget.bootstrap.chars_saved"] > 0
-        assert attrs["ctxbudget.money.saved_usd"] == pytest.approx(entry["savedUsd"])
+        assert attrs["ctxbudget.money.saved_usd"] == pytest.approx(entry["netSavedUsd"])
+        assert attrs["ctxbudget.money.gross_saved_usd"] == pytest.approx(entry["savedUsd"])
         memory = entry["memory"]
         assert attrs["ctxbudget.budget_profile.applied"] == memory["applied"]
         assert attrs["ctxbudget.budget_profile.reason"] == memory["reason"]
@@ -120,9 +121,13 @@ def test_spans_and_metrics_for_proxied_requests(tmp_path: Path, standin: StandIn
     assert metrics[("ctxbudget.chars.saved", ("bootstrap", "clamped"))] == kind_saved
     tokens = report["totals"]["byKind"]["web_fetch"]["savedTokens"]
     assert metrics[("ctxbudget.tokens.saved", ("web_fetch", "clamped"))] == tokens
-    assert metrics[("ctxbudget.money.saved", ("bootstrap", "clamped"))] == pytest.approx(
+    assert metrics[("ctxbudget.money.gross_saved", ("bootstrap", "clamped"))] == pytest.approx(
         report["totals"]["byKind"]["bootstrap"]["savedUsd"]
     )
+    # first, net of cache effects: what the report's sessions say was saved
+    net = sum(r["netSavedUsd"] for r in report["recent"])
+    assert metrics[("ctxbudget.money.saved", ())] == pytest.approx(net)
+    assert net == pytest.approx(report["totals"]["money"]["savedUsd"])
     assert metrics[("ctxbudget.added_latency", ())] == 2  # histogram: count
     assert metrics[("ctxbudget.recall.duration", ())] == 2
     actual = sum(r["costUsd"] for r in report["recent"])

@@ -81,6 +81,44 @@ def chat_stream_with(usage: dict[str, Any]) -> list[bytes]:
     return chunks
 
 
+def test_anthropic_cache_writes_by_lifetime_json_and_sse() -> None:
+    usage = {
+        **MESSAGES_USAGE,
+        "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+    }
+    expected = Usage(input=12, cache_read=2000, cache_write=300, output=55, cache_write_1h=200)
+    body = orjson.dumps({"id": "msg_1", "content": [], "usage": usage})
+    assert UsageReader("messages").read_json(body) == expected
+    start = {"id": "msg_1", "model": "claude-x", "content": [], "usage": {**usage}}
+    reader = UsageReader("messages")
+    reader.feed(sse("message_start", {"type": "message_start", "message": start}))
+    reader.feed(sse("message_delta", {"type": "message_delta", "usage": {"output_tokens": 55}}))
+    assert reader.result() == expected
+    # only the split, no total: the total is its sum
+    alone = {"input_tokens": 1, "output_tokens": 1, "cache_creation": usage["cache_creation"]}
+    assert UsageReader("messages").read_json(orjson.dumps({"usage": alone})) == Usage(
+        input=1, cache_read=0, cache_write=300, output=1, cache_write_1h=200
+    )
+
+
+def test_litellm_chat_usage_of_an_anthropic_model_keeps_the_lifetimes() -> None:
+    usage = {
+        "prompt_tokens": 1500,
+        "completion_tokens": 9,
+        "prompt_tokens_details": {
+            "cached_tokens": 1000,
+            "cache_write_tokens": 400,
+            "cache_creation_token_details": {
+                "ephemeral_5m_input_tokens": 0,
+                "ephemeral_1h_input_tokens": 400,
+            },
+        },
+    }
+    assert UsageReader("chat").read_json(orjson.dumps({"usage": usage})) == Usage(
+        input=100, cache_read=1000, cache_write=400, output=9, cache_write_1h=400
+    )
+
+
 EXPECTED = {
     "chat": Usage(input=176, cache_read=1024, cache_write=0, output=40),
     "messages": Usage(input=12, cache_read=2000, cache_write=300, output=55),
@@ -205,6 +243,7 @@ def test_chat_json_usage_in_the_report(tmp_path: Path) -> None:
             "cacheRead": 1024,
             "cacheWrite": 0,
             "output": 40,
+            "cacheWrite1h": 0,
         }
 
 

@@ -1,0 +1,187 @@
+"""`ctxbudget demo`: the proxy in front of the built-in upstream, a sample OpenClaw session
+replayed through it, the report printed, then served until Ctrl-C.
+
+    proxy (127.0.0.1:PORT, the caps on) ─► demo upstream (127.0.0.1, any free port)
+       ▲
+       └── the sample session (`sample-session.json`), replayed as OpenClaw sends it
+
+Everything the demo writes — its config, report and memories — is in a temporary directory,
+removed when it stops: it never reads or writes `~/.ctxbudget`, `./ctxbudget.jsonc` or a
+`database.url`, ignores `$CTXBUDGET_*` and `$OTEL_*`, and sends no key anywhere (its upstream
+is on this machine and answers itself).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import uvicorn
+
+from proxy.demo.upstream import create_upstream
+
+DEFAULT_PORT = 4141
+"""The port `serve` uses: the README's examples work against the demo too. When it is taken
+and no `--port` was given, any free port."""
+MEMORY = "The release deadline moved to Friday the 28th, after the design review"
+"""The memory the demo adds, as `ctxbudget memory add` would: recall injects it (a cost the
+report counts against the savings)."""
+SESSION = "sample-session.json"
+
+
+def sample_requests() -> list[dict[str, Any]]:
+    """The bundled session's requests, in order, as OpenClaw 9.x sends them (streamed)."""
+    data = json.loads((resources.files("proxy.demo") / SESSION).read_text(encoding="utf-8"))
+    return [
+        {
+            "model": data["model"],
+            "messages": [*data["history"][:end], data["internal"]],
+            "tools": data["tools"],
+            "tool_choice": "auto",
+            "max_completion_tokens": 4096,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        for end in data["requests"]
+    ]
+
+
+def demo_config(tmp: Path, upstream: str, port: int) -> dict[str, Any]:
+    """The demo's config: the caps on, everything in `tmp`, the built-in upstream, no key."""
+    return {
+        "proxy": {
+            "host": "127.0.0.1",
+            "port": port,
+            "upstream": {"baseUrl": upstream, "apiKeyEnv": None},
+        },
+        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
+        "report": {"path": str(tmp / "report.db")},
+        "memory": {"store": {"path": str(tmp / "memory.db")}},
+    }
+
+
+class PortInUse(Exception):
+    """The port asked for is taken."""
+
+
+def bind(port: int) -> socket.socket:
+    """A socket listening-ready on 127.0.0.1:`port` (0: any free one); `PortInUse`."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"port {port} on 127.0.0.1 is in use") from exc
+    return sock
+
+
+@contextmanager
+def serving(app: Any, sock: socket.socket) -> Iterator[int]:
+    """Serve `app` on `sock` with uvicorn in a thread; yield its port; stop it after."""
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="ctxbudget-demo", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the demo's server did not start")
+        time.sleep(0.01)
+    try:
+        yield int(sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def replay(root: str) -> None:
+    """Add the demo's memory, then send the sample session through the proxy at `root`."""
+    with httpx.Client(base_url=root, timeout=60) as client:
+        added = client.post("/v1/memories", json={"text": MEMORY, "category": "fact"})
+        added.raise_for_status()
+        for body in sample_requests():
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                r.raise_for_status()
+                r.read()
+
+
+def run_demo(
+    port: int | None,
+    *,
+    out: TextIO,
+    err: TextIO,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run the demo on `port` (None: 4141, else any free port) until `stop` is set, or
+    Ctrl-C / SIGTERM when it is not given."""
+    from proxy.app import create_app
+    from proxy.config.schema import ConfigSource
+
+    try:
+        sock = bind(DEFAULT_PORT if port is None else port)
+    except PortInUse as exc:
+        if port is not None:
+            raise
+        print(f"ctxbudget demo: {exc}; using any free port", file=err)
+        sock = bind(0)
+    stop = stop or _until_signalled()
+    with tempfile.TemporaryDirectory(prefix="ctxbudget-demo-") as name:
+        tmp = Path(name)
+        with serving(create_upstream(), bind(0)) as upstream_port:
+            upstream = f"http://127.0.0.1:{upstream_port}/v1"
+            config = tmp / "ctxbudget.jsonc"
+            config.write_text(json.dumps(demo_config(tmp, upstream, sock.getsockname()[1])))
+            print(
+                f"ctxbudget demo: using a temporary config {config} (removed on exit; "
+                "./ctxbudget.jsonc, ~/.ctxbudget and $CTXBUDGET_* are not read)",
+                file=err,
+            )
+            env: dict[str, str] = {}  # the user's CTXBUDGET_*, OTEL_* and keys stay out
+            app = create_app(ConfigSource(config, env, {}), env=env, run="demo")
+            with serving(app, sock) as proxy_port:
+                root = f"http://127.0.0.1:{proxy_port}"
+                replay(root)
+                summary = httpx.get(f"{root}/context/budget?format=summary", timeout=30)
+                summary.raise_for_status()
+                out.write(summary.text)
+                out.write(_next_steps(root, len(sample_requests())))
+                out.flush()
+                stop.wait()
+    print("ctxbudget demo: stopped; its temporary files are gone", file=err)
+
+
+def _next_steps(root: str, requests: int) -> str:
+    return (
+        f"\nThat was a sample OpenClaw session ({requests} requests) through the proxy, "
+        "answered by a built-in stand-in (no provider, no key).\n"
+        f"The page: {root}/context/budget (open it in a browser)\n"
+        f"The whole report: curl {root}/context/budget?format=text\n"
+        f"Point an agent at it: base URL {root}/v1 (answers are the stand-in's)\n"
+        "Serving until Ctrl-C.\n"
+    )
+
+
+def _until_signalled() -> threading.Event:
+    """An event set by Ctrl-C or SIGTERM (the main thread's signal handlers)."""
+    done = threading.Event()
+
+    def handle(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    return done

@@ -1,0 +1,79 @@
+"""`ctxbudget demo` as a new user runs it (issue 23): one command, no provider, no key — the
+proxy, its built-in stand-in upstream and the bundled sample session, the report printed
+(net money first) with the page's URL, served until Ctrl-C, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from proxy.report.render import money
+from tests.e2e.server import CTXBUDGET
+
+
+def test_demo_prints_the_net_report_serves_the_page_and_leaves_nothing(tmp_path: Path) -> None:
+    home, here = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    here.mkdir()
+    (here / "ctxbudget.jsonc").write_text("{ this is not read")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CTXBUDGET")},
+        "HOME": str(home),
+        "CTXBUDGET_CONFIG": str(tmp_path / "missing.jsonc"),  # nor is this
+        "OPENAI_API_KEY": "sk-must-not-be-needed",
+    }
+    demo = subprocess.Popen(
+        [CTXBUDGET, "demo", "--port", "0"],
+        cwd=here,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None and demo.stderr is not None
+    try:
+        printed = []
+        for line in demo.stdout:
+            printed.append(line)
+            if line.startswith("Serving until Ctrl-C"):
+                break
+        out = "".join(printed)
+        assert out.startswith("📉 ctxbudget saved $"), out
+        page_url = re.search(r"The page: (http://127\.0\.0\.1:\d+/context/budget)", out)
+        assert page_url is not None, out
+        root = page_url.group(1).removesuffix("/context/budget")
+        report = httpx.get(f"{root}/context/budget", timeout=30).json()
+        page = httpx.get(page_url.group(1), headers={"accept": "text/html"}, timeout=30)
+    finally:
+        demo.send_signal(signal.SIGINT)
+        try:
+            code = demo.wait(timeout=30)
+        finally:
+            demo.kill()
+        err = demo.stderr.read()
+        demo.stdout.close()
+        demo.stderr.close()
+
+    assert code == 0, err
+    totals = report["totals"]
+    net = totals["money"]["savedUsd"]
+    assert totals["requests"] == 4 and totals["clamped"] > 0
+    assert 0 < net < totals["savedUsd"], "net of cache reads, below the gross figure"
+    assert out.splitlines()[0].startswith(f"📉 ctxbudget saved {money(net)} net of cache")
+    assert "Gross, before cache effects: " in out
+    assert len(out.splitlines()) < 30
+    assert page.status_code == 200 and "Saved, net of cache effects" in page.text
+    assert money(net) in page.text
+    assert report["recent"][-1]["memory"]["injected"] == 1  # recall ran: memories shown too
+    # its own temporary config, said on stderr, gone afterwards; ~/.ctxbudget never made
+    config = re.search(r"using a temporary config (\S+)", err)
+    assert config is not None, err
+    assert not Path(config.group(1)).exists()
+    assert "stopped" in err
+    assert not (home / ".ctxbudget").exists()
+    assert report["enabled"] is True

@@ -767,11 +767,11 @@ def _report(args: argparse.Namespace) -> None:
     from memory.pg import DatabaseUnavailable
     from proxy.config.database import open_database
     from proxy.config.settings import settings_for
-    from proxy.stores import open_store
     from proxy.report import build_report, open_db, read_summary, render_text
     from proxy.report.store import open_pg
     from proxy.report.summary import parse_since
     from proxy.routes.report import page_url, report_analysis
+    from proxy.stores import open_store
 
     try:
         since = parse_since(args.since) if args.since else None

@@ -4,7 +4,8 @@ Pure functions: no I/O, no configuration files, no clock.
 """
 
 from caps._text import utf16_len
-from caps.clamp import clamp_request
+from caps.clamp import clamp_request, prune_request
+from caps.prune import pays
 from caps.types import (
     SEGMENT_KINDS,
     Action,
@@ -13,6 +14,7 @@ from caps.types import (
     Clamp,
     ClampResult,
     Message,
+    PrunePolicy,
     Segment,
     SegmentKind,
     ToolNames,
@@ -25,10 +27,13 @@ __all__ = [
     "Clamp",
     "ClampResult",
     "Message",
+    "PrunePolicy",
     "SEGMENT_KINDS",
     "Segment",
     "SegmentKind",
     "ToolNames",
     "clamp_request",
+    "pays",
+    "prune_request",
     "utf16_len",
 ]

@@ -11,9 +11,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from caps import prune
+from caps._text import utf16_len
 from caps.bootstrap import clamp_system_text
 from caps.toolresults import clamp_tool_results
-from caps.types import Caps, ChatRequest, ClampResult, Message, Segment, ToolNames
+from caps.types import (
+    Caps,
+    ChatRequest,
+    ClampResult,
+    Message,
+    PrunePolicy,
+    Segment,
+    ToolNames,
+)
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 
@@ -48,6 +58,8 @@ def clamp_request(
     if tool_messages is not new_messages:
         new_messages = tool_messages
         changed = True
+    if caps.prune is not None:
+        segments.extend(_prunable(new_messages, caps.prune))
 
     if not changed:
         return ClampResult(request=request, segments=tuple(segments), changed=False)
@@ -84,3 +96,45 @@ def _clamp_system_message(message: Message, caps: Caps) -> tuple[Message, list[S
     if not touched:
         return message, found_all
     return {**message, "content": parts}, found_all
+
+
+def prune_request(
+    request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
+) -> ClampResult:
+    """`request` with the pruning decisions of `caps.pruned` applied, and nothing else: the
+    second pass over a request the clamps went through already (`caps/prune.py`)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not caps.pruned:
+        return ClampResult(request=request, segments=(), changed=False)
+    new, segments = prune.apply(
+        messages, dict(caps.pruned), fresh=caps.pruned_now, policy=caps.prune
+    )
+    if new is messages:
+        return ClampResult(request=request, segments=tuple(segments), changed=False)
+    return ClampResult(request={**request, "messages": new}, segments=tuple(segments), changed=True)
+
+
+def _prunable(messages: list[Any], policy: PrunePolicy) -> list[Segment]:
+    """A `prunable` segment for each result pruning could take, `after` what would stand for
+    it (the caller decides whether it does)."""
+    out = []
+    for found in prune.prunable(messages, policy):
+        text = prune.pruned_text(found.text, found.tool, found.call_id, policy)
+        if text is None:
+            continue
+        out.append(
+            Segment(
+                kind="pruned",
+                label=f"{found.tool or 'tool'} {found.call_id}",
+                before=found.chars,
+                after=utf16_len(text),
+                action="prunable",
+                cap=None,
+                message_index=found.message_index,
+                tool=found.tool,
+                call_id=found.call_id,
+                original=found.text,
+                clamped=text,
+            )
+        )
+    return out

@@ -8,19 +8,56 @@ UTF-16 code units, the unit OpenClaw's own limits use (JavaScript string length)
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Message = dict[str, Any]
 ChatRequest = dict[str, Any]
 
-SegmentKind = Literal["bootstrap", "memory", "web_fetch"]
-"""The three context-cost drivers a cap applies to."""
+SegmentKind = Literal["bootstrap", "memory", "web_fetch", "pruned"]
+"""The context-cost drivers a cap applies to, and the stale tool results pruning takes."""
 
-Action = Literal["clamped", "kept", "would-clamp"]
-"""What happened to a segment. `would-clamp` is set by the caller when the budget is off."""
+Action = Literal["clamped", "kept", "would-clamp", "prunable"]
+"""What happened to a segment. `would-clamp` is set by the caller when the budget is off;
+`prunable` is a tool result pruning could take (`caps/prune.py`), for the caller to decide."""
 
-SEGMENT_KINDS: tuple[SegmentKind, ...] = ("bootstrap", "memory", "web_fetch")
+SEGMENT_KINDS: tuple[SegmentKind, ...] = ("bootstrap", "memory", "web_fetch", "pruned")
+
+
+PLACEHOLDER = "[Old tool result content cleared]"
+"""OpenClaw's own `hardClear.placeholder`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrunePolicy:
+    """What may be pruned and how (`agents.defaults.contextPruning`, OpenClaw's keys)."""
+
+    keep_last_assistants: int = 3
+    """Results after the newest this many assistant messages are never pruned."""
+    min_chars: int = 4000
+    """Shorter results are left alone (`minPrunableToolChars`)."""
+    soft_max_chars: int = 4000
+    """Longer results keep head and tail (`softTrim.maxChars`)."""
+    head_chars: int = 1500
+    """What a soft trim keeps of the start (`softTrim.headChars`)."""
+    tail_chars: int = 1500
+    """What a soft trim keeps of the end (`softTrim.tailChars`)."""
+    hard_clear: bool = True
+    """Results a soft trim does not take are cleared (`hardClear.enabled`)."""
+    placeholder: str = PLACEHOLDER
+    """What stands for a cleared result (`hardClear.placeholder`)."""
+    allow: tuple[str, ...] = ()
+    """Tool name globs that may be pruned; empty: every tool (`tools.allow`)."""
+    deny: tuple[str, ...] = ()
+    """Tool name globs never pruned; deny wins (`tools.deny`)."""
+
+    def allows(self, tool: str | None) -> bool:
+        """Whether results of `tool` may be pruned (an unnamed tool: only with no allow)."""
+        name = tool or ""
+        if any(fnmatch.fnmatchcase(name, glob) for glob in self.deny):
+            return False
+        return not self.allow or any(fnmatch.fnmatchcase(name, glob) for glob in self.allow)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +72,17 @@ class Caps:
 
     web_fetch_max_chars: int | None = None
     """Per web_fetch result: its whole `text` field, wrapper and notice included."""
+
+    prune: PrunePolicy | None = None
+    """What pruning may take (`contextPruning`); None: it is off. With a policy the clamp
+    reports the prunable results (action `prunable`); `prune_request` applies `pruned`."""
+
+    pruned: tuple[tuple[str, str | None], ...] = ()
+    """Decisions to apply: (call id, the text that stands for the result; None: write it by
+    `prune`), in a request's second pass (`prune_request`)."""
+
+    pruned_now: frozenset[str] = frozenset()
+    """Of `pruned`, the call ids decided for this request (the rest were decided before)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,8 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -71,6 +72,7 @@ def create_app(
     telemetry: Telemetry | None = None,
     metrics: Metrics | None = None,
     offload: Offload | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Starlette:
     """The proxy app. Dependencies are injected; defaults are built from `config`.
 
@@ -96,7 +98,9 @@ def create_app(
     else:
         reports.sinks.extend(sink for sink in sinks if sink not in reports.sinks)
     upstream = upstream or HttpUpstream()
-    state = ProxyState(config, upstream=upstream, reports=reports, env=env, clamp=clamp)
+    state = ProxyState(
+        config, upstream=upstream, reports=reports, env=env, clamp=clamp, clock=clock
+    )
     reporting = Reporting(state)
     owns_offload = offload is None
     pipeline = Pipeline(state, reporting, offload)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from caps import Clamp, clamp_request
 from proxy.cache.sessions import SessionTracker
@@ -25,8 +26,12 @@ class ProxyState:
         reports: ReportStore,
         env: Mapping[str, str],
         clamp: Clamp = clamp_request,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.clock = clock
+        """When a request comes (epoch seconds): what pruning measures a session's idle time
+        by. A replay of a recorded session gives its own."""
         self.upstream = upstream
         self.reports = reports
         self.env = env

@@ -50,6 +50,7 @@ from typing import Any
 
 import orjson
 import xxhash
+from cachetools import LRUCache
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
@@ -114,6 +115,8 @@ class Digested:
     blocks are counted only when moved, while the request goes on: `PrefixChange.late`)."""
     stable: str = ""
     """`_stable_text(value)`, for the block a stable-prefix session hash reads."""
+    role: str | None = None
+    """A message's role (the conversation key skips system messages)."""
 
     @property
     def counted(self) -> bool:
@@ -141,6 +144,9 @@ def digested(
         data=data if small else None,
         tokens=None if small or count is None else count(data.decode(errors="replace")),
         stable=_stable_text(value) if stable else "",
+        role=value.get("role")
+        if isinstance(value, dict) and isinstance(value.get("role"), str)
+        else None,
     )
 
 
@@ -263,7 +269,7 @@ def _metadata_session(user_id: Any) -> str | None:
     return tail if sep and tail else None
 
 
-_STABLE_KNOWN: OrderedDict[bytes, str] = OrderedDict()
+_STABLE_KNOWN: LRUCache[bytes, str] = LRUCache(maxsize=1024)
 """Stable-prefix hashes by the digests they came from: an agent resends the same system
 prompt every turn, and reading its text up to the boundary is the costly part."""
 
@@ -282,8 +288,6 @@ def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
         digest.update(_stable_text(block.client).encode(errors="surrogatepass"))
         break  # the first block after the tools: the system prompt (or the first message)
     known = _STABLE_KNOWN[key] = digest.hexdigest()[:16]
-    if len(_STABLE_KNOWN) > 1024:
-        _STABLE_KNOWN.popitem(last=False)
     return known
 
 
@@ -370,6 +374,10 @@ class _Session:
     """The same, as forwarded."""
     memory: OrderedDict[bytes, str] = field(default_factory=OrderedDict)
     """Memory block text by the digest of the client block it was placed in."""
+    last: float = 0.0
+    """When the previous request came (the pipeline's clock)."""
+    run: int = 1
+    """Requests of the session's current warm run: since its cache last expired."""
 
 
 class ClientPrefix:
@@ -379,6 +387,17 @@ class ClientPrefix:
         self.blocks = list(blocks)
         self.data = [_data(b.client) for b in self.blocks]
         self.digests = [_hash(data) for data in self.data]
+
+    def conversation(self, session: str) -> str:
+        """The conversation the request is part of: its session and the first message of its
+        history (a chat system message skipped). Two OpenClaw conversations with the same
+        system prompt share a session by prefix, but not a first message (it carries a
+        time stamp)."""
+        for block, digest in zip(self.blocks, self.digests, strict=True):
+            if not block.label.startswith(("messages[", "input[")) or _is_system(block.client):
+                continue
+            return f"{session}/{digest.hex()[:16]}"
+        return session
 
     def index_of(self, label: str) -> int | None:
         for i, block in enumerate(self.blocks):
@@ -426,6 +445,12 @@ class SessionTracker:
         if not sessions:
             del self._owners[owner]
 
+    def timing(self, owner: str, session: str) -> tuple[float, int] | None:
+        """When the session's previous request came, and how many requests its warm run has
+        had (pruning's clock); None for a session this worker has not seen."""
+        state = self._get(owner, session)
+        return None if state is None else (state.last, state.run)
+
     def placed_memory(self, owner: str, session: str, prefix: ClientPrefix) -> dict[int, str]:
         """Memory blocks this session placed before, in blocks of the prefix the client
         resent unchanged (the part the provider has cached), by block index: placing them
@@ -450,11 +475,17 @@ class SessionTracker:
         forwarded_blocks: Sequence[Block],
         *,
         memory: Mapping[int, str] | None = None,
+        now: float = 0.0,
+        warm: bool = True,
+        pruned: frozenset[int] = frozenset(),
     ) -> PrefixChange:
         """Compare the request (`prefix` as sent, `forwarded_blocks` clamped and injected)
         with the session's previous request, and keep it as the new previous one.
 
-        `memory`: the memory block text placed in each block, by index.
+        `memory`: the memory block text placed in each block, by index; `now`: when the
+        request came; `warm`: whether the session's cache was still warm (the warm run goes
+        on) or had expired (a new run starts); `pruned`: the blocks holding a pruned result
+        (a bust there is the prune's).
         """
         client = prefix.digests
         if len(forwarded_blocks) != len(client):  # no stage adds blocks; be safe if one does
@@ -473,6 +504,8 @@ class SessionTracker:
             b"".join(client[:KEEP_BLOCKS]),
             b"".join(forwarded[:KEEP_BLOCKS]),
             previous.memory if previous else OrderedDict(),
+            last=now,
+            run=previous.run + 1 if previous is not None and warm else 1,
         )
         for i, text in memory.items():
             state.memory[client[i]] = text
@@ -490,7 +523,8 @@ class SessionTracker:
                 i = shared_forwarded
                 # only the memory block and the clamps change a block the client kept
                 had_memory = i in memory or client[i] in state.memory
-                bust = f"{prefix.blocks[i].label} {'memory' if had_memory else 'clamp'}"
+                why = "prune" if i in pruned else "memory" if had_memory else "clamp"
+                bust = f"{prefix.blocks[i].label} {why}"
         moved = tuple(
             Moved(
                 label=prefix.blocks[i].label,
@@ -515,6 +549,13 @@ class SessionTracker:
             bust=bust,
             moved=moved,
         )
+
+
+def _is_system(value: Any) -> bool:
+    """Whether a message block is a system (or developer) message."""
+    if isinstance(value, Digested):
+        return value.role in ("system", "developer")
+    return isinstance(value, dict) and value.get("role") in ("system", "developer")
 
 
 def _common(a: bytes, b: bytes) -> int:

@@ -186,6 +186,77 @@ class ContextBudgetConfig(_Model):
     """Which tool names count as which kind."""
 
 
+def _duration(value: str) -> str:
+    if not _DURATION.fullmatch(value.strip()):
+        raise ValueError(f"must be a duration such as '90s', '5m' or '1h', got {value!r}")
+    return value.strip()
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
+Duration = Annotated[str, AfterValidator(_duration)]
+
+
+def seconds(duration: str) -> float:
+    """A `Duration` in seconds: `'90s'` → 90.0, `'5m'` → 300.0, `'1h'` → 3600.0."""
+    found = _DURATION.fullmatch(duration.strip())
+    if found is None:
+        raise ValueError(f"not a duration: {duration!r}")
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[found.group(2)]
+    return float(found.group(1)) * scale
+
+
+class SoftTrimConfig(_Model):
+    max_chars: int = Field(4000, ge=0)
+    """A pruned result longer than this keeps its head and tail, UTF-16 chars."""
+    head_chars: int = Field(1500, ge=0)
+    """What a soft trim keeps of the start."""
+    tail_chars: int = Field(1500, ge=0)
+    """What a soft trim keeps of the end."""
+
+
+class HardClearConfig(_Model):
+    enabled: bool = True
+    """A pruned result a soft trim does not take is replaced by the placeholder."""
+    placeholder: str = Field("[Old tool result content cleared]", min_length=1)
+    """What stands for a cleared result (the tool, call id and size follow it)."""
+
+
+class PruneToolsConfig(_Model):
+    allow: list[str] = []
+    """Tool name globs whose results may be pruned; empty: every tool."""
+    deny: list[str] = []
+    """Tool name globs never pruned (deny wins)."""
+
+
+class SummarizeConfig(_Model):
+    model: str | None = None
+    """A model that summarises long results off the request path; a pruned result's summary
+    stands for it (opt-in; null: placeholders only)."""
+    min_chars: int = Field(20000, ge=0)
+    """Results at least this long are summarised."""
+
+
+class ContextPruningConfig(_Model):
+    mode: Literal["off", "cache-ttl", "pays"] = "cache-ttl"
+    """When stale tool results are pruned (with the budget on): never; when the session's
+    cache has expired anyway; or also when the reads it saves outweigh the rewrite."""
+    ttl: Duration = "5m"
+    """When a session's cache counts as expired ('90s', '5m', '1h'); a request's own
+    cache_control ttl "1h" or prompt_cache_retention "24h" says longer."""
+    keep_last_assistants: int = Field(3, ge=0)
+    """Results after the newest this many assistant turns are never pruned."""
+    min_prunable_tool_chars: int = Field(4000, ge=0)
+    """Shorter results are left alone, UTF-16 chars."""
+    soft_trim: SoftTrimConfig = SoftTrimConfig()
+    """Long pruned results keep head and tail."""
+    hard_clear: HardClearConfig = HardClearConfig()
+    """The other pruned results become a placeholder."""
+    tools: PruneToolsConfig = PruneToolsConfig()
+    """Which tools' results may be pruned."""
+    summarize: SummarizeConfig = SummarizeConfig()
+    """Summaries that stand for pruned results (opt-in)."""
+
+
 class AgentDefaultsConfig(_Model):
     bootstrap_max_chars: int = Field(20000, gt=0)
     """OpenClaw's per-file bootstrap limit (the feature limit)."""
@@ -193,6 +264,8 @@ class AgentDefaultsConfig(_Model):
     """OpenClaw's total bootstrap limit (reported; the per-file cap is what ctxbudget applies)."""
     context_budget: ContextBudgetConfig = ContextBudgetConfig()
     """The opt-in caps."""
+    context_pruning: ContextPruningConfig = ContextPruningConfig()
+    """Stale tool results out of long sessions (applies with the budget on)."""
 
 
 class AgentsConfig(_Model):

@@ -7,12 +7,12 @@ The config file can change under a running server; `Proxy.settings()` rebuilds t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from caps import Caps, ToolNames
+from caps import Caps, PrunePolicy, ToolNames
 from memory import MemoryLimits
 from memory.budget import BudgetProfile
 from memory.recaller import RecallSettings
@@ -29,11 +29,48 @@ from proxy.config.schema import (
     memory_limits,
     metrics_key,
     proxy_keys,
+    seconds,
     tool_names,
     upstream_api_key,
 )
 from proxy.tokens import encoding_name
 from proxy.urls import join, split_base
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pruning:
+    """When pruning runs (`agents.defaults.contextPruning`; what it takes: `policy`)."""
+
+    mode: Literal["cache-ttl", "pays"]
+    ttl_seconds: float
+    """The cache lifetime a session's idle time is measured against (unless a request asks
+    for a longer one)."""
+    policy: PrunePolicy
+    summarize_model: str | None = None
+    summarize_min_chars: int = 20000
+
+
+def pruning_of(config: Config) -> Pruning | None:
+    found = config.agents.defaults.context_pruning
+    if found.mode == "off":
+        return None
+    return Pruning(
+        mode=found.mode,
+        ttl_seconds=seconds(found.ttl),
+        policy=PrunePolicy(
+            keep_last_assistants=found.keep_last_assistants,
+            min_chars=found.min_prunable_tool_chars,
+            soft_max_chars=found.soft_trim.max_chars,
+            head_chars=found.soft_trim.head_chars,
+            tail_chars=found.soft_trim.tail_chars,
+            hard_clear=found.hard_clear.enabled,
+            placeholder=found.hard_clear.placeholder,
+            allow=tuple(found.tools.allow),
+            deny=tuple(found.tools.deny),
+        ),
+        summarize_model=found.summarize.model,
+        summarize_min_chars=found.summarize.min_chars,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +126,8 @@ class Settings:
     """`report.requestUsage`: ask for usage on chat streams whose client did not."""
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     """`database`: when its url is set, memories and the monitor live there (the report too)."""
+    pruning: Pruning | None = None
+    """`agents.defaults.contextPruning` when its mode is not off (with the budget on)."""
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
 
     def upstream_url(self, path: str, query: str = "") -> str:
@@ -139,10 +178,11 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
     anthropic_base, anthropic_query = split_base(config.proxy.anthropic.base_url)
     memory = config.memory
     budgets = memory.budgets
+    pruning = pruning_of(config)
     return Settings(
         enabled=budget.enabled,
         fail_closed=budget.fail_closed,
-        caps=effective.caps,
+        caps=replace(effective.caps, prune=pruning.policy) if pruning else effective.caps,
         cap_sources=effective.sources,
         tool_names=tool_names(config),
         upstream_base=upstream_base,
@@ -190,4 +230,5 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
         report_keep_days=config.report.keep_days,
         request_usage=config.report.request_usage,
         database=config.database,
+        pruning=pruning,
     )

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from caps import Caps, Clamp, Segment, ToolNames
+from caps import Caps, Clamp, Segment, ToolNames, prune_request
 from memory.query import UserTurn
 from proxy.cache.sessions import Block, Digested, digested, memory_added, serial
 from proxy.pipeline.chat_command import find_command
@@ -32,7 +32,8 @@ command's copy of a large body keeps its values up to this size."""
 
 
 Change = tuple[str, Any, Any]
-"""A recorded change: `("place", block index, text)` or `("inject", lines, placement)`."""
+"""A recorded change: `("place", block index, text)`, `("inject", lines, placement)` or
+`("prune", caps, tools)` (the decisions in `caps.pruned`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,8 @@ class Settled:
 
     blocks: tuple[Digested | None, ...]
     added: dict[int, str]
+    pruned: tuple[Segment, ...] = ()
+    """The results a `prune` change pruned (their pruned texts kept, not the originals)."""
 
 
 # -- the jobs, run in the worker ---------------------------------------------------------------
@@ -191,9 +194,13 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
     request = _wire(job.wire).parse(body, owner=job.owner)
     start = request.blocks() if job.blocks else []
     before = start
+    pruned: list[Segment] = []
     for kind, first, second in job.changes:
         if kind == "place":
             request.place_memory(first, second)
+        elif kind == "prune":
+            found = request.clamp(prune_request, first, second, apply=True)
+            pruned += (replace(s, original="") for s in found)
         else:
             if job.blocks and before is start:
                 before = request.blocks()
@@ -217,7 +224,7 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
         None if new.forwarded is old.forwarded else digested(new.forwarded, count)
         for old, new in zip(start, after, strict=True)
     )
-    return Settled(blocks=blocks, added=added), encoded
+    return Settled(blocks=blocks, added=added, pruned=tuple(pruned)), encoded
 
 
 def _small_fields(request: WireRequest, raw: bytes) -> dict[str, Any]:

@@ -133,6 +133,8 @@ class OffloadedRequest:
         self.stream = found.stream
         self.note = found.note
         self.found = found
+        self._pruned: list[Segment] = []
+        """What the last `prune` change pruned (known once settled)."""
         self._added: dict[int, str] = {}
         """The memory block `inject` added, by block index (known once settled)."""
         self._base = raw if clamped is None else clamped
@@ -165,8 +167,12 @@ class OffloadedRequest:
     def saved_tokens(
         self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str
     ) -> tuple[int, ...]:
-        """Counted in the worker beside the clamp."""
-        return self.found.segment_tokens
+        """Counted in the worker beside the clamp; a result pruned since (its text is in the
+        worker) at four chars a token."""
+        counted = {
+            _key(s): n for s, n in zip(self.found.segments, self.found.segment_tokens, strict=True)
+        }
+        return tuple(counted.get(_key(s), max(0, s.saved) // 4) for s in segments)
 
     def memory_added(self, before: Sequence[Block]) -> dict[int, str]:
         return self._added
@@ -210,9 +216,17 @@ class OffloadedRequest:
             for b, new in zip(self._blocks, settled.blocks, strict=True)
         ]
         self._added = settled.added
+        self._pruned = list(settled.pruned)
         self._base = encoded
         self._pending = []
         self._encoded = None
+
+    async def prune(self, caps: Caps, tools: ToolNames) -> list[Segment]:
+        """Applied in the worker at once (one more trip): the segments come back."""
+        self._change(("prune", caps, tools))
+        await self.settle()
+        pruned, self._pruned = self._pruned, []
+        return pruned
 
     def defer_count(self, change: PrefixChange) -> PrefixChange:
         """`change`, with its moved blocks that were not counted (large, as the client sent
@@ -290,3 +304,8 @@ def _copy(done: Future[Any], to: Future[Any]) -> None:
         to.set_exception(exc)
     else:
         to.set_result(done.result())
+
+
+def _key(segment: Segment) -> tuple[object, ...]:
+    """What tells a segment from the others of its request, whatever its action now."""
+    return (segment.kind, segment.label, segment.message_index, segment.before, segment.after)

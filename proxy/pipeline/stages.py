@@ -49,6 +49,7 @@ from proxy.pipeline.headers import (
     net_header,
 )
 from proxy.pipeline.offload import Offload
+from proxy.pipeline.prune import Pruned, PruneStage
 from proxy.pipeline.recall import RecallStage, Skipped
 from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.report import RequestRecord
@@ -87,6 +88,8 @@ class Call:
     """`perf_counter()` when the request arrived."""
     marks: dict[str, int]
     """Wall-clock ns of each phase, for the telemetry spans."""
+    now: float = 0.0
+    """When the request came, by the app's clock (`ProxyState.clock`): pruning's time."""
     id: str = field(default_factory=lambda: f"cb-{_IDS.getrandbits(64):016x}")
 
 
@@ -109,6 +112,7 @@ class Pipeline:
         self.offload = offload or Offload()
         """The worker process for large bodies (started by the first one; the app closes it)."""
         self.recall = RecallStage(state.stores, state.tokens, state.env)
+        self.prune = PruneStage(state.reports.ledger, state.sessions)
 
     def endpoint(self, wire: WireFormat) -> Endpoint:
         """The Starlette endpoint serving `wire`'s route(s)."""
@@ -153,6 +157,7 @@ class Pipeline:
                 "model's requests to /v1/chat/completions, or remove its route"
             )
         return Call(
+            now=self.state.clock(),
             request=request,
             wire=wire,
             settings=settings,
@@ -197,13 +202,8 @@ class Pipeline:
             early.stop()
 
     async def _prepare(self, call: Call) -> Outgoing:
-        """Clamp, recall and inject; the answer's headers and the record's draft."""
-        segments, clamp_error = self._clamp(call)
-        call.marks["clamped"] = call.marks["recall_start"] = time.time_ns()
-        # memory blocks the session placed before go back where they were (the cached prefix
-        # holds), and recall runs once per user turn
-        recall = await self._recall(call)
-        call.marks["recall_end"] = time.time_ns()
+        """Clamp, prune, recall and inject; the answer's headers and the record's draft."""
+        segments, clamp_error, recall = await self._change(call)
         model = call.route.model if call.route else call.body.model
         encoding = call.settings.encoding_for(call.body.model)
         price = input_price(model)
@@ -247,6 +247,38 @@ class Pipeline:
         )
         return Outgoing(headers, recorder)
 
+    async def _change(self, call: Call) -> tuple[tuple[Segment, ...], str | None, RecallOutcome]:
+        """Everything that changes the body, in order: the caps, pruning (what the clamp
+        found prunable, applied as decided), then the session's memory blocks placed again
+        where they were (the cached prefix holds) and recall, once per user turn."""
+        segments, clamp_error = self._clamp(call)
+        prunable = tuple(s for s in segments if s.action == "prunable")
+        if prunable:
+            segments = tuple(s for s in segments if s.action != "prunable")
+        call.marks["clamped"] = time.time_ns()
+        if not call.wire.generates:  # token counting: no session, recall as for any request
+            call.marks["recall_start"] = time.time_ns()
+            recall = await self._recall_only(call)
+            call.marks["recall_end"] = time.time_ns()
+            return segments, clamp_error, recall
+        body = call.body
+        prefix = ClientPrefix(body.blocks())  # a large body's blocks come hashed (`Digested`)
+        session = session_key(call.request.headers, body.get, body.model, prefix)
+        pruned = await self.prune.run(
+            body,
+            owner=call.owner,
+            session=session,
+            prefix=prefix,
+            prunable=prunable,
+            settings=call.settings,
+            apply=call.options.enabled,
+            now=call.now,
+        )
+        call.marks["recall_start"] = time.time_ns()
+        recall = await self._recall(call, prefix, session, pruned)
+        call.marks["recall_end"] = time.time_ns()
+        return segments + pruned.segments, clamp_error, recall
+
     def _clamp(self, call: Call) -> tuple[tuple[Segment, ...], str | None]:
         """Segments found (clamped, kept, or would-clamp with the budget off) and any error.
 
@@ -275,19 +307,23 @@ class Pipeline:
             found = [_would(s) for s in found]
         return tuple(found), None
 
-    async def _recall(self, call: Call) -> RecallOutcome:
+    async def _recall_only(self, call: Call) -> RecallOutcome:
+        """Recall for a request with no session (token counting)."""
+        found = await self.recall.inject(
+            call.body, call.turn, call.owner, call.settings, call.options
+        )
+        if isinstance(found, Skipped):
+            return RecallOutcome(None, skipped=found)
+        return RecallOutcome(found)
+
+    async def _recall(
+        self, call: Call, prefix: ClientPrefix, session: str, pruned: Pruned
+    ) -> RecallOutcome:
         """The session's memory blocks placed again where they were, recall for a new user
         turn, and what the request did to the session's cached prefix."""
         body, owner, settings, options = call.body, call.owner, call.settings, call.options
         recall = self.recall
-        if not call.wire.generates:  # token counting: no session, recall as for any request
-            found = await recall.inject(body, call.turn, owner, settings, options)
-            if isinstance(found, Skipped):
-                return RecallOutcome(None, skipped=found)
-            return RecallOutcome(found)
         sessions = self.state.sessions
-        prefix = ClientPrefix(body.blocks())  # a large body's blocks come hashed (`Digested`)
-        session = session_key(call.request.headers, body.get, body.model, prefix)
         placed: dict[int, str] = {}
         if settings.recall.inject and options.memories:
             placed = sessions.placed_memory(owner, session, prefix)
@@ -307,7 +343,16 @@ class Pipeline:
         await body.settle()  # what was placed, applied (a large body's in its worker)
         if recalled is not None:
             placed.update(body.memory_added(before))
-        change = sessions.observe(owner, session, prefix, body.blocks(), memory=placed)
+        change = sessions.observe(
+            owner,
+            session,
+            prefix,
+            body.blocks(),
+            memory=placed,
+            now=call.now,
+            warm=pruned.warm,
+            pruned=pruned.blocks(prefix),
+        )
         return RecallOutcome(
             recalled, body.defer_count(change), tuple(placed.values()), reused, skipped
         )

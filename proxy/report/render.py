@@ -12,8 +12,14 @@ KIND_TITLES = {
     "bootstrap": "bootstrap files",
     "memory": "memory snippets",
     "web_fetch": "web fetch",
+    "pruned": "pruned tool results",
 }
-_UNITS = {"bootstrap": "per file", "memory": "per memory result", "web_fetch": "per result"}
+_UNITS = {
+    "bootstrap": "per file",
+    "memory": "per memory result",
+    "web_fetch": "per result",
+    "pruned": "per result",
+}
 
 
 def build_report(

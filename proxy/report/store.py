@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from caps import SEGMENT_KINDS
 from memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from memory.sqlite import Database, connect
+from proxy.report.ledger import PruneLedger
 from proxy.report.record import (
     RequestRecord,
     dumps_entry,
@@ -47,7 +48,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -204,13 +205,21 @@ CREATE TABLE IF NOT EXISTS sessions (owner TEXT NOT NULL, id TEXT NOT NULL,
 }, last_bust TEXT, PRIMARY KEY (owner, id));
 CREATE INDEX IF NOT EXISTS sessions_last ON sessions (owner, last)
 """
+_PRUNED = """
+CREATE TABLE IF NOT EXISTS pruned (owner TEXT NOT NULL, conversation TEXT NOT NULL,
+    call_id TEXT NOT NULL, text TEXT NOT NULL, at {real} NOT NULL,
+    PRIMARY KEY (owner, conversation, call_id));
+CREATE INDEX IF NOT EXISTS pruned_at ON pruned (at)
+"""
+"""6: pruning's decisions (`proxy/report/ledger.py`): what stands for each pruned result."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
-    Migration(SCHEMA_VERSION, _UPGRADES[-1], _PG_BASELINE),
+    Migration(5, _UPGRADES[-1], _PG_BASELINE),
+    Migration(6, _PRUNED.format(real="REAL"), _PRUNED.format(real="DOUBLE PRECISION")),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
-since version 1; PostgreSQL starts from the baseline of version 5."""
+since version 1; PostgreSQL starts from the baseline of version 5, then walks on."""
 
 
 class Sink(Protocol):
@@ -334,6 +343,8 @@ class ReportStore:
             except DatabaseUnavailable as exc:
                 self._migrated = False
                 log.error("report database unavailable at start (retried later): %s", exc)
+        self.ledger = PruneLedger(self._db)
+        """Pruning's decisions, in the same database (`proxy/report/ledger.py`)."""
         self._writes = 0
         self._keep = keep_requests
         self.keep_days = keep_days
@@ -389,6 +400,7 @@ class ReportStore:
         self._queue.put(None)
         self._flush_now.set()
         self._thread.join(timeout=30)
+        self.ledger.close()
         self._db.close()
 
     @contextlib.contextmanager
@@ -710,6 +722,7 @@ class ReportStore:
         conn.execute("DELETE FROM totals_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
         conn.execute("DELETE FROM counts_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
         conn.execute("DELETE FROM sessions WHERE last < ?", (cutoff,))
+        conn.execute("DELETE FROM pruned WHERE at < ?", (cutoff,))
 
     # -- reading -------------------------------------------------------------------------
 

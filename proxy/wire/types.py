@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from caps import Caps, Clamp, Segment, ToolNames
+from caps import Caps, Clamp, Segment, ToolNames, prune_request
 from memory.inject import Placement
 from memory.query import UserTurn
 from proxy.cache.sessions import Block, PrefixChange, memory_added
@@ -135,6 +135,11 @@ class WireRequest(Protocol):
         """`encode()`, without blocking the event loop."""
         ...
 
+    async def prune(self, caps: Caps, tools: ToolNames) -> list[Segment]:
+        """Apply the pruning decisions of `caps.pruned` (`caps.prune_request`: a second pass
+        after `clamp`); the segments of the results pruned."""
+        ...
+
     async def litellm_values(self) -> dict[str, Any] | None:
         """`litellm_body()`, without blocking the event loop."""
         ...
@@ -154,6 +159,12 @@ class InProcessRequest:
 
     def litellm_body(self) -> dict[str, Any] | None:
         raise NotImplementedError
+
+    def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        raise NotImplementedError
+
+    async def prune(self, caps: Caps, tools: ToolNames) -> list[Segment]:
+        return self.clamp(prune_request, caps, tools, apply=True)
 
     def saved_tokens(
         self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str

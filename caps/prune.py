@@ -1,0 +1,231 @@
+"""Pruning: stale tool results out of a long session, once, and the same bytes after that.
+
+An agent re-sends every earlier tool result on every turn. A *prunable* result is
+
+- older than the newest `keep_last_assistants` assistant messages (a result that came after
+  the `keep_last_assistants`-th assistant message from the end is never touched),
+- at least `min_chars` long (UTF-16 units, as the caps count),
+- of a tool the policy allows (`allow` globs, empty = every tool; `deny` wins),
+- text: a string, or parts that are all text (images and other parts are never pruned).
+
+A pruned result keeps its message, its `tool_call_id` and its place; only its text changes:
+
+- over `soft_max_chars`: head and tail kept (`head_chars`, `tail_chars`), with a note of the
+  tool, the call and the original size (a *soft trim*);
+- else, when `hard_clear` is on: the placeholder with the tool, the call and the size, so the
+  model can run the tool again (a *hard clear*); when it is off, the result is left alone.
+
+When to prune, and which decisions stand, is the caller's (`proxy/pipeline/prune.py`): this
+module finds the prunable results (`prunable`), writes a pruned result's text
+(`pruned_text`, deterministic: the same result gives the same bytes), and applies the
+decisions it is given (`apply`), each result exactly as decided — a decision once taken is
+never taken differently, so the provider's cache sees the same bytes every turn after.
+
+>>> policy = PrunePolicy(keep_last_assistants=1, min_chars=100, soft_max_chars=300,
+...                      head_chars=10, tail_chars=10)
+>>> messages = [
+...     {"role": "assistant", "tool_calls": [
+...         {"id": "c1", "type": "function", "function": {"name": "exec", "arguments": "{}"}}]},
+...     {"role": "tool", "tool_call_id": "c1", "content": "0123456789" * 50},
+...     {"role": "assistant", "content": "done"},
+... ]
+>>> [(c.call_id, c.tool, c.chars) for c in prunable(messages, policy)]
+[('c1', 'exec', 500)]
+>>> print(pruned_text("0123456789" * 50, "exec", "c1", policy))
+0123456789
+[…tool result pruned: exec c1, 500 chars, kept 10+10; run the tool again for the rest…]
+0123456789
+>>> pruned_text("0123456789" * 20, "exec", "c1", policy)
+'[Old tool result content cleared] (exec c1, 200 chars: run the tool again if you need it)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from caps._text import utf16_head, utf16_len, utf16_tail
+from caps.types import Message, PrunePolicy, Segment
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prunable:
+    """A result that may be pruned."""
+
+    call_id: str
+    tool: str | None
+    message_index: int
+    chars: int
+    """Its text's length, UTF-16 units."""
+    text: str
+
+
+def prunable(messages: Sequence[Any], policy: PrunePolicy) -> list[Prunable]:
+    """The prunable results of chat-shaped `messages`, oldest first."""
+    cutoff = _cutoff(messages, policy.keep_last_assistants)
+    if cutoff <= 0:
+        return []
+    names = _names(messages[:cutoff])
+    found = []
+    for index in range(cutoff):
+        message = messages[index]
+        if not isinstance(message, dict) or message.get("role") != "tool":
+            continue
+        call_id = message.get("tool_call_id")
+        text = _text(message.get("content"))
+        if not isinstance(call_id, str) or text is None:
+            continue
+        chars = utf16_len(text)
+        tool = names.get(call_id)
+        if chars >= policy.min_chars and policy.allows(tool):
+            found.append(Prunable(call_id=call_id, tool=tool, message_index=index, chars=chars,
+                                  text=text))  # fmt: skip
+    return found
+
+
+def pruned_text(text: str, tool: str | None, call_id: str, policy: PrunePolicy) -> str | None:
+    """What a pruned result says instead of `text`; None when the policy leaves it alone
+    (not over `soft_max_chars` and `hard_clear` off). Never longer than `text`."""
+    size = utf16_len(text)
+    name = f"{tool or 'tool'} {call_id}"
+    if size > policy.soft_max_chars:
+        head = utf16_head(text, policy.head_chars)
+        tail = utf16_tail(text, policy.tail_chars)
+        note = (
+            f"[…tool result pruned: {name}, {size:,} chars, kept "
+            f"{utf16_len(head)}+{utf16_len(tail)}; run the tool again for the rest…]"
+        )
+        out = f"{head}\n{note}\n{tail}"
+        if utf16_len(out) < size:
+            return out
+    if not policy.hard_clear:
+        return None
+    out = f"{policy.placeholder} ({name}, {size:,} chars: run the tool again if you need it)"
+    return out if utf16_len(out) < size else None
+
+
+def apply(
+    messages: list[Message],
+    decisions: Mapping[str, str | None],
+    *,
+    fresh: frozenset[str] = frozenset(),
+    policy: PrunePolicy | None = None,
+) -> tuple[list[Message], list[Segment]]:
+    """`messages` with each result whose call id has a decision replaced by its text (a
+    string content; parts that were all text become that string); the same list when no
+    decision applies. A decision without its text (None) is `pruned_text` of the result by
+    `policy` (left alone when that is None). `fresh`: the call ids decided for this request
+    (the segments say `pruned now`; the others `pruned earlier`)."""
+    names = _names(messages)
+    out: list[Message] | None = None
+    segments: list[Segment] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "tool":
+            continue
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or call_id not in decisions:
+            continue
+        new = decisions[call_id]
+        text = _text(message.get("content"))
+        if text is None:
+            continue
+        tool = names.get(call_id)
+        if new is None and policy is not None and call_id in decisions:
+            new = pruned_text(text, tool, call_id, policy)
+        if new is None:
+            continue
+        segments.append(
+            Segment(
+                kind="pruned",
+                label=f"{tool or 'tool'} {call_id}",
+                before=utf16_len(text),
+                after=utf16_len(new),
+                action="clamped",
+                cap=None,
+                message_index=index,
+                tool=tool,
+                call_id=call_id,
+                note="pruned now" if call_id in fresh else "pruned earlier",
+                original=text,
+                clamped=new,
+            )
+        )
+        if text == new:
+            continue
+        out = out if out is not None else list(messages)
+        out[index] = {**message, "content": new}
+    return (out if out is not None else messages), segments
+
+
+def pays(saved: int, rewritten: int, *, write: float, read: float, expected: float) -> bool:
+    """Whether pruning in a warm session costs less than it saves (`docs/pruning.md`).
+
+    `saved`: tokens the prune removes; `rewritten`: tokens of the cached prefix from the first
+    pruned result to its end, which this request then writes instead of reading; `write`,
+    `read`: what a cached token costs to write and to read (USD, or in input prices);
+    `expected`: later requests expected to read the pruned prefix before the cache expires.
+
+    Without the prune the next requests read `rewritten` tokens each; with it this request
+    writes `rewritten - saved` tokens instead of reading `rewritten`, and every later request
+    reads `saved` fewer. So it pays when
+    `expected × saved × read > (rewritten − saved) × write − rewritten × read`.
+
+    >>> pays(10_000, 50_000, write=3.75, read=0.3, expected=10)   # Anthropic 5m, $/MTok
+    False
+    >>> pays(10_000, 50_000, write=3.75, read=0.3, expected=50)
+    True
+    """
+    if saved <= 0:
+        return False
+    cost = (rewritten - saved) * write - rewritten * read
+    return expected * saved * read > cost
+
+
+def _cutoff(messages: Sequence[Any], keep: int) -> int:
+    """The index of the `keep`-th assistant message from the end (results before it may be
+    pruned); 0 when there are not that many."""
+    if keep <= 0:
+        return len(messages)
+    seen = 0
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            seen += 1
+            if seen == keep:
+                return index
+    return 0
+
+
+def _names(messages: Sequence[Any]) -> dict[str, str]:
+    """Call id → tool name, from the assistant messages' `tool_calls`."""
+    names: dict[str, str] = {}
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list):
+            continue
+        for call in calls:
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                continue
+            function = call.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if isinstance(name, str):
+                names[call["id"]] = name
+    return names
+
+
+def _text(content: Any) -> str | None:
+    """A result's text: a string, or the parts' texts joined when every part is text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = [
+            p.get("text")
+            for p in content
+            if isinstance(p, dict) and p.get("type") in (None, "text", "input_text", "output_text")
+        ]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)  # type: ignore[arg-type]
+    return None

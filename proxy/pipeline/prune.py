@@ -1,0 +1,176 @@
+"""The pipeline's prune stage: when to prune a session's stale tool results, and that a
+result once pruned goes out the same way for the rest of its conversation.
+
+The clamp reports the results pruning could take (segments of action `prunable`,
+`caps/prune.py`). This stage
+
+1. reads the conversation's decisions (`proxy/report/ledger.py`: every worker and instance
+   shares them), which apply on every request whatever the mode;
+2. decides whether to prune the rest now: `cache-ttl` when the session's cache has expired
+   anyway (its previous request is older than the cache's lifetime), `pays` also in a warm
+   session when the reads it saves outweigh the rewrite (`caps.pays`; the rule and its
+   derivation: `docs/pruning.md`);
+3. applies them all in one second pass over the request (`WireRequest.prune`), and keeps the
+   new decisions (first writer wins).
+
+It runs with the budget on, for requests that generate (not token counting). The session's
+clock is the pipeline's (`ProxyState.clock`): its previous request's time and its warm run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from caps import Segment, pays
+from proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
+from proxy.config.settings import Pruning, Settings
+from proxy.report.billing import write_price
+from proxy.report.ledger import PruneLedger
+from proxy.report.prices import prices
+from proxy.wire.types import WireRequest
+
+log = logging.getLogger("ctxbudget.prune")
+
+DEFAULT_TTL = 300.0
+"""The cache lifetime a session's warm run is counted against when pruning is off."""
+HOUR_TTL = (b'"ttl":"1h"', b'"ttl": "1h"')
+"""How a request asks Anthropic for the 1-hour cache (`cache_control.ttl`)."""
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What the prune stage did for one request."""
+
+    segments: tuple[Segment, ...] = ()
+    """The results pruned (now, or as decided before)."""
+    warm: bool = False
+    """Whether the session's cache was still warm when the request came."""
+    ttl: float = DEFAULT_TTL
+    """The cache lifetime the request was measured against, seconds."""
+    planned_bust: bool = False
+    """A prune decided now moved the cached prefix of a warm session (`pays`)."""
+
+    def blocks(self, prefix: ClientPrefix) -> frozenset[int]:
+        """The prefix blocks holding a pruned result."""
+        return frozenset(_block(prefix, s.message_index) for s in self.segments)
+
+
+class PruneStage:
+    """Decides and applies pruning, against the report database's ledger."""
+
+    def __init__(self, ledger: PruneLedger, sessions: SessionTracker) -> None:
+        self._ledger = ledger
+        self._sessions = sessions
+
+    async def run(
+        self,
+        body: WireRequest,
+        *,
+        owner: str,
+        session: str,
+        prefix: ClientPrefix,
+        prunable: Sequence[Segment],
+        settings: Settings,
+        apply: bool,
+        now: float,
+    ) -> Pruned:
+        """Prune what is due in `body` (`prunable`: the clamp's `prunable` segments)."""
+        pruning = settings.pruning
+        ttl = _ttl(body, pruning)
+        timing = self._sessions.timing(owner, session)
+        warm = timing is not None and now - timing[0] <= ttl
+        if pruning is None or not apply:
+            return Pruned(warm=warm, ttl=ttl)
+        conversation = prefix.conversation(session)
+        decided = self._ledger.known(owner, conversation)
+        if decided is None:
+            if not prunable:
+                return Pruned(warm=warm, ttl=ttl)
+            decided = await self._read(owner, conversation)
+        fresh = [s for s in prunable if s.call_id is not None and s.call_id not in decided]
+        due = (
+            bool(fresh)
+            and timing is not None
+            and (
+                not warm
+                or (pruning.mode == "pays" and self._pays(body, prefix, fresh, timing[1], ttl))
+            )
+        )
+        now_ids = (
+            frozenset(s.call_id for s in fresh if s.call_id is not None) if due else frozenset()
+        )
+        plan: dict[str, str | None] = {**decided, **{i: None for i in now_ids}}
+        if not plan:
+            return Pruned(warm=warm, ttl=ttl)
+        caps = replace(settings.caps, pruned=tuple(plan.items()), pruned_now=now_ids)
+        segments = await body.prune(caps, settings.tool_names)
+        if now_ids:
+            made = {s.call_id: s.clamped for s in segments if s.call_id in now_ids and s.clamped}
+            kept = await asyncio.to_thread(
+                self._ledger.add,
+                owner,
+                conversation,
+                made,
+                at=now,
+            )
+            if any(kept.get(i) != text for i, text in made.items()):
+                log.info("another worker pruned conversation %s first: its texts stand", session)
+        return Pruned(tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm)
+
+    async def _read(self, owner: str, conversation: str) -> dict[str, str]:
+        if self._ledger.waits:
+            return await asyncio.to_thread(self._ledger.decisions, owner, conversation)
+        return self._ledger.decisions(owner, conversation)
+
+    def _pays(
+        self,
+        body: WireRequest,
+        prefix: ClientPrefix,
+        fresh: Sequence[Segment],
+        run: int,
+        ttl: float,
+    ) -> bool:
+        """`caps.pays` for pruning `fresh` now, in a warm session whose run has had `run`
+        requests before this one. Sizes in bytes stand for tokens on both sides."""
+        found = prices(body.model)
+        if found is None:
+            return False
+        saved = sum(max(0, s.before - s.after) for s in fresh)
+        first = min(_block(prefix, s.message_index) for s in fresh)
+        # the prefix the provider would read from its cache: everything but the newest block
+        rewritten = sum(_size(d) for d in prefix.data[first:-1])
+        return pays(
+            saved,
+            max(saved, rewritten),
+            write=write_price(found, "1h" if ttl >= 3600 else "5m"),
+            read=found.cache_read,
+            expected=(run + 1) / 2,  # half the warm run so far, this request counted
+        )
+
+
+def _ttl(body: WireRequest, pruning: Pruning | None) -> float:
+    """The cache lifetime of the request's session: the request's own (1 hour for
+    `cache_control.ttl: "1h"`, 24 hours for `prompt_cache_retention: "24h"`), else the
+    config's `contextPruning.ttl`."""
+    ttl = pruning.ttl_seconds if pruning is not None else DEFAULT_TTL
+    if body.get("prompt_cache_retention") == "24h":
+        return max(ttl, 86_400.0)
+    if any(marker in body.raw for marker in HOUR_TTL):
+        return max(ttl, 3_600.0)
+    return ttl
+
+
+def _block(prefix: ClientPrefix, message_index: int) -> int:
+    """The prefix block of message `message_index` (the last block when not found)."""
+    for label in (f"messages[{message_index}]", f"input[{message_index}]"):
+        found = prefix.index_of(label)
+        if found is not None:
+            return found
+    return len(prefix.blocks) - 1
+
+
+def _size(data: bytes | Digested) -> int:
+    return data.size if isinstance(data, Digested) else len(data)

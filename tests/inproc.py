@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+import time
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,6 +129,7 @@ def proxy_app(
     upstream: FakeUpstream | None = None,
     run: str = "test",
     offload: Offload | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Iterator[tuple[InProcess, FakeUpstream]]:
     """The app with `config` (default `config_for(tmp_path)`) in front of a fake upstream;
     large bodies go to `offload`, else to the run's shared worker."""
@@ -141,6 +143,7 @@ def proxy_app(
         clamp=clamp,
         run=run,
         offload=offload or shared_offload(),
+        clock=clock,
     )
     client = InProcess(app)
     try:

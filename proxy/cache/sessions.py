@@ -516,7 +516,7 @@ class SessionTracker:
 
         shared_client = shared_forwarded = 0
         bust = None
-        if previous is not None:
+        if previous is not None and warm:  # an expired cache holds nothing to bust
             shared_client = _common(previous.client, state.client)
             shared_forwarded = _common(previous.forwarded, state.forwarded)
             if shared_forwarded < shared_client:
@@ -545,6 +545,7 @@ class SessionTracker:
             # the client's own last block may move (OpenClaw re-appends its internal-context
             # message every turn): only a change before it is a bust
             client_cache_bust=previous is not None
+            and warm
             and shared_client < len(previous.client) // DIGEST - 1,
             bust=bust,
             moved=moved,

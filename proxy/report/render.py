@@ -204,6 +204,12 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
         f"{busts['client']}; memories injected: ~{_n(money_totals['memoryTokens'])} tokens "
         "(a cost, counted above)",
     ]
+    if money_totals.get("prunes"):
+        lines.append(
+            f"Pruning: {_plural(money_totals['prunes'], 'stale tool result')} pruned; "
+            f"{_plural(busts.get('planned', 0), 'planned cache bust')} (a prune in a warm "
+            "session, taken because the reads it saves outweigh the rewrite; priced above)"
+        )
     if sessions:
         lines.append("Sessions (newest first):")
     for s in sessions[:5]:
@@ -215,6 +221,12 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
             f"cache hits {'n/a' if hit is None else f'{hit:.0%}'}, busts by ctxbudget "
             f"{s['cacheBusts']['ctxbudget']}"
             + (f" (last: {s['lastCacheBust']})" if s.get("lastCacheBust") else "")
+            + (
+                f"; {_plural(s['prunes'], 'result')} pruned, "
+                f"{s['cacheBusts'].get('planned', 0)} planned"
+                if s.get("prunes")
+                else ""
+            )
         )
     return lines
 

@@ -72,17 +72,19 @@ def _columns(names: str) -> list[str]:
     return [c.strip() for c in names.split(",")]
 
 
-SESSION_SUMS = (
+_SESSION_SUMS_5 = (
     "requests", "billed", "priced", "input", "cache_read", "cache_write", "output",
     "without_input", "without_cache_read", "without_cache_write", "cost_usd", "without_usd",
     "saved_tokens", "memory_tokens", "busts_client", "busts_ctxbudget",
 )  # fmt: skip
+SESSION_SUMS = (*_SESSION_SUMS_5, "prunes", "busts_planned")
 """Per-session sums: requests, those with usage (`billed`) and with a price (`priced`), the
 provider's usage, the usage without ctxbudget, money both ways, clamp savings, memory tokens,
-cache busts by the client and by ctxbudget."""
+cache busts by the client and by ctxbudget, results pruned and the busts pruning planned
+(a prune in a warm session: `pays`)."""
 _REAL = ("cost_usd", "without_usd")
 _SESSION_SUMS_DDL = ", ".join(
-    f"{c} {'REAL' if c in _REAL else 'INTEGER'} NOT NULL DEFAULT 0" for c in SESSION_SUMS
+    f"{c} {'REAL' if c in _REAL else 'INTEGER'} NOT NULL DEFAULT 0" for c in _SESSION_SUMS_5
 )
 
 
@@ -200,7 +202,7 @@ CREATE TABLE IF NOT EXISTS sessions (owner TEXT NOT NULL, id TEXT NOT NULL,
     last DOUBLE PRECISION NOT NULL, {
     ", ".join(
         f"{c} {'DOUBLE PRECISION' if c in _REAL else 'BIGINT'} NOT NULL DEFAULT 0"
-        for c in SESSION_SUMS
+        for c in _SESSION_SUMS_5
     )
 }, last_bust TEXT, PRIMARY KEY (owner, id));
 CREATE INDEX IF NOT EXISTS sessions_last ON sessions (owner, last)
@@ -209,14 +211,21 @@ _PRUNED = """
 CREATE TABLE IF NOT EXISTS pruned (owner TEXT NOT NULL, conversation TEXT NOT NULL,
     call_id TEXT NOT NULL, text TEXT NOT NULL, at {real} NOT NULL,
     PRIMARY KEY (owner, conversation, call_id));
-CREATE INDEX IF NOT EXISTS pruned_at ON pruned (at)
+CREATE INDEX IF NOT EXISTS pruned_at ON pruned (at);
+ALTER TABLE sessions ADD COLUMN prunes {int} NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN busts_planned {int} NOT NULL DEFAULT 0
 """
-"""6: pruning's decisions (`proxy/report/ledger.py`): what stands for each pruned result."""
+"""6: pruning's decisions (`proxy/report/ledger.py`: what stands for each pruned result), and
+each session's prunes and the cache busts they planned."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
     Migration(5, _UPGRADES[-1], _PG_BASELINE),
-    Migration(6, _PRUNED.format(real="REAL"), _PRUNED.format(real="DOUBLE PRECISION")),
+    Migration(
+        6,
+        _PRUNED.format(real="REAL", int="INTEGER"),
+        _PRUNED.format(real="DOUBLE PRECISION", int="BIGINT"),
+    ),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
 since version 1; PostgreSQL starts from the baseline of version 5, then walks on."""
@@ -686,6 +695,10 @@ class ReportStore:
                 "memory_tokens": b["memoryTokens"],
                 "busts_client": int(b["clientCacheBust"]),
                 "busts_ctxbudget": int(b["cacheBust"] is not None),
+                "prunes": sum(
+                    s["kind"] == "pruned" and s["note"] == "pruned now" for s in b["segments"]
+                ),
+                "busts_planned": int((b["cacheBust"] or "").endswith(" prune")),
             }
             conn.execute(
                 f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "

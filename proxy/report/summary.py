@@ -90,7 +90,8 @@ def read_summary(
 _SESSION_COLUMNS = (
     "id, format, model, first, last, last_bust, requests, billed, priced, input, cache_read,"
     " cache_write, output, without_input, without_cache_read, without_cache_write, cost_usd,"
-    " without_usd, saved_tokens, memory_tokens, busts_client, busts_ctxbudget"
+    " without_usd, saved_tokens, memory_tokens, busts_client, busts_ctxbudget, prunes,"
+    " busts_planned"
 )
 
 
@@ -108,15 +109,16 @@ def _sessions(
         "SELECT count(*), sum(requests), sum(billed), sum(priced), sum(input), sum(cache_read),"
         " sum(cache_write), sum(output), sum(without_input), sum(without_cache_read),"
         " sum(without_cache_write), sum(cost_usd), sum(without_usd), sum(saved_tokens),"
-        " sum(memory_tokens), sum(busts_client), sum(busts_ctxbudget),"
-        " sum(CASE WHEN priced = 0 AND billed > 0 THEN 1 ELSE 0 END)"
+        " sum(memory_tokens), sum(busts_client), sum(busts_ctxbudget), sum(prunes),"
+        " sum(busts_planned), sum(CASE WHEN priced = 0 AND billed > 0 THEN 1 ELSE 0 END)"
         f" FROM sessions {where}{active}",
         active_args,
     )
-    (count, requests, billed, priced, *rest) = [v or 0 for v in sums[0]] if sums else [0] * 18
+    (count, requests, billed, priced, *rest) = [v or 0 for v in sums[0]] if sums else [0] * 20
     usage = dict(zip(("input", "cacheRead", "cacheWrite", "output"), rest[:4], strict=True))
     without = dict(zip(("input", "cacheRead", "cacheWrite"), rest[4:7], strict=True))
-    cost, would, saved_tokens, memory_tokens, client_busts, our_busts, unpriced = rest[7:]
+    cost, would, saved_tokens, memory_tokens, client_busts, our_busts = rest[7:13]
+    prunes, planned, unpriced = rest[13:]
     money = {
         "sessions": count,
         "requests": requests,
@@ -131,7 +133,8 @@ def _sessions(
         "savedUsd": would - cost if priced else None,
         "savedTokens": saved_tokens,
         "memoryTokens": memory_tokens,
-        "cacheBusts": {"client": client_busts, "ctxbudget": our_busts},
+        "cacheBusts": {"client": client_busts, "ctxbudget": our_busts, "planned": planned},
+        "prunes": prunes,
     }
     return [_session(row) for row in rows], money
 
@@ -139,7 +142,7 @@ def _sessions(
 def _session(row: Any) -> dict[str, Any]:
     (sid, wire, model, first, last, last_bust, requests, billed, priced) = row[:9]
     (inp, read, write, out, w_inp, w_read, w_write, cost, would) = row[9:18]
-    (saved_tokens, memory_tokens, client_busts, our_busts) = row[18:]
+    (saved_tokens, memory_tokens, client_busts, our_busts, prunes, planned) = row[18:]
     usage = {"input": inp, "cacheRead": read, "cacheWrite": write, "output": out}
     return {
         "id": sid,
@@ -158,7 +161,8 @@ def _session(row: Any) -> dict[str, Any]:
         "savedUsd": would - cost if billed and priced == billed else None,
         "savedTokens": saved_tokens,
         "memoryTokens": memory_tokens,
-        "cacheBusts": {"client": client_busts, "ctxbudget": our_busts},
+        "cacheBusts": {"client": client_busts, "ctxbudget": our_busts, "planned": planned},
+        "prunes": prunes,
         "lastCacheBust": last_bust,
     }
 

@@ -1,0 +1,271 @@
+"""The prune stage through the app: when pruning happens (an expired cache; `pays` in a warm
+session), that a decision stands for the rest of the conversation (the same bytes, on other
+workers and after a restart), and that nothing else of a request changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.fakes import FakeUpstream, chat_completion
+from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
+
+OUTPUT = "".join(f"line {i}: " + "ok " * 20 + "\n" for i in range(120))  # ~8.6 KB
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _chat(turns: int, *, stamp: str = "[Tue 2026-11-24 09:00 UTC]") -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"{stamp} fix the failing test"},
+    ]
+    for i in range(turns):
+        call = {"id": f"call_{i}", "type": "function",
+                "function": {"name": "exec", "arguments": '{"cmd": "pytest"}'}}  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"run {i}\n{OUTPUT}"},
+        ]
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def _messages(turns: int, *, ttl: str | None = None) -> dict[str, Any]:
+    control: dict[str, Any] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "fix the failing test"}]}
+    ]
+    for i in range(turns):
+        messages += [
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{i}",
+                        "name": "Bash",
+                        "input": {"command": "pytest"},
+                    }
+                ],
+            },  # fmt: skip
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": f"toolu_{i}",
+                        "content": f"run {i}\n{OUTPUT}",
+                    }
+                ],
+            },  # fmt: skip
+        ]
+    messages[-1]["content"][-1]["cache_control"] = control
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": control}],
+        "messages": messages,
+    }
+
+
+def _responses(turns: int) -> dict[str, Any]:
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": "fix the failing test"}
+    ]
+    for i in range(turns):
+        items += [
+            {
+                "type": "function_call",
+                "call_id": f"fc_{i}",
+                "name": "exec_command",
+                "arguments": '{"cmd": "pytest"}',
+            },  # fmt: skip
+            {"type": "function_call_output", "call_id": f"fc_{i}", "output": f"run {i}\n{OUTPUT}"},
+        ]
+    return {"model": "gpt-4o", "instructions": "You are a coding agent.", "input": items}
+
+
+def _config(tmp_path: Path, mode: str = "cache-ttl", **pruning: Any) -> dict[str, Any]:
+    return config_for(
+        tmp_path,
+        agents={"defaults": {"contextPruning": {"mode": mode, **pruning}}},
+        memory={"inject": {"enabled": False}},
+    )
+
+
+def _send(client: InProcess, fake: FakeUpstream, path: str, body: dict[str, Any]) -> Any:
+    fake.answer_json(chat_completion(model=body["model"]))
+    r = client.post(path, content=orjson.dumps(body))
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _results(fake: FakeUpstream) -> dict[str, str]:
+    """Call id → the tool result text the upstream got in the last request (chat)."""
+    sent = orjson.loads(fake.last.body)
+    return {m["tool_call_id"]: m["content"] for m in sent["messages"] if m.get("role") == "tool"}
+
+
+def _pruned(text: str) -> bool:
+    return "tool result pruned" in text or "content cleared" in text
+
+
+def test_cache_ttl_prunes_once_the_cache_expired_and_the_bytes_stand(tmp_path: Path) -> None:
+    clock = Clock()
+    with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
+        for turns in range(1, 8):  # a warm tool loop, 10 s a turn: nothing pruned
+            _send(client, fake, "/v1/chat/completions", _chat(turns))
+            assert not any(_pruned(t) for t in _results(fake).values())
+            clock.wait(10)
+        clock.wait(600)  # an idle gap: the cache has expired anyway
+        r = _send(client, fake, "/v1/chat/completions", _chat(8))
+        first = _results(fake)
+        # results older than the newest 3 assistant turns are pruned; the newest are not
+        assert [i for i, t in first.items() if _pruned(t)] == [f"call_{i}" for i in range(5)]
+        assert first["call_5"] == f"run 5\n{OUTPUT}"
+        assert "x-context-budget-cache-bust" not in r.headers  # a cold cache: no planned bust
+        forwarded = orjson.loads(fake.last.body)["messages"]
+        for turns in (9, 10):  # warm again: the decisions stand, no new prune
+            clock.wait(10)
+            _send(client, fake, "/v1/chat/completions", _chat(turns))
+            later = _results(fake)
+            assert {i: later[i] for i in first} == first
+            assert [i for i, t in later.items() if _pruned(t)] == [f"call_{i}" for i in range(5)]
+            # the cached prefix holds: every message the earlier request sent, byte for byte
+            sent = orjson.loads(fake.last.body)["messages"]
+            assert sent[: len(forwarded) - 1] == forwarded[:-1]
+        state_of(client).reports.flush()
+        entry = client.get("/context/budget").json()["recent"][2]
+        notes = {s["callId"]: s["note"] for s in entry["segments"] if s["kind"] == "pruned"}
+        assert notes == {f"call_{i}": "pruned now" for i in range(5)}
+
+
+def test_pays_prunes_a_long_warm_session_and_says_it_planned_the_bust(tmp_path: Path) -> None:
+    clock = Clock()
+    busts = []
+    with proxy_app(tmp_path, _config(tmp_path, "pays"), clock=clock) as (client, fake):
+        for turns in range(1, 40):
+            r = _send(client, fake, "/v1/messages", _messages(turns))
+            sent = orjson.loads(fake.last.body)
+            pruned = [
+                b["tool_use_id"]
+                for m in sent["messages"]
+                for b in m["content"]
+                if b.get("type") == "tool_result" and _pruned(str(b["content"]))
+            ]
+            busts.append((turns, bool(pruned), r.headers.get("x-context-budget-cache-bust")))
+            clock.wait(5)
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+        text = client.get("/context/budget?format=text").text
+    first = next(t for t, pruned, _ in busts if pruned)
+    assert first > 4  # a short run never pays for a rewrite
+    assert "prune" in (next(b for t, _, b in busts if t == first) or "")
+    assert all(pruned for t, pruned, _ in busts if t >= first)  # and the decision stands
+    (session,) = report["sessions"]
+    planned = sum(1 for _, _, b in busts if b and b.endswith(" prune"))
+    assert session["cacheBusts"]["planned"] == planned >= 1
+    assert session["prunes"] >= first - 3  # the results older than the newest 3 turns
+    assert "planned cache bust" in text
+
+
+def test_cache_ttl_leaves_a_warm_session_alone_however_long(tmp_path: Path) -> None:
+    clock = Clock()
+    with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
+        for turns in range(1, 30):
+            _send(client, fake, "/v1/messages", _messages(turns))
+            clock.wait(60)  # under the 5-minute lifetime: always warm
+        assert b"tool result pruned" not in fake.last.body
+
+
+def test_an_hour_cache_is_not_expired_by_ten_minutes(tmp_path: Path) -> None:
+    clock = Clock()
+    with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
+        for turns in (5, 6):
+            _send(client, fake, "/v1/messages", _messages(turns, ttl="1h"))
+            clock.wait(600)
+        assert b"tool result pruned" not in fake.last.body
+        clock.wait(3600)
+        _send(client, fake, "/v1/messages", _messages(7, ttl="1h"))
+        sent = orjson.loads(fake.last.body)
+        assert b"tool result pruned" in fake.last.body
+        # ids, pairing and cache_control markers as the client sent them
+        client_body = _messages(7, ttl="1h")
+        assert len(sent["messages"]) == len(client_body["messages"])
+        for old, new in zip(client_body["messages"], sent["messages"], strict=True):
+            for a, b in zip(old["content"], new["content"], strict=True):
+                assert {k: v for k, v in a.items() if k != "content"} == {
+                    k: v for k, v in b.items() if k != "content"
+                }
+        assert sent["system"] == client_body["system"]
+
+
+def test_responses_results_are_pruned_the_same_way(tmp_path: Path) -> None:
+    clock = Clock()
+    with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
+        _send(client, fake, "/v1/responses", _responses(5))
+        clock.wait(600)
+        _send(client, fake, "/v1/responses", _responses(6))
+        sent = orjson.loads(fake.last.body)
+        outputs = {i["call_id"]: i["output"] for i in sent["input"] if "output" in i}
+        assert [c for c, o in outputs.items() if _pruned(o)] == ["fc_0", "fc_1", "fc_2"]
+        assert sent["instructions"] == "You are a coding agent."
+
+
+def test_other_workers_and_a_restart_send_the_same_bytes(tmp_path: Path) -> None:
+    clock = Clock()
+    config = _config(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with proxy_app(tmp_path / "a", config, clock=clock) as (a, fake_a):
+        _send(a, fake_a, "/v1/chat/completions", _chat(6))
+        clock.wait(600)
+        _send(a, fake_a, "/v1/chat/completions", _chat(7))
+        pruned = _results(fake_a)
+    assert any(_pruned(t) for t in pruned.values())
+    # another worker, or the proxy restarted: a new app on the same database that never saw
+    # the conversation, while its cache is warm
+    clock.wait(10)
+    with proxy_app(tmp_path / "b", config, clock=clock) as (b, fake_b):
+        _send(b, fake_b, "/v1/chat/completions", _chat(8))
+        other = _results(fake_b)
+    assert {i: other[i] for i in pruned} == pruned
+
+
+def test_a_large_body_is_pruned_as_in_process(tmp_path: Path) -> None:
+    out = []
+    for offload in (None, shared_offload(0)):
+        clock = Clock()
+        folder = tmp_path / ("big" if offload else "small")
+        folder.mkdir()
+        with proxy_app(folder, _config(folder), clock=clock, offload=offload) as (client, fake):
+            _send(client, fake, "/v1/messages", _messages(5))
+            clock.wait(600)
+            _send(client, fake, "/v1/messages", _messages(6))
+            out.append(fake.last.body)
+    assert out[0] == out[1] and b"tool result pruned" in out[0]
+
+
+@pytest.mark.parametrize("switch", ["off-budget", "off-mode"])
+def test_nothing_is_pruned_with_the_budget_or_pruning_off(tmp_path: Path, switch: str) -> None:
+    clock = Clock()
+    config = _config(tmp_path, "off" if switch == "off-mode" else "cache-ttl")
+    if switch == "off-budget":
+        config["agents"]["defaults"]["contextBudget"]["enabled"] = False
+    with proxy_app(tmp_path, config, clock=clock) as (client, fake):
+        _send(client, fake, "/v1/chat/completions", _chat(6))
+        clock.wait(3600)
+        _send(client, fake, "/v1/chat/completions", _chat(7))
+        assert not any(_pruned(t) for t in _results(fake).values())

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from caps import Segment, pays
 from proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
@@ -33,6 +34,7 @@ from proxy.report.prices import prices
 from proxy.wire.types import WireRequest
 
 log = logging.getLogger("ctxbudget.prune")
+_T = TypeVar("_T")
 
 DEFAULT_TTL = 300.0
 """The cache lifetime a session's warm run is counted against when pruning is off."""
@@ -91,12 +93,19 @@ class PruneStage:
                 return Pruned(warm=warm, ttl=ttl)
             decided = await self._read(owner, conversation)
         fresh = [s for s in prunable if s.call_id is not None and s.call_id not in decided]
-        due = (
-            bool(fresh)
-            and timing is not None
-            and (
-                not warm
-                or (pruning.mode == "pays" and self._pays(body, prefix, fresh, timing[1], ttl))
+        if fresh and not warm:
+            # cold by this worker's clock: another worker or instance may have served the
+            # session since; the report's database says when it last saw it
+            last = await self._call(self._ledger.last_seen, owner, session)
+            warm = last is not None and now - last <= ttl
+            if last is None and timing is None:
+                fresh = []  # never seen anywhere: its first request, nothing cached to spare
+        due = bool(fresh) and (
+            not warm
+            or (
+                pruning.mode == "pays"
+                and timing is not None
+                and self._pays(body, prefix, fresh, timing[1], ttl)
             )
         )
         now_ids = (
@@ -121,9 +130,13 @@ class PruneStage:
         return Pruned(tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm)
 
     async def _read(self, owner: str, conversation: str) -> dict[str, str]:
+        return await self._call(self._ledger.decisions, owner, conversation)
+
+    async def _call(self, read: Callable[[str, str], _T], owner: str, key: str) -> _T:
+        """`read(owner, key)`, from a thread when the ledger's database may wait."""
         if self._ledger.waits:
-            return await asyncio.to_thread(self._ledger.decisions, owner, conversation)
-        return self._ledger.decisions(owner, conversation)
+            return await asyncio.to_thread(read, owner, key)
+        return read(owner, key)
 
     def _pays(
         self,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from proxy.errors import UpstreamError
@@ -57,8 +57,11 @@ class Recorder:
         record: bool = True,
         usage: UsageReader | None = None,
         tokens: TokenCounter | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._reports = reports
+        self._clock = clock
+        """When the request finished (the app's clock: pruning reads the sessions' times)."""
         self._record = record
         """False for requests the report does not count (token counting)."""
         self.draft = draft
@@ -110,7 +113,7 @@ class Recorder:
         self.draft.marks["end"] = time.time_ns()
         return replace(
             self.draft,
-            ts=time.time(),
+            ts=self._clock(),
             status=status,
             duration_ms=(time.perf_counter() - self._started) * 1000,
             upstream_error=upstream_error,

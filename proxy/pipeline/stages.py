@@ -244,6 +244,7 @@ class Pipeline:
             record=call.wire.generates,
             usage=UsageReader(call.wire.name) if call.wire.generates else None,
             tokens=self.state.tokens,
+            clock=self.state.clock,
         )
         return Outgoing(headers, recorder)
 

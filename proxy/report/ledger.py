@@ -67,6 +67,15 @@ class PruneLedger:
         self._remember(owner, conversation, found)
         return found
 
+    def last_seen(self, owner: str, session: str) -> float | None:
+        """When the report last saw a request of `session`, from any worker or instance (its
+        writer lags by a batch, ~50 ms); None when it has none (from a thread when `waits`)."""
+        sql = "SELECT last FROM sessions WHERE owner = ? AND id = ?"
+        rows = peek(self._reader, sql, (owner, session)) if self._reader else None
+        if rows is None:
+            rows = self._db.fetchall(sql, (owner, session))
+        return float(rows[0][0]) if rows else None
+
     def add(
         self, owner: str, conversation: str, decided: Mapping[str, str], *, at: float
     ) -> dict[str, str]:

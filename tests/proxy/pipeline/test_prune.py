@@ -73,7 +73,7 @@ def _messages(turns: int, *, ttl: str | None = None) -> dict[str, Any]:
         ]
     messages[-1]["content"][-1]["cache_control"] = control
     return {
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-4-6",
         "max_tokens": 100,
         "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": control}],
         "messages": messages,

@@ -1,0 +1,59 @@
+"""contextPruning through the real server, on the real clock (a 1-second cache lifetime),
+with the `anthropic` SDK: a result pruned once the cache expired goes out the same way on
+every later request, also from a second worker of the same server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.e2e.server import serve, standin_config
+from tests.proxy.pipeline.test_prune import _messages
+from tests.standin import StandIn
+
+pytestmark = pytest.mark.e2e
+
+
+def _results(body: dict[str, Any]) -> dict[str, str]:
+    return {
+        b["tool_use_id"]: str(b["content"])
+        for m in body["messages"]
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    }
+
+
+def _pruned(results: dict[str, str]) -> list[str]:
+    return [i for i, text in results.items() if "tool result pruned" in text]
+
+
+def test_a_result_pruned_after_an_expiry_goes_out_the_same_way_after(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    config = standin_config(tmp_path, standin)
+    config["agents"]["defaults"]["contextPruning"] = {"ttl": "1s"}
+    config["memory"]["inject"] = {"enabled": False}
+    with serve(tmp_path, config, workers=2) as server:
+        client = anthropic.Anthropic(base_url=server.root, api_key="sk-ant", max_retries=0)
+
+        def send(turns: int) -> dict[str, str]:
+            body = _messages(turns)
+            client.messages.create(**body)
+            return _results(standin.received[-1].json)
+
+        assert _pruned(send(5)) == []
+        assert _pruned(send(6)) == []  # warm: nothing pruned
+        time.sleep(1.5)  # the cache's lifetime passes
+        first = send(7)
+        assert _pruned(first) == ["toolu_0", "toolu_1", "toolu_2", "toolu_3"]
+        for turns in (8, 9, 10, 11):  # warm again; either worker may serve each one
+            later = send(turns)
+            assert {i: later[i] for i in first} == first
+        report = server.report()
+    pruned = [s for r in report["recent"] for s in r["segments"] if s["kind"] == "pruned"]
+    assert {s["note"] for s in pruned} == {"pruned now", "pruned earlier"}
+    assert sum(s["note"] == "pruned now" for s in pruned) == 4

@@ -131,7 +131,7 @@ def test_the_report_bills_each_real_session_to_the_cent(
     money = report["totals"]["money"]
     assert money["sessions"] == len(with_proxy)
     assert money["costUsd"] == pytest.approx(sum(s["costUsd"] for s in report["sessions"]))
-    assert money["cacheBusts"] == {"client": 0, "ctxbudget": 0}
+    assert money["cacheBusts"] == {"client": 0, "ctxbudget": 0, "planned": 0}
 
 
 def _one_hour(value: Any) -> Any:

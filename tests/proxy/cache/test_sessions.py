@@ -102,7 +102,7 @@ def test_deterministic_clamps_and_memories_keep_the_cached_prefix(tmp_path: Path
     assert [r["memory"] is not None for r in report["recent"][::-1]] == [True, False, True]
     (session,) = report["sessions"]
     assert session["requests"] == 3
-    assert session["cacheBusts"] == {"client": 0, "ctxbudget": 0}
+    assert session["cacheBusts"] == {"client": 0, "ctxbudget": 0, "planned": 0}
     assert session["memoryTokens"] > 0
 
 
@@ -134,7 +134,7 @@ def test_a_clamp_that_is_not_deterministic_is_caught_as_a_cache_bust(tmp_path: P
     assert "x-context-budget-cache-bust" not in replies[0].headers  # nothing to compare with
     assert replies[1].headers["x-context-budget-cache-bust"] == "messages[0] clamp"
     (session,) = report["sessions"]
-    assert session["cacheBusts"] == {"client": 0, "ctxbudget": 1}
+    assert session["cacheBusts"] == {"client": 0, "ctxbudget": 1, "planned": 0}
     assert session["lastCacheBust"] == "messages[0] clamp"
     assert report["recent"][0]["cacheBust"] == "messages[0] clamp"
     assert report["totals"]["money"]["cacheBusts"]["ctxbudget"] == 1
@@ -152,7 +152,7 @@ def test_a_client_that_rewrites_its_history_busts_its_own_cache(tmp_path: Path) 
             assert "x-context-budget-cache-bust" not in r.headers
         state_of(client).reports.flush()
         (session,) = client.get("/context/budget").json()["sessions"]
-    assert session["cacheBusts"] == {"client": 1, "ctxbudget": 0}
+    assert session["cacheBusts"] == {"client": 1, "ctxbudget": 0, "planned": 0}
 
 
 def test_money_is_the_providers_usage_at_the_models_prices(tmp_path: Path) -> None:

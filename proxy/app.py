@@ -119,6 +119,7 @@ def create_app(
             yield
         finally:
             await upstream.close()
+            await pipeline.prune.summarizer.close()
             if owns_offload:  # one given to create_app may serve other apps too
                 await pipeline.offload.close()
             state.stores.close()

@@ -28,6 +28,7 @@ from typing import TypeVar
 from caps import Segment, pays
 from proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
 from proxy.config.settings import Pruning, Settings
+from proxy.pipeline.summaries import Summarizer, summary_text
 from proxy.report.billing import write_price
 from proxy.report.ledger import PruneLedger
 from proxy.report.prices import prices
@@ -63,9 +64,13 @@ class Pruned:
 class PruneStage:
     """Decides and applies pruning, against the report database's ledger."""
 
-    def __init__(self, ledger: PruneLedger, sessions: SessionTracker) -> None:
+    def __init__(
+        self, ledger: PruneLedger, sessions: SessionTracker, summarizer: Summarizer
+    ) -> None:
         self._ledger = ledger
         self._sessions = sessions
+        self.summarizer = summarizer
+        """Summaries of long results, to stand for them once pruned (opt-in)."""
 
     async def run(
         self,
@@ -111,7 +116,11 @@ class PruneStage:
         now_ids = (
             frozenset(s.call_id for s in fresh if s.call_id is not None) if due else frozenset()
         )
-        plan: dict[str, str | None] = {**decided, **{i: None for i in now_ids}}
+        summaries = await self._summaries(owner, conversation, session, fresh, settings)
+        plan: dict[str, str | None] = {
+            **decided,
+            **{s.call_id: _with_summary(s, summaries) for s in fresh if s.call_id in now_ids},
+        }
         if not plan:
             return Pruned(warm=warm, ttl=ttl)
         caps = replace(settings.caps, pruned=tuple(plan.items()), pruned_now=now_ids)
@@ -128,6 +137,29 @@ class PruneStage:
             if any(kept.get(i) != text for i, text in made.items()):
                 log.info("another worker pruned conversation %s first: its texts stand", session)
         return Pruned(tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm)
+
+    async def _summaries(
+        self,
+        owner: str,
+        conversation: str,
+        session: str,
+        fresh: Sequence[Segment],
+        settings: Settings,
+    ) -> dict[str, str]:
+        """The summaries kept for `fresh` results; the long ones without one are asked for."""
+        pruning = settings.pruning
+        if not fresh or pruning is None or pruning.summarize_model is None:
+            return {}
+        have = await self._call(self._ledger.summaries, owner, conversation)
+        self.summarizer.ask(
+            list(fresh),
+            owner=owner,
+            conversation=conversation,
+            session=session,
+            have=have,
+            settings=settings,
+        )
+        return have
 
     async def _read(self, owner: str, conversation: str) -> dict[str, str]:
         return await self._call(self._ledger.decisions, owner, conversation)
@@ -162,6 +194,13 @@ class PruneStage:
             read=found.cache_read,
             expected=(run + 1) / 2,  # half the warm run so far, this request counted
         )
+
+
+def _with_summary(segment: Segment, summaries: dict[str, str]) -> str | None:
+    """What stands for a result pruned now: its summary when it has one (and that is
+    shorter), else None (the policy's text, written in the second pass)."""
+    found = summaries.get(segment.call_id or "")
+    return None if found is None else summary_text(found, segment, segment.url)
 
 
 def _ttl(body: WireRequest, pruning: Pruning | None) -> float:

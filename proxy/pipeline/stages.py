@@ -52,6 +52,7 @@ from proxy.pipeline.offload import Offload
 from proxy.pipeline.prune import Pruned, PruneStage
 from proxy.pipeline.recall import RecallStage, Skipped
 from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
+from proxy.pipeline.summaries import Summarizer
 from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
 from proxy.report.render import render_summary, render_text
@@ -112,7 +113,11 @@ class Pipeline:
         self.offload = offload or Offload()
         """The worker process for large bodies (started by the first one; the app closes it)."""
         self.recall = RecallStage(state.stores, state.tokens, state.env)
-        self.prune = PruneStage(state.reports.ledger, state.sessions)
+        self.prune = PruneStage(
+            state.reports.ledger,
+            state.sessions,
+            Summarizer(state.reports, state.upstream, state.env, clock=state.clock),
+        )
 
     def endpoint(self, wire: WireFormat) -> Endpoint:
         """The Starlette endpoint serving `wire`'s route(s)."""

@@ -98,6 +98,26 @@ class PruneLedger:
         self._remember(owner, conversation, found)
         return found
 
+    def summaries(self, owner: str, conversation: str) -> dict[str, str]:
+        """Call id → summary of the conversation's summarised results (from a thread when
+        `waits`)."""
+        sql = "SELECT call_id, text FROM summaries WHERE owner = ? AND conversation = ?"
+        rows = peek(self._reader, sql, (owner, conversation)) if self._reader else None
+        if rows is None:
+            rows = self._db.fetchall(sql, (owner, conversation))
+        return {call_id: text for call_id, text in rows}
+
+    def add_summary(
+        self, owner: str, conversation: str, call_id: str, text: str, *, at: float
+    ) -> None:
+        """Keep a result's summary (the first one written stands; from a thread)."""
+        with self._db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO summaries (owner, conversation, call_id, text, at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (owner, conversation, call_id) DO NOTHING",
+                (owner, conversation, call_id, text, at),
+            )
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()

@@ -81,6 +81,9 @@ class RequestRecord:
     """Memories placed again from an earlier request of the session (recall did not run)."""
     memory_skipped: str | None = None
     """Why recall was skipped (the memory database did not answer), or None."""
+    overhead: bool = False
+    """A request ctxbudget made itself (a pruned result's summary): without ctxbudget it would
+    not have been made, so what it cost is all loss (`withoutCtxbudgetUsd` 0)."""
 
     billed: dict[str, Any] | None = None
     """`billing(self)`, when the request path already priced it (a JSON answer, for its
@@ -223,6 +226,8 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     usage_without = actual = would = None
     if r.usage is not None:
         usage_without = without(r.usage, shifts)
+        if r.overhead:
+            usage_without = Usage(input=0, cache_read=0, cache_write=0, output=0)
         if r.prices is not None:
             actual, would = cost(r.usage, r.prices), cost(usage_without, r.prices)
     return {

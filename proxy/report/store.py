@@ -212,11 +212,15 @@ CREATE TABLE IF NOT EXISTS pruned (owner TEXT NOT NULL, conversation TEXT NOT NU
     call_id TEXT NOT NULL, text TEXT NOT NULL, at {real} NOT NULL,
     PRIMARY KEY (owner, conversation, call_id));
 CREATE INDEX IF NOT EXISTS pruned_at ON pruned (at);
+CREATE TABLE IF NOT EXISTS summaries (owner TEXT NOT NULL, conversation TEXT NOT NULL,
+    call_id TEXT NOT NULL, text TEXT NOT NULL, at {real} NOT NULL,
+    PRIMARY KEY (owner, conversation, call_id));
 ALTER TABLE sessions ADD COLUMN prunes {int} NOT NULL DEFAULT 0;
 ALTER TABLE sessions ADD COLUMN busts_planned {int} NOT NULL DEFAULT 0
 """
-"""6: pruning's decisions (`proxy/report/ledger.py`: what stands for each pruned result), and
-each session's prunes and the cache busts they planned."""
+"""6: pruning's decisions (`proxy/report/ledger.py`: what stands for each pruned result), the
+summaries that may stand for one (`contextPruning.summarize`), and each session's prunes and
+the cache busts they planned."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -736,6 +740,7 @@ class ReportStore:
         conn.execute("DELETE FROM counts_by_hour WHERE hour < ?", (int(cutoff // HOUR),))
         conn.execute("DELETE FROM sessions WHERE last < ?", (cutoff,))
         conn.execute("DELETE FROM pruned WHERE at < ?", (cutoff,))
+        conn.execute("DELETE FROM summaries WHERE at < ?", (cutoff,))
 
     # -- reading -------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ workers and after a restart), and that nothing else of a request changes."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -269,3 +270,66 @@ def test_nothing_is_pruned_with_the_budget_or_pruning_off(tmp_path: Path, switch
         clock.wait(3600)
         _send(client, fake, "/v1/chat/completions", _chat(7))
         assert not any(_pruned(t) for t in _results(fake).values())
+
+
+def _summaries_asked(fake: FakeUpstream) -> list[dict[str, Any]]:
+    bodies = [orjson.loads(s.body) for s in fake.sent if s.body]
+    return [b for b in bodies if b.get("model") == "gpt-4o-mini"]
+
+
+def test_a_summary_stands_for_a_long_result_once_pruned(tmp_path: Path) -> None:
+    clock = Clock()
+    config = _config(tmp_path, summarize={"model": "gpt-4o-mini", "minChars": 1000})
+    answer = {
+        **chat_completion("pytest failed twice in tests/test_io.py: EOFError at line 40"),
+        "usage": {"prompt_tokens": 2500, "completion_tokens": 30},
+    }
+    with proxy_app(tmp_path, config, clock=clock) as (client, fake):
+        for turns in range(1, 7):
+            fake.answer_json(answer)
+            client.post("/v1/chat/completions", content=orjson.dumps(_chat(turns)))
+            clock.wait(10)
+        # the results that became prunable were sent to the summariser, off the request path
+        for _ in range(100):
+            if len(_summaries_asked(fake)) >= 3:
+                break
+            time.sleep(0.05)
+        asked = _summaries_asked(fake)
+        assert len(asked) == 3 and "run 0" in asked[0]["messages"][1]["content"]
+        time.sleep(0.2)  # the summaries are kept
+        clock.wait(600)
+        fake.answer_json(answer)
+        client.post("/v1/chat/completions", content=orjson.dumps(_chat(7)))
+        sent = [orjson.loads(s.body) for s in fake.sent if s.body]
+        results = {
+            m["tool_call_id"]: m["content"]
+            for m in [b for b in sent if b["model"] == "gpt-4o"][-1]["messages"]
+            if m.get("role") == "tool"
+        }
+        for i in range(3):
+            assert results[f"call_{i}"].startswith(
+                f"[Summary of an earlier tool result (exec call_{i}, 8,"
+            )
+            assert results[f"call_{i}"].endswith("EOFError at line 40")
+        assert _pruned(results["call_3"])  # no summary asked for it yet: the placeholder
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+    summaries = [r for r in report["recent"] if r["route"] == "summarize"]
+    assert len(summaries) == 4  # call_3, prunable from the last request on, asked too
+    assert all(r["costUsd"] > 0 for r in summaries)
+    assert all(r["withoutCtxbudgetUsd"] == 0 for r in summaries)  # all cost, nothing saved
+
+
+def test_a_failed_summary_leaves_the_placeholder(tmp_path: Path) -> None:
+    clock = Clock()
+    config = _config(tmp_path, summarize={"model": "gpt-4o-mini", "minChars": 1000})
+    with proxy_app(tmp_path, config, clock=clock) as (client, fake):
+        for turns in range(1, 6):
+            _send(client, fake, "/v1/chat/completions", _chat(turns))
+            fake.answer_json({"error": {"message": "overloaded"}}, status=529)
+            time.sleep(0.1)
+            clock.wait(10)
+        clock.wait(600)
+        _send(client, fake, "/v1/chat/completions", _chat(6))
+        pruned = [t for t in _results(fake).values() if _pruned(t)]
+        assert pruned and not any("Summary of" in t for t in pruned)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from caps._text import utf16_head, utf16_len, utf16_tail
+from caps.toolresults import tool_calls
 from caps.types import Message, PrunePolicy, Segment
 
 
@@ -199,21 +200,7 @@ def _cutoff(messages: Sequence[Any], keep: int) -> int:
 
 def _names(messages: Sequence[Any]) -> dict[str, str]:
     """Call id → tool name, from the assistant messages' `tool_calls`."""
-    names: dict[str, str] = {}
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") != "assistant":
-            continue
-        calls = message.get("tool_calls")
-        if not isinstance(calls, list):
-            continue
-        for call in calls:
-            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-                continue
-            function = call.get("function")
-            name = function.get("name") if isinstance(function, dict) else None
-            if isinstance(name, str):
-                names[call["id"]] = name
-    return names
+    return {call_id: name for call_id, (name, _) in tool_calls(list(messages)).items()}
 
 
 def _text(content: Any) -> str | None:

@@ -396,3 +396,9 @@ def _segment(
         original=original,
         clamped=clamped,
     )
+
+
+def tool_calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
+    """tool_call_id → (real tool name, arguments) of the assistant calls in `messages`, the
+    tool-search bridge unwrapped (what names a result: `caps/prune.py` reads it too)."""
+    return _calls(messages)

@@ -60,7 +60,8 @@ REPLY = {
 STAGES = (
     ("read + parse", "start", "parsed"),
     ("clamp", "parsed", "clamped"),
-    ("session + recall", "recall_start", "recall_end"),
+    ("session + prune", "clamped", "recall_start"),
+    ("recall + observe", "recall_start", "recall_end"),
     ("headers + record", "recall_end", "upstream_start"),
     ("forward + answer", "upstream_start", "end"),
 )

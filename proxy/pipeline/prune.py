@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from caps import Segment, pays
 from proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
-from proxy.config.settings import Pruning, Settings
+from proxy.config.settings import Settings
 from proxy.pipeline.summaries import Summarizer, summary_text
 from proxy.report.billing import write_price
 from proxy.report.ledger import PruneLedger
@@ -86,8 +86,10 @@ class PruneStage:
     ) -> Pruned:
         """Prune what is due in `body` (`prunable`: the clamp's `prunable` segments)."""
         pruning = settings.pruning
-        ttl = _ttl(body, pruning)
+        ttl = pruning.ttl_seconds if pruning is not None else DEFAULT_TTL
         timing = self._sessions.timing(owner, session)
+        if timing is not None and now - timing[0] > ttl:
+            ttl = _ttl(body, ttl)  # apparently expired: unless the request asks for longer
         warm = timing is not None and now - timing[0] <= ttl
         if pruning is None or not apply:
             return Pruned(warm=warm, ttl=ttl)
@@ -203,11 +205,11 @@ def _with_summary(segment: Segment, summaries: dict[str, str]) -> str | None:
     return None if found is None else summary_text(found, segment, segment.url)
 
 
-def _ttl(body: WireRequest, pruning: Pruning | None) -> float:
-    """The cache lifetime of the request's session: the request's own (1 hour for
-    `cache_control.ttl: "1h"`, 24 hours for `prompt_cache_retention: "24h"`), else the
-    config's `contextPruning.ttl`."""
-    ttl = pruning.ttl_seconds if pruning is not None else DEFAULT_TTL
+def _ttl(body: WireRequest, ttl: float) -> float:
+    """The cache lifetime of the request's session: the request's own when it asks for longer
+    (1 hour for `cache_control.ttl: "1h"`, 24 hours for `prompt_cache_retention: "24h"`),
+    else `ttl` (the config's `contextPruning.ttl`). Looking costs a scan of the body (~0.1 ms
+    for 186 KB): asked only of a request whose session looks expired by `ttl`."""
     if body.get("prompt_cache_retention") == "24h":
         return max(ttl, 86_400.0)
     if any(marker in body.raw for marker in HOUR_TTL):

@@ -79,8 +79,7 @@ class RecallStage:
         settings: Settings,
         options: RequestOptions,
     ) -> RecallReport | None:
-        store = self._stores.opened(settings)
-        if store is not None and store.has_any_nowait(owner) is False:
+        if self._stores.empty(owner, settings):
             return None  # the common case, answered on the loop without waiting
         words: list[str] = []
         note: str | None = None

@@ -105,6 +105,7 @@ class MemoryRoutes:
             added, evicted = await asyncio.to_thread(lambda: stores.store(settings).add(new))
         except InvalidMemory as exc:
             raise BadRequest(str(exc)) from exc
+        stores.added(new.owner)
         return JSONResponse(
             {"memory": added.to_dict(), "evicted": [m.to_dict() for m in evicted]},
             status_code=201,
@@ -137,6 +138,8 @@ class MemoryRoutes:
             added, evicted = await asyncio.to_thread(lambda: stores.store(settings).add_many(new))
         except InvalidMemory as exc:
             raise BadRequest(f"nothing added: {exc}") from exc
+        for memory in new:
+            stores.added(memory.owner)
         return JSONResponse(
             {
                 "object": "list",

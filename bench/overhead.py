@@ -110,6 +110,7 @@ def start_proxy(
         },
         "agents": {"defaults": {"contextBudget": {"enabled": enabled}}},
         "report": {"path": str(workdir / "report.db")},
+        "memory": {"store": {"path": str(workdir / "memory.db")}},  # never ~/.ctxbudget
     }
     path = workdir / "bench.jsonc"
     path.write_text(json.dumps(config))

@@ -198,9 +198,18 @@ class HttpUpstream:
             sock_read=read_timeout,
         )
         try:
-            resp = await self._session.request(
-                method, sent, data=body, headers=headers, timeout=timeout
-            )
+            try:
+                resp = await self._session.request(
+                    method, sent, data=body, headers=headers, timeout=timeout
+                )
+            except aiohttp.ServerDisconnectedError:
+                # A pooled connection the server closed while idle (its keep-alive ran out,
+                # uvicorn's after 5 s) is found closed only when written to: the server never
+                # read the request. Once more, on a fresh connection; a second disconnect is
+                # the server's answer.
+                resp = await self._session.request(
+                    method, sent, data=body, headers=headers, timeout=timeout
+                )
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamError(
                 f"upstream {redact(url)} did not accept a connection within "

@@ -264,3 +264,52 @@ def test_user_info_in_the_url_is_basic_auth_unless_the_request_has_authorization
         ("Bearer sk-client", "/v1/chat/completions?token=T"),
         (basic, "/v1/chat/completions?token=T"),
     ]
+
+
+def test_a_pooled_connection_the_server_closed_is_tried_again_on_a_fresh_one() -> None:
+    """A keep-alive connection the server drops as the next request arrives (its idle time
+    ran out): the request never reached it, and goes again on a new connection."""
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+        b"connection: keep-alive\r\n\r\n{}"
+    )
+    connections = []
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        served = 0
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            if served == 1 and len(connections) == 1:
+                writer.close()  # the first connection dies with its second request
+                return
+            writer.write(answer)
+            await writer.drain()
+            served += 1
+
+    async def run() -> list[int]:
+        server = await asyncio.start_server(client, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        upstream = HttpUpstream()
+        statuses = []
+        try:
+            for _ in range(3):
+                reply = await upstream.request(
+                    "POST",
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    body=b"{}",
+                    headers={"content-type": "application/json"},
+                    connect_timeout=2,
+                    read_timeout=2,
+                )
+                await reply.read()
+                statuses.append(reply.status)
+        finally:
+            await upstream.close()
+            server.close()
+        return statuses
+
+    assert asyncio.run(run()) == [200, 200, 200]
+    assert len(connections) == 2

@@ -45,7 +45,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +87,21 @@ class Received:
     @property
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
+
+
+@dataclass(frozen=True)
+class PlannedTurn:
+    """One answer a `Planner` chose: a tool call `(name, input)` after a line of `text`, or
+    (no call) `text` alone."""
+
+    text: str
+    call: tuple[str, dict[str, Any]] | None = None
+
+
+Planner = Callable[[str, dict[str, Any], list[Any]], PlannedTurn | None]
+"""Chooses the answer to a request: `(format, body, conversation)` → a turn, or None for the
+stand-in's own. `format` is "chat", "messages" or "responses"; `conversation` is the
+request's messages, or for Responses every input item (a continuation's earlier ones too)."""
 
 
 @dataclass
@@ -132,6 +147,9 @@ class StandIn:
         self.tool_inputs: dict[str, dict[str, Any]] = {}
         """Tool name → its call's input; absent: made from the tool's JSON schema (required
         properties only: paths "README.md", commands "echo standin", urls, numbers 1, …)."""
+        self.planner: Planner | None = None
+        """Plays a whole session: asked first on every format (an `x_standin` control
+        aside); None, or its None: the scripting above."""
 
     @property
     def root(self) -> str:
@@ -188,6 +206,7 @@ class StandIn:
         self.script_tool = None
         self.tool_preference = list(DEFAULT_TOOL_PREFERENCE)
         self.tool_inputs = {}
+        self.planner = None
 
 
 def _error(status: int, message: str, retry_after: str | None = None) -> Response:
@@ -275,11 +294,25 @@ def create_standin(state: StandIn) -> Starlette:
         )
         cid = "chatcmpl-" + uuid.uuid4().hex[:12]
         created = int(time.time())
-        tool = bool(control.get("tool_calls"))
+        call = _tool_call() if control.get("tool_calls") else None
+        plan = _plan(state, "chat", data, list(data.get("messages") or []), control)
+        if plan is not None:
+            text = plan.text
+            if plan.call is not None:
+                name, arguments = plan.call
+                call = {
+                    "id": "call_" + uuid.uuid4().hex[:24],
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)},
+                }
+        tool = call is not None
         parts = [("tool", t) for t in data.get("tools") or []]
         parts += [("message", m) for m in data.get("messages") or []]
         prompt = _openai_prompt(state, data, parts)
-        completion = tokens_of(text)
+        # the model's tokens: the text and the call's name and arguments (not the id the API
+        # gives it, a random one: the same answer always costs the same)
+        function = call["function"] if call else {"name": "", "arguments": ""}
+        completion = tokens_of(text) + tokens_of(function["name"] + function["arguments"])
         usage = {
             "prompt_tokens": prompt.total,
             "completion_tokens": completion,
@@ -295,9 +328,10 @@ def create_standin(state: StandIn) -> Starlette:
         state.billed.append(usage)
         state.charge("/v1/chat/completions", str(model), prompt, completion, provider="openai")
         if not data.get("stream"):
-            message: dict[str, Any] = {"role": "assistant", "content": None if tool else text}
-            if tool:
-                message["tool_calls"] = [_tool_call()]
+            said = (text or None) if plan is not None else None
+            message: dict[str, Any] = {"role": "assistant", "content": said if tool else text}
+            if call is not None:
+                message["tool_calls"] = [call]
             return JSONResponse(
                 {
                     "id": cid,
@@ -334,15 +368,16 @@ def create_standin(state: StandIn) -> Starlette:
                 while True:
                     await asyncio.sleep(delay or 0.05)
                     yield chunk({"content": "."})
-            if tool:
-                call = _tool_call()
+            if call is not None:
+                if plan is not None and text:
+                    yield chunk({"content": text})
                 yield chunk(
                     {
                         "tool_calls": [
                             {
                                 "index": 0,
                                 **call,
-                                "function": {"name": "web_fetch", "arguments": ""},
+                                "function": {"name": call["function"]["name"], "arguments": ""},
                             }
                         ]
                     }
@@ -567,6 +602,15 @@ def _tokens(value: Any) -> int:
 _KEEP_RESPONSES = 1000
 
 
+def _plan(
+    state: StandIn, wire: str, data: dict[str, Any], conversation: list[Any], control: Any
+) -> PlannedTurn | None:
+    """The planner's turn, unless the request's `x_standin` chooses the answer itself."""
+    if state.planner is None or (isinstance(control, dict) and "tool_calls" in control):
+        return None
+    return state.planner(wire, data, conversation)
+
+
 def _wants_tool(state: StandIn, control: dict[str, Any], offered: bool, answered: bool) -> bool:
     forced = control.get("tool_calls")
     if isinstance(forced, bool):
@@ -768,6 +812,15 @@ def _messages_answer(
         said = "" if thinking.get("display") == "omitted" else "The stand-in considers the turn."
         signature = base64.b64encode(hashlib.sha256(json.dumps(messages).encode()).digest())
         blocks.append({"type": "thinking", "thinking": said, "signature": signature.decode()})
+    plan = _plan(state, "messages", data, messages, control)
+    if plan is not None:
+        if plan.text or plan.call is None:
+            blocks.append({"type": "text", "text": plan.text})
+        if plan.call is not None:
+            name, arguments = plan.call
+            tool_id = "toolu_" + uuid.uuid4().hex[:24]
+            blocks.append({"type": "tool_use", "id": tool_id, "name": name, "input": arguments})
+        return blocks
     if _wants_tool(state, control, bool(tools), bool(results)):
         name, arguments = _choose_call(state, tools)
         blocks.append({"type": "text", "text": f"standin: calling {name}"})
@@ -942,8 +995,14 @@ def _responses_answer(
         if "reasoning.encrypted_content" in (data.get("include") or []):
             thought["encrypted_content"] = "gAAAAB" + base64.b64encode(said.encode()).decode()
         output.append(thought)
-    if _wants_tool(state, control, bool(tools), bool(results)):
+    plan = _plan(state, "responses", data, conversation, control)
+    if plan is not None and plan.call is not None:
+        name, arguments = plan.call
+    elif plan is None and _wants_tool(state, control, bool(tools), bool(results)):
         name, arguments = _choose_call(state, tools)
+    else:
+        name = ""
+    if name:
         output.append(
             {
                 "type": "function_call",
@@ -955,7 +1014,9 @@ def _responses_answer(
             }
         )
         return output
-    if results:
+    if plan is not None:
+        text = plan.text
+    elif results:
         names = {
             i.get("call_id"): i.get("name") for i in conversation if i.get("type") in _MODEL_ITEMS
         }

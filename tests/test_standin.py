@@ -32,7 +32,7 @@ from tests.prompt_cache import (
     price,
     rates,
 )
-from tests.standin import StandIn, StoredResponse, run_standin, tokens_of
+from tests.standin import PlannedTurn, StandIn, StoredResponse, run_standin, tokens_of
 
 pytestmark = pytest.mark.e2e
 
@@ -848,3 +848,47 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
             block = {k: v for k, v in block.items() if k != "cache_control"}
         total += tokens_of(json.dumps([kind, block], sort_keys=True, ensure_ascii=False))
     return total
+
+
+def test_a_planner_chooses_the_answer_in_every_format(standin: StandIn) -> None:
+    seen: list[tuple[str, int]] = []
+    turn = PlannedTurn("Reading it.", ("read", {"path": "a.py"}))
+
+    def planner(wire: str, data: dict[str, Any], conversation: list[Any]) -> PlannedTurn:
+        seen.append((wire, len(conversation)))
+        return turn
+
+    standin.planner = planner
+    function = {"name": "read", "parameters": {"type": "object"}}
+    ask = {"role": "user", "content": "read a.py"}
+    chat = {
+        "model": "gpt-4.1",
+        "messages": [ask],
+        "tools": [{"type": "function", "function": function}],
+    }
+    headers = {"authorization": "Bearer sk-test"}
+    message = _post(standin, "/v1/chat/completions", chat, **headers).json()["choices"][0][
+        "message"
+    ]
+    assert message["content"] == "Reading it."
+    [call] = message["tool_calls"]
+    assert call["function"] == {"name": "read", "arguments": '{"path": "a.py"}'}
+    streamed = _post(standin, "/v1/chat/completions", {**chat, "stream": True}, **headers).text
+    deltas = [
+        json.loads(line[6:])["choices"][0]["delta"]
+        for line in streamed.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert "".join(d.get("content") or "" for d in deltas) == "Reading it."
+    parts = [c for d in deltas for c in d.get("tool_calls") or []]
+    assert parts[0]["function"]["name"] == "read"
+    assert "".join(p["function"]["arguments"] for p in parts) == '{"path": "a.py"}'
+
+    blocks = _post(standin, "/v1/messages", _messages(_user("read a.py"))).json()["content"]
+    assert [b["type"] for b in blocks] == ["text", "tool_use"]
+    assert (blocks[1]["name"], blocks[1]["input"]) == ("read", {"path": "a.py"})
+    turn = PlannedTurn("All done.")
+    body = {"model": "gpt-5.5", "input": "read a.py"}
+    [item] = _post(standin, "/v1/responses", body, **headers).json()["output"]
+    assert item["content"][0]["text"] == "All done."
+    assert seen == [("chat", 1), ("chat", 1), ("messages", 1), ("responses", 1)]

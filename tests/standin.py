@@ -19,12 +19,15 @@ whose newest turn holds a tool result is answered with text that names the tool
 ("standin: done after tool read; result had 42 chars"). `StandIn.script_tool`,
 `tool_preference` and `tool_inputs` choose the call; `call_tools = False` turns scripting off.
 
-Usage is billed as a provider would, so that the proxy's billing can be checked to the cent:
-the prompt is a run of blocks (tools, system blocks, messages or items), each counted with
-tiktoken's o200k_base over its canonical JSON (`tokens_of`), and prompt caching is imitated
-over those blocks (Anthropic: prefixes up to a `cache_control` marker are written on first
-sight and read afterwards; chat completions and Responses: the longest prefix of whole blocks
-seen before is read from the cache, as OpenAI's automatic caching does).
+Usage is billed as the provider would, so that the proxy's report can be checked to the
+token: the prompt is a run of blocks (tools, system blocks, messages or items), each counted
+with tiktoken's o200k_base over its canonical JSON (`tokens_of`), and each provider's prompt
+caching is played over them exactly as documented (`tests/prompt_cache.py`: Anthropic's
+breakpoints, minimums, lookback and 5-minute / 1-hour lifetimes; OpenAI's automatic caching
+from 1,024 tokens in 128-token steps, its retention and `prompt_cache_key` routing). Time is
+the stand-in's `clock`, a `SimClock` that only `advance` (or `POST /_standin/clock`) moves:
+a benchmark inserts idle gaps without sleeping. Each answer is priced from litellm's offline
+map (`bills`, `bill()`, `GET /_standin/bill`).
 
 In a test: `with run_standin() as s: ... s.base_url ... s.received`. As a process (for the
 benchmarks): `python -m tests.standin --port 0` prints `STANDIN_PORT=<port>`.
@@ -35,20 +38,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import functools
 import hashlib
-import importlib.util
 import itertools
 import json
-import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -56,6 +55,21 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.prompt_cache import (
+    ANTHROPIC_MAX_BREAKPOINTS,
+    AnthropicCache,
+    BillLine,
+    OpenAICache,
+    PromptUsage,
+    SimClock,
+    bill_summary,
+    block_prefixes,
+    marker_ttl,
+    price,
+    rates,
+    tokens_of,
+)
 
 DEFAULT_TOOL_PREFERENCE = ("read", "Read", "read_file", "shell", "exec_command", "web_fetch")
 """Tool names a scripted turn calls, first offered wins (OpenClaw, Claude Code, Codex, …)."""
@@ -73,6 +87,21 @@ class Received:
     @property
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
+
+
+@dataclass(frozen=True)
+class PlannedTurn:
+    """One answer a `Planner` chose: a tool call `(name, input)` after a line of `text`, or
+    (no call) `text` alone."""
+
+    text: str
+    call: tuple[str, dict[str, Any]] | None = None
+
+
+Planner = Callable[[str, dict[str, Any], list[Any]], PlannedTurn | None]
+"""Chooses the answer to a request: `(format, body, conversation)` → a turn, or None for the
+stand-in's own. `format` is "chat", "messages" or "responses"; `conversation` is the
+request's messages, or for Responses every input item (a continuation's earlier ones too)."""
 
 
 @dataclass
@@ -99,10 +128,14 @@ class StandIn:
         or on Messages/Responses after a tool result, a "done after tool" line)."""
         self.responses: dict[str, StoredResponse] = {}
         """Responses answers by id, for `previous_response_id` (not kept with `store: false`)."""
-        self.cache_prefixes: set[str] = set()
-        """Digests of the prompt prefixes seen so far (imitated prompt caching)."""
+        self.clock = SimClock()
+        """Simulated time for the prompt caches: moves only when told (`clock.advance`)."""
+        self.anthropic_cache = AnthropicCache(self.clock)
+        self.openai_cache = OpenAICache(self.clock)
         self.billed: list[dict[str, Any]] = []
         """The usage of each answer, in its format's own fields, in order."""
+        self.bills: list[BillLine] = []
+        """Each answer as the provider bills it (tokens by class, USD), in order."""
         self.call_tools = True
         """Answer a Messages/Responses request that offers tools, and holds no tool result in
         its newest turn, with a tool call. False: always text (unless `x_standin` says so)."""
@@ -114,6 +147,9 @@ class StandIn:
         self.tool_inputs: dict[str, dict[str, Any]] = {}
         """Tool name → its call's input; absent: made from the tool's JSON schema (required
         properties only: paths "README.md", commands "echo standin", urls, numbers 1, …)."""
+        self.planner: Planner | None = None
+        """Plays a whole session: asked first on every format (an `x_standin` control
+        aside); None, or its None: the scripting above."""
 
     @property
     def root(self) -> str:
@@ -132,17 +168,45 @@ class StandIn:
     def last_json(self) -> Any:
         return self.received[-1].json
 
+    def bill(self) -> dict[str, Any]:
+        """What the provider would bill for everything answered since the last reset: each
+        request (`BillLine.to_dict`) and the totals (`tokens` by class, `usd`)."""
+        lines = list(self.bills)
+        return {**bill_summary(lines), "lines": [line.to_dict() for line in lines]}
+
+    def charge(
+        self, route: str, model: str, usage: PromptUsage, output: int, *, provider: str
+    ) -> None:
+        """Add one answer to `bills`, priced from litellm's map for `model`."""
+        found = rates(model, "anthropic" if provider == "anthropic" else "openai")
+        self.bills.append(
+            BillLine(
+                route=route,
+                model=model,
+                at=self.clock.now(),
+                input=usage.input,
+                cache_read=usage.cache_read,
+                cache_write_5m=usage.cache_write_5m,
+                cache_write_1h=usage.cache_write_1h,
+                output=output,
+                usd=None if found is None else price(found, usage, output),
+            )
+        )
+
     def reset(self) -> None:
         """Forget everything received and stored, and put scripting back to its defaults."""
         self.received.clear()
         self.replies.clear()
         self.responses.clear()
-        self.cache_prefixes.clear()
+        self.anthropic_cache.clear()
+        self.openai_cache.clear()
         self.billed.clear()
+        self.bills.clear()
         self.call_tools = True
         self.script_tool = None
         self.tool_preference = list(DEFAULT_TOOL_PREFERENCE)
         self.tool_inputs = {}
+        self.planner = None
 
 
 def _error(status: int, message: str, retry_after: str | None = None) -> Response:
@@ -230,22 +294,44 @@ def create_standin(state: StandIn) -> Starlette:
         )
         cid = "chatcmpl-" + uuid.uuid4().hex[:12]
         created = int(time.time())
-        tool = bool(control.get("tool_calls"))
+        call = _tool_call() if control.get("tool_calls") else None
+        plan = _plan(state, "chat", data, list(data.get("messages") or []), control)
+        if plan is not None:
+            text = plan.text
+            if plan.call is not None:
+                name, arguments = plan.call
+                call = {
+                    "id": "call_" + uuid.uuid4().hex[:24],
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)},
+                }
+        tool = call is not None
         parts = [("tool", t) for t in data.get("tools") or []]
         parts += [("message", m) for m in data.get("messages") or []]
-        prompt, cached = _automatic_cache(state, parts)
-        completion = tokens_of(text)
+        prompt = _openai_prompt(state, data, parts)
+        # the model's tokens: the text and the call's name and arguments (not the id the API
+        # gives it, a random one: the same answer always costs the same)
+        function = call["function"] if call else {"name": "", "arguments": ""}
+        completion = tokens_of(text) + tokens_of(function["name"] + function["arguments"])
         usage = {
-            "prompt_tokens": prompt,
+            "prompt_tokens": prompt.total,
             "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "total_tokens": prompt.total + completion,
+            "prompt_tokens_details": {"cached_tokens": prompt.cache_read, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         }
         state.billed.append(usage)
+        state.charge("/v1/chat/completions", str(model), prompt, completion, provider="openai")
         if not data.get("stream"):
-            message: dict[str, Any] = {"role": "assistant", "content": None if tool else text}
-            if tool:
-                message["tool_calls"] = [_tool_call()]
+            said = (text or None) if plan is not None else None
+            message: dict[str, Any] = {"role": "assistant", "content": said if tool else text}
+            if call is not None:
+                message["tool_calls"] = [call]
             return JSONResponse(
                 {
                     "id": cid,
@@ -282,15 +368,16 @@ def create_standin(state: StandIn) -> Starlette:
                 while True:
                     await asyncio.sleep(delay or 0.05)
                     yield chunk({"content": "."})
-            if tool:
-                call = _tool_call()
+            if call is not None:
+                if plan is not None and text:
+                    yield chunk({"content": text})
                 yield chunk(
                     {
                         "tool_calls": [
                             {
                                 "index": 0,
                                 **call,
-                                "function": {"name": "web_fetch", "arguments": ""},
+                                "function": {"name": call["function"]["name"], "arguments": ""},
                             }
                         ]
                     }
@@ -351,18 +438,22 @@ def create_standin(state: StandIn) -> Starlette:
             kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
             return _anthropic_error(status, kind, "standin error", control.get("retry_after"))
         answer = _messages_answer(state, data, control)
-        total, read, written = _anthropic_cache(state, data)
+        prompt = state.anthropic_cache.bill(data["model"], _anthropic_blocks(data))
+        written = prompt.cache_write_5m + prompt.cache_write_1h
+        out_tokens = _tokens(answer)
         usage = {
-            "input_tokens": total - read - sum(written.values()),
-            "cache_creation_input_tokens": sum(written.values()),
-            "cache_read_input_tokens": read,
+            "input_tokens": prompt.input,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": prompt.cache_read,
             "cache_creation": {
-                "ephemeral_5m_input_tokens": written["5m"],
-                "ephemeral_1h_input_tokens": written["1h"],
+                "ephemeral_5m_input_tokens": prompt.cache_write_5m,
+                "ephemeral_1h_input_tokens": prompt.cache_write_1h,
             },
-            "output_tokens": _tokens(answer),
+            "output_tokens": out_tokens,
+            "service_tier": "standard",
         }
         state.billed.append(usage)
+        state.charge("/v1/messages", data["model"], prompt, out_tokens, provider="anthropic")
         mid = "msg_" + uuid.uuid4().hex[:24]
         headers = {"request-id": "req_" + uuid.uuid4().hex[:24]}
         message = {
@@ -386,7 +477,8 @@ def create_standin(state: StandIn) -> Starlette:
         problem = _anthropic_auth(request) or _anthropic_invalid(data, count_only=True)
         if problem:
             return problem
-        return JSONResponse({"input_tokens": sum(_sizes(_anthropic_blocks(data)))})
+        prefixes = block_prefixes(_anthropic_blocks(data))
+        return JSONResponse({"input_tokens": prefixes[-1][1] if prefixes else 0})
 
     async def responses(request: Request) -> Response:
         """OpenAI Responses API."""
@@ -411,17 +503,20 @@ def create_standin(state: StandIn) -> Starlette:
             state.responses[rid] = StoredResponse(conversation, output)
             if len(state.responses) > _KEEP_RESPONSES:  # a long benchmark run stays bounded
                 del state.responses[next(iter(state.responses))]
-        total, cached = _responses_cache(state, data, conversation)
+        prompt = _responses_prompt(state, data, conversation)
         reasoning = sum(_tokens(item["summary"]) for item in output if item["type"] == "reasoning")
         out_tokens = _tokens(output)
         usage = {
-            "input_tokens": total,
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "input_tokens": prompt.total,
+            # the openai SDK's ResponseUsage requires cache_write_tokens; automatic caching
+            # bills no writes
+            "input_tokens_details": {"cached_tokens": prompt.cache_read, "cache_write_tokens": 0},
             "output_tokens": out_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": total + out_tokens,
+            "total_tokens": prompt.total + out_tokens,
         }
         state.billed.append(usage)
+        state.charge("/v1/responses", data["model"], prompt, out_tokens, provider="openai")
         response = _response_object(rid, data, output, usage)
         headers = {"x-request-id": "req_" + uuid.uuid4().hex[:24]}
         if not data.get("stream"):
@@ -447,6 +542,19 @@ def create_standin(state: StandIn) -> Starlette:
         state.reset()
         return JSONResponse({"ok": True})
 
+    async def bill(request: Request) -> Response:
+        return JSONResponse(state.bill())
+
+    async def clock(request: Request) -> Response:
+        """GET: the simulated time; POST `{"advance": seconds}`: move it on first."""
+        if request.method == "POST":
+            try:
+                seconds = float((await request.json())["advance"])
+                state.clock.advance(seconds)
+            except (ValueError, KeyError, TypeError):
+                return _error(400, 'expected {"advance": <seconds, not negative>}')
+        return JSONResponse({"now": state.clock.now()})
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -456,6 +564,8 @@ def create_standin(state: StandIn) -> Starlette:
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/_standin/received", received, methods=["GET"]),
             Route("/_standin/reset", reset, methods=["POST"]),
+            Route("/_standin/bill", bill, methods=["GET"]),
+            Route("/_standin/clock", clock, methods=["GET", "POST"]),
         ]
     )
 
@@ -490,21 +600,15 @@ def _tokens(value: Any) -> int:
 
 
 _KEEP_RESPONSES = 1000
-_KEEP_PREFIXES = 200_000
 
 
-def _remember(state: StandIn, digests: Iterable[str]) -> None:
-    """Add prompt-prefix digests; a long benchmark run empties the cache now and then, as
-    expiry does upstream."""
-    if len(state.cache_prefixes) > _KEEP_PREFIXES:
-        state.cache_prefixes.clear()
-    state.cache_prefixes.update(digests)
-
-
-def _canonical(kind: str, value: Any) -> str:
-    if isinstance(value, dict):
-        value = {k: v for k, v in value.items() if k != "cache_control"}
-    return json.dumps([kind, value], sort_keys=True, ensure_ascii=False)
+def _plan(
+    state: StandIn, wire: str, data: dict[str, Any], conversation: list[Any], control: Any
+) -> PlannedTurn | None:
+    """The planner's turn, unless the request's `x_standin` chooses the answer itself."""
+    if state.planner is None or (isinstance(control, dict) and "tool_calls" in control):
+        return None
+    return state.planner(wire, data, conversation)
 
 
 def _wants_tool(state: StandIn, control: dict[str, Any], offered: bool, answered: bool) -> bool:
@@ -633,6 +737,12 @@ def _anthropic_invalid(data: Any, *, count_only: bool) -> Response | None:
         if m["role"] == "system" and isinstance(content, list):
             if any(not isinstance(b, dict) or b.get("type") != "text" for b in content):
                 return bad(f"messages.{i}.content: a system message holds text blocks only")
+    marked = sum(marker_ttl(block) is not None for _, block in _anthropic_blocks(data))
+    if marked > ANTHROPIC_MAX_BREAKPOINTS:
+        return bad(
+            f"A maximum of {ANTHROPIC_MAX_BREAKPOINTS} blocks with cache_control may be "
+            f"provided. Found {marked}."
+        )
     return _anthropic_unpaired(messages)
 
 
@@ -702,6 +812,15 @@ def _messages_answer(
         said = "" if thinking.get("display") == "omitted" else "The stand-in considers the turn."
         signature = base64.b64encode(hashlib.sha256(json.dumps(messages).encode()).digest())
         blocks.append({"type": "thinking", "thinking": said, "signature": signature.decode()})
+    plan = _plan(state, "messages", data, messages, control)
+    if plan is not None:
+        if plan.text or plan.call is None:
+            blocks.append({"type": "text", "text": plan.text})
+        if plan.call is not None:
+            name, arguments = plan.call
+            tool_id = "toolu_" + uuid.uuid4().hex[:24]
+            blocks.append({"type": "tool_use", "id": tool_id, "name": name, "input": arguments})
+        return blocks
     if _wants_tool(state, control, bool(tools), bool(results)):
         name, arguments = _choose_call(state, tools)
         blocks.append({"type": "text", "text": f"standin: calling {name}"})
@@ -733,46 +852,6 @@ def _anthropic_blocks(data: dict[str, Any]) -> list[tuple[str, Any]]:
         else:
             blocks.append((m["role"], content))
     return blocks
-
-
-def _anthropic_cache(state: StandIn, data: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
-    """(prompt tokens, of which read from cache, of which written to it by lifetime: `5m`,
-    `1h`), as Anthropic's prompt caching counts.
-
-    The prompt is a run of blocks in the API's order, tools → system → messages. A request
-    writes the prefix ending at each `cache_control` marker; it reads the longest prefix
-    written before that ends at a marker or up to 20 blocks before one (the API's lookback).
-    Markers are not part of a prefix: OpenClaw moves its tool_result marker to the newest
-    result on every request, and the older prefix still hits. The rest up to the last marker
-    is written. The real API's minimum cacheable length (1,024+ tokens) is not imitated.
-
-    Each written token has the lifetime of the marker that ends its stretch
-    (`cache_control.ttl`, "5m" unless "1h"), as the API reports it in `usage.cache_creation`.
-    Expiry is not imitated: a prefix written once is read for the rest of the run.
-    """
-    blocks = _anthropic_blocks(data)
-    prefixes = _prefixes(blocks)
-    total = prefixes[-1][1] if prefixes else 0
-    marked = [
-        i
-        for i, (_, block) in enumerate(blocks)
-        if isinstance(block, dict) and block.get("cache_control")
-    ]
-    if not marked:
-        return total, 0, {"5m": 0, "1h": 0}
-    looked = {i for m in marked for i in range(max(0, m - 19), m + 1)}
-    read = max(
-        (prefixes[i][1] for i in looked if prefixes[i][0] in state.cache_prefixes), default=0
-    )
-    _remember(state, (prefixes[m][0] for m in marked))
-    written = {"5m": 0, "1h": 0}
-    start = 0
-    for m in marked:
-        end = prefixes[m][1]
-        ttl = "1h" if blocks[m][1]["cache_control"].get("ttl") == "1h" else "5m"
-        written[ttl] += max(0, end - max(start, read))
-        start = end
-    return total, read, written
 
 
 async def _messages_events(
@@ -916,8 +995,14 @@ def _responses_answer(
         if "reasoning.encrypted_content" in (data.get("include") or []):
             thought["encrypted_content"] = "gAAAAB" + base64.b64encode(said.encode()).decode()
         output.append(thought)
-    if _wants_tool(state, control, bool(tools), bool(results)):
+    plan = _plan(state, "responses", data, conversation, control)
+    if plan is not None and plan.call is not None:
+        name, arguments = plan.call
+    elif plan is None and _wants_tool(state, control, bool(tools), bool(results)):
         name, arguments = _choose_call(state, tools)
+    else:
+        name = ""
+    if name:
         output.append(
             {
                 "type": "function_call",
@@ -929,7 +1014,9 @@ def _responses_answer(
             }
         )
         return output
-    if results:
+    if plan is not None:
+        text = plan.text
+    elif results:
         names = {
             i.get("call_id"): i.get("name") for i in conversation if i.get("type") in _MODEL_ITEMS
         }
@@ -951,45 +1038,26 @@ def _responses_answer(
     return output
 
 
-def _responses_cache(
-    state: StandIn, data: dict[str, Any], conversation: list[Any]
-) -> tuple[int, int]:
-    """(input tokens, of which cached): the input counts whole, earlier turns included; the
-    longest prefix of instructions, tools and input items seen before counts as cached, as
-    OpenAI's automatic prompt caching does (its 1,024-token minimum is not imitated)."""
+def _responses_prompt(state: StandIn, data: dict[str, Any], conversation: list[Any]) -> PromptUsage:
+    """The input as OpenAI's automatic caching bills it: instructions, tools and every input
+    item (earlier turns included) in that order."""
     parts: list[tuple[str, Any]] = []
     if data.get("instructions"):
         parts.append(("instructions", data["instructions"]))
     parts += [("tool", t) for t in data.get("tools") or []]
     parts += [("input", item) for item in conversation]
-    return _automatic_cache(state, parts)
+    return _openai_prompt(state, data, parts)
 
 
-def _automatic_cache(state: StandIn, parts: list[tuple[str, Any]]) -> tuple[int, int]:
-    """(prompt tokens, of which cached): the longest prefix of whole parts seen before is
-    read from the cache, as OpenAI's automatic prompt caching does (its 1,024-token minimum
-    and 128-token steps are not imitated)."""
-    prefixes = _prefixes(parts)
-    cached = max((size for digest, size in prefixes if digest in state.cache_prefixes), default=0)
-    _remember(state, (digest for digest, _ in prefixes))
-    return max(1, prefixes[-1][1] if prefixes else 0), cached
-
-
-def _prefixes(parts: list[tuple[str, Any]]) -> list[tuple[str, int]]:
-    """For each part, the digest of the prompt up to and including it, and its tokens."""
-    digest = hashlib.sha256()
-    size = 0
-    out: list[tuple[str, int]] = []
-    for kind, part in parts:
-        text = _canonical(kind, part)
-        digest.update(text.encode(errors="surrogatepass"))
-        size += tokens_of(text)
-        out.append((digest.hexdigest(), size))
-    return out
-
-
-def _sizes(parts: list[tuple[str, Any]]) -> list[int]:
-    return [tokens_of(_canonical(kind, part)) for kind, part in parts]
+def _openai_prompt(
+    state: StandIn, data: dict[str, Any], parts: list[tuple[str, Any]]
+) -> PromptUsage:
+    key, retention = data.get("prompt_cache_key"), data.get("prompt_cache_retention")
+    return state.openai_cache.bill(
+        parts,
+        key=key if isinstance(key, str) else None,
+        retention=retention if isinstance(retention, str) else None,
+    )
 
 
 def billed_as_reported(usage: dict[str, Any], route: str) -> dict[str, int]:
@@ -1017,37 +1085,6 @@ def billed_as_reported(usage: dict[str, Any], route: str) -> dict[str, int]:
         "output": output,
         "cacheWrite1h": 0,
     }
-
-
-_TOKEN_COUNTS: dict[str, int] = {}
-
-
-def tokens_of(text: str) -> int:
-    """Tokens of `text` as the stand-in bills them: tiktoken's o200k_base (remembered, as a
-    long run resends the same blocks)."""
-    found = _TOKEN_COUNTS.get(text)
-    if found is None:
-        if len(_TOKEN_COUNTS) > 50_000:
-            _TOKEN_COUNTS.clear()
-        try:
-            found = len(_encoding().encode_ordinary(text))
-        except ValueError:  # a lone surrogate (hostile-input tests): not UTF-8
-            found = len(text) // 4
-        _TOKEN_COUNTS[text] = found
-    return found
-
-
-@functools.cache
-def _encoding() -> Any:
-    """tiktoken's o200k_base, from the BPE file litellm's wheel ships (offline)."""
-    if "TIKTOKEN_CACHE_DIR" not in os.environ:
-        spec = importlib.util.find_spec("litellm")
-        if spec is not None and spec.submodule_search_locations:
-            package = Path(next(iter(spec.submodule_search_locations)))
-            os.environ["TIKTOKEN_CACHE_DIR"] = str(package / "litellm_core_utils" / "tokenizers")
-    import tiktoken
-
-    return tiktoken.get_encoding("o200k_base")
 
 
 def _response_object(

@@ -8,6 +8,7 @@ too, where present.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -21,7 +22,17 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.openclaw import fixture_dir
-from tests.standin import StandIn, StoredResponse, run_standin, tokens_of
+from tests.prompt_cache import (
+    AnthropicCache,
+    OpenAICache,
+    PromptUsage,
+    Rates,
+    SimClock,
+    canonical,
+    price,
+    rates,
+)
+from tests.standin import PlannedTurn, StandIn, StoredResponse, run_standin, tokens_of
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +45,8 @@ READ = {
         "required": ["file_path"],
     },
 }
+LONG = "Answer carefully, check the workspace first, and keep answers short. " * 120
+"""Instructions long enough for OpenAI's automatic caching (1,024 tokens or more)."""
 WRITE = {"name": "Write", "input_schema": {"type": "object", "properties": {}}}
 HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"}
 SHELL = {
@@ -124,6 +137,7 @@ def test_messages_tool_turn_as_json(standin: StandIn) -> None:
         "cache_read_input_tokens",
         "cache_creation",
         "output_tokens",
+        "service_tier",
     }
 
 
@@ -363,7 +377,10 @@ def test_count_tokens_counts_the_prompt_blocks(standin: StandIn) -> None:
 def test_responses_tool_turn_as_json(standin: StandIn, client: openai.OpenAI) -> None:
     tools: Any = [SHELL, {"type": "custom", "name": "apply_patch"}]
     prompt: Any = [{"type": "message", "role": "user", "content": "list files"}]
-    first = client.responses.create(model="gpt-x", input=prompt, tools=tools, store=False)
+    create = functools.partial(
+        client.responses.create, model="gpt-x", tools=tools, store=False, instructions=LONG
+    )
+    first = create(input=prompt)
     assert first.id.startswith("resp_") and first.status == "completed"
     [call] = first.output
     assert call.type == "function_call" and call.name == "shell"
@@ -375,15 +392,18 @@ def test_responses_tool_turn_as_json(standin: StandIn, client: openai.OpenAI) ->
 
     history = [*prompt, call.model_dump(exclude_none=True)]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "a\nb\n"})
-    second = client.responses.create(model="gpt-x", input=history, tools=tools, store=False)
+    second = create(input=history)
     assert second.output_text == "standin: done after tool shell; result had 4 chars"
     assert second.usage is not None
-    assert second.usage.input_tokens_details.cached_tokens > 0  # the first prompt is a prefix
+    # the first prompt is a prefix, cached in 128-token steps (its last token never)
+    assert second.usage.input_tokens_details.cached_tokens == _steps(first.usage.input_tokens - 1)
 
 
 def test_responses_stream_events_and_continuation(standin: StandIn, client: openai.OpenAI) -> None:
     tools: Any = [SHELL]
-    stream = client.responses.create(model="gpt-x", input="list files", tools=tools, stream=True)
+    stream = client.responses.create(
+        model="gpt-x", input="list files", tools=tools, stream=True, instructions=LONG
+    )
     events = list(stream)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.type for e in events] == [
@@ -405,7 +425,11 @@ def test_responses_stream_events_and_continuation(standin: StandIn, client: open
 
     output: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "abc"}]
     with client.responses.stream(
-        model="gpt-x", input=output, tools=tools, previous_response_id=completed.response.id
+        model="gpt-x",
+        input=output,
+        tools=tools,
+        previous_response_id=completed.response.id,
+        instructions=LONG,
     ) as follow:
         types = [e.type for e in follow]
         final = follow.get_final_response()
@@ -542,6 +566,217 @@ def test_messages_wire_validates_against_the_anthropic_types(standin: StandIn) -
     types.MessageTokensCount.model_validate(count.json())
 
 
+# --- bills, hand-computed: the providers' prompt caching, priced from litellm's map ------------
+#
+# Block sizes (o200k_base over each block's canonical JSON, as the stand-in counts them):
+# SYSTEM 2,115 tokens; a user text block of "word " × n: n + 15; a chat message of "word " × n:
+# n + 15. Prices per million tokens: claude-sonnet-4-5 input $3, 5-minute write $3.75,
+# 1-hour write $6, read $0.30, output $15; gpt-4o input $2.50, read $1.25; gpt-5.1 input
+# $1.25, read $0.125.
+
+SYSTEM = "You are a careful coding agent. " * 300
+FIVE = {"type": "ephemeral"}
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+
+
+def _text(n: int, marker: dict[str, str] | None = None) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "text", "text": "word " * n}
+    return {**block, "cache_control": marker} if marker else block
+
+
+def _system(marker: dict[str, str] | None = FIVE) -> tuple[str, Any]:
+    block: dict[str, Any] = {"type": "text", "text": SYSTEM}
+    return ("system", {**block, "cache_control": marker} if marker else block)
+
+
+def _sonnet(usage: PromptUsage, output: int = 0) -> float:
+    found = rates("claude-sonnet-4-5", "anthropic")
+    assert found is not None
+    return price(found, usage, output)
+
+
+def test_hand_computed_sizes_and_prices_hold() -> None:
+    assert tokens_of(canonical(*_system())) == 2115
+    assert tokens_of(canonical("user", _text(485))) == 500
+    assert tokens_of(canonical("message", {"role": "user", "content": "word " * 1485})) == 1500
+    assert rates("claude-sonnet-4-5", "anthropic") == Rates(
+        input=3e-6, output=15e-6, cache_read=0.3e-6, cache_write_5m=3.75e-6, cache_write_1h=6e-6
+    )
+    # litellm's map, not a rule of thumb: claude-opus-5-5 reads at 0.05× input
+    assert rates("claude-opus-5-5", "anthropic") == Rates(
+        input=4e-6, output=20e-6, cache_read=0.2e-6, cache_write_5m=5e-6, cache_write_1h=8e-6
+    )
+    gpt4o, gpt51 = rates("gpt-4o", "openai"), rates("gpt-5.1", "openai")
+    assert gpt4o is not None and (gpt4o.input, gpt4o.cache_read) == (2.5e-6, 1.25e-6)
+    assert gpt51 is not None and (gpt51.input, gpt51.cache_read) == (1.25e-6, 0.125e-6)
+
+
+def test_anthropic_breakpoints_reads_refresh_and_expiry() -> None:
+    clock = SimClock()
+    cache = AnthropicCache(clock)
+    a, b = ("user", _text(485, FIVE)), ("user", _text(85))  # 500 and 100 tokens
+
+    # t=0: nothing cached: both breakpoints written for 5 minutes (2,115 + 500), B is input
+    first = cache.bill("claude-sonnet-4-5", [_system(), a, b])
+    assert first == PromptUsage(input=100, cache_write_5m=2615)
+    assert _sonnet(first) == pytest.approx(2615 * 3.75e-6 + 100 * 3e-6)  # $0.01010625
+    # t=4 min: the same prompt reads both prefixes, and the read keeps them 5 more minutes
+    clock.advance(240)
+    again = cache.bill("claude-sonnet-4-5", [_system(), a, b])
+    assert again == PromptUsage(input=100, cache_read=2615)
+    assert _sonnet(again) == pytest.approx(0.0010845)
+    # t=8 min, 8 minutes after the write: still there (refreshed at 4); the marker moved to B
+    clock.advance(240)
+    moved = cache.bill(
+        "claude-sonnet-4-5", [_system(), ("user", _text(485)), ("user", _text(85, FIVE))]
+    )
+    assert moved == PromptUsage(input=0, cache_read=2615, cache_write_5m=100)
+    assert _sonnet(moved) == pytest.approx(2615 * 0.3e-6 + 100 * 3.75e-6)  # $0.0011595
+    # 5 minutes and 1 second idle: everything expired, written again
+    clock.advance(301)
+    cold = cache.bill(
+        "claude-sonnet-4-5", [_system(), ("user", _text(485)), ("user", _text(85, FIVE))]
+    )
+    assert cold == PromptUsage(input=0, cache_write_5m=2715)
+    assert _sonnet(cold) == pytest.approx(0.01018125)
+
+
+def test_anthropic_one_hour_breakpoint_outlives_the_five_minute_one() -> None:
+    clock = SimClock()
+    cache = AnthropicCache(clock)
+    prompt = [_system(HOUR), ("user", _text(485, FIVE)), ("user", _text(85))]
+    first = cache.bill("claude-sonnet-4-5", prompt)
+    assert first == PromptUsage(input=100, cache_write_1h=2115, cache_write_5m=500)
+    assert _sonnet(first) == pytest.approx(2115 * 6e-6 + 500 * 3.75e-6 + 100 * 3e-6)  # $0.014865
+    clock.advance(30 * 60)  # the system prompt is read, the user turn written again
+    later = cache.bill("claude-sonnet-4-5", prompt)
+    assert later == PromptUsage(input=100, cache_read=2115, cache_write_5m=500)
+    assert _sonnet(later) == pytest.approx(0.0028095)
+    clock.advance(3601)
+    assert cache.bill("claude-sonnet-4-5", prompt) == first
+
+
+def test_anthropic_minimum_lookback_and_breakpoint_limit(standin: StandIn) -> None:
+    cache = AnthropicCache(SimClock())
+    prompt = [_system(), ("user", _text(485, FIVE)), ("user", _text(85))]
+    # Opus 4.5 caches nothing shorter than 4,096 tokens: 2,715 tokens of plain input
+    assert cache.bill("claude-opus-4-5", prompt) == PromptUsage(input=2715)
+    # a breakpoint before 1,024 tokens caches nothing; its stretch is written with the next
+    early = [("user", _text(485, FIVE)), _system(HOUR), ("user", _text(85))]
+    assert cache.bill("claude-sonnet-4-5", early) == PromptUsage(input=100, cache_write_1h=2615)
+
+    # the API checks 20 block boundaries for a hit: the breakpoint's and the 19 before it
+    cache = AnthropicCache(SimClock())
+    cache.bill("claude-sonnet-4-5", [_system()])
+    turns = [("user", _text(85)) for _ in range(18)]
+    near = [_system(None), *turns, ("user", _text(85, FIVE))]  # the system prompt 19 back
+    assert cache.bill("claude-sonnet-4-5", near) == PromptUsage(
+        input=0, cache_read=2115, cache_write_5m=1900
+    )
+    cache = AnthropicCache(SimClock())
+    cache.bill("claude-sonnet-4-5", [_system()])
+    far = [_system(None), *turns, ("user", _text(85)), ("user", _text(85, FIVE))]  # 20 back
+    assert cache.bill("claude-sonnet-4-5", far) == PromptUsage(input=0, cache_write_5m=2115 + 2000)
+
+    five = _messages(*[{"role": "user", "content": [_text(1, FIVE)]} for _ in range(5)])
+    r = _post(standin, "/v1/messages", five)
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "type": "invalid_request_error",
+        "message": "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+    }
+
+
+def _chat(n: int) -> tuple[str, Any]:
+    return ("message", {"role": "user", "content": "word " * (n - 15)})
+
+
+def test_openai_caches_1024_tokens_then_128_token_steps() -> None:
+    clock = SimClock()
+    cache = OpenAICache(clock)
+    small = cache.bill([_chat(1000)])
+    assert cache.bill([_chat(1000)]) == small == PromptUsage(input=1000)  # under 1,024: never
+    first = cache.bill([_chat(1500)])
+    assert first == PromptUsage(input=1500)
+    # the 1,500 tokens come again with 300 more: 1,408 = 1,024 + 3 × 128 of them are read
+    longer = [_chat(1500), _chat(300)]
+    second = cache.bill(longer)
+    assert second == PromptUsage(input=392, cache_read=1408)
+    gpt4o = rates("gpt-4o", "openai")
+    assert gpt4o is not None
+    assert price(gpt4o, second, 10) == pytest.approx(392 * 2.5e-6 + 1408 * 1.25e-6 + 10 * 10e-6)
+    # the same prompt again: all but its last token, in steps: 1,792 of 1,800
+    assert cache.bill(longer) == PromptUsage(input=8, cache_read=1792)
+    # another prompt_cache_key routes elsewhere: nothing cached there
+    assert cache.bill(longer, key="other") == PromptUsage(input=1800)
+    # 5 minutes idle: gone (in_memory retention)
+    clock.advance(300)
+    assert cache.bill(longer) == PromptUsage(input=1800)
+
+
+def test_openai_retention_in_memory_lasts_an_hour_at_most_24h_a_day() -> None:
+    clock = SimClock()
+    cache = OpenAICache(clock)
+    prompt = [_chat(1500)]
+    cache.bill(prompt)
+    for _ in range(14):  # used every 4 minutes: kept, until an hour after it was written
+        clock.advance(240)
+        assert cache.bill(prompt).cache_read == 1408
+    clock.advance(240)  # 60 minutes
+    assert cache.bill(prompt).cache_read == 0
+
+    cache.bill(prompt, key="s", retention="24h")
+    clock.advance(2 * 3600)
+    gpt51 = rates("gpt-5.1", "openai")
+    assert gpt51 is not None
+    warm = cache.bill(prompt, key="s", retention="24h")
+    assert warm == PromptUsage(input=92, cache_read=1408)
+    assert price(gpt51, warm, 0) == pytest.approx(92 * 1.25e-6 + 1408 * 0.125e-6)
+    clock.advance(86_400)
+    assert cache.bill(prompt, key="s", retention="24h").cache_read == 0
+
+
+def test_bill_route_and_clock_route_price_each_answer(standin: StandIn) -> None:
+    system = [{"type": "text", "text": SYSTEM, "cache_control": FIVE}]
+    body = _messages({"role": "user", "content": [_text(85)]}, system=system)
+    body["model"] = "claude-sonnet-4-5"
+    first = _post(standin, "/v1/messages", body).json()["usage"]
+    assert first["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 2115,
+        "ephemeral_1h_input_tokens": 0,
+    }
+    assert (first["input_tokens"], first["cache_read_input_tokens"]) == (100, 0)
+    assert httpx.post(f"{standin.root}/_standin/clock", json={"advance": 299}).json() == {
+        "now": 299.0
+    }
+    second = _post(standin, "/v1/messages", body).json()["usage"]
+    assert (second["cache_read_input_tokens"], second["cache_creation_input_tokens"]) == (2115, 0)
+    standin.clock.advance(300)
+    third = _post(standin, "/v1/messages", body).json()["usage"]
+    assert third["cache_creation_input_tokens"] == 2115
+
+    bill = httpx.get(f"{standin.root}/_standin/bill").json()
+    assert bill == standin.bill()
+    out = [u["output_tokens"] for u in (first, second, third)]
+    usd = [
+        2115 * 3.75e-6 + 100 * 3e-6 + out[0] * 15e-6,
+        2115 * 0.3e-6 + 100 * 3e-6 + out[1] * 15e-6,
+        2115 * 3.75e-6 + 100 * 3e-6 + out[2] * 15e-6,
+    ]
+    assert [line["usd"] for line in bill["lines"]] == pytest.approx(usd)
+    assert [line["at"] for line in bill["lines"]] == [0.0, 299.0, 599.0]
+    assert bill["usd"] == pytest.approx(sum(usd))
+    assert bill["tokens"] == {
+        "input": 300,
+        "cache_read": 2115,
+        "cache_write_5m": 4230,
+        "cache_write_1h": 0,
+        "output": sum(out),
+    }
+    bad = httpx.post(f"{standin.root}/_standin/clock", json={"advance": -1})
+    assert bad.status_code == 400
+
+
 # --- requests OpenClaw really sent (shared/fixtures), where present --------------------------
 
 
@@ -591,6 +826,11 @@ def test_openclaw_responses_captures_are_answered(standin: StandIn, path: Any) -
     assert message["content"][0]["text"].startswith("standin: done after tool memory_")
 
 
+def _steps(tokens: int) -> int:
+    """The most of `tokens` OpenAI's cache holds: 1,024 + 128·k, or nothing below 1,024."""
+    return 0 if tokens < 1024 else tokens // 128 * 128
+
+
 def _prompt_tokens(body: dict[str, Any]) -> int:
     """A Messages prompt's tokens, counted here: the stand-in's tokenizer over each block's
     canonical JSON (without its cache marker): tools, then system blocks, then content blocks."""
@@ -608,3 +848,47 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
             block = {k: v for k, v in block.items() if k != "cache_control"}
         total += tokens_of(json.dumps([kind, block], sort_keys=True, ensure_ascii=False))
     return total
+
+
+def test_a_planner_chooses_the_answer_in_every_format(standin: StandIn) -> None:
+    seen: list[tuple[str, int]] = []
+    turn = PlannedTurn("Reading it.", ("read", {"path": "a.py"}))
+
+    def planner(wire: str, data: dict[str, Any], conversation: list[Any]) -> PlannedTurn:
+        seen.append((wire, len(conversation)))
+        return turn
+
+    standin.planner = planner
+    function = {"name": "read", "parameters": {"type": "object"}}
+    ask = {"role": "user", "content": "read a.py"}
+    chat = {
+        "model": "gpt-4.1",
+        "messages": [ask],
+        "tools": [{"type": "function", "function": function}],
+    }
+    headers = {"authorization": "Bearer sk-test"}
+    message = _post(standin, "/v1/chat/completions", chat, **headers).json()["choices"][0][
+        "message"
+    ]
+    assert message["content"] == "Reading it."
+    [call] = message["tool_calls"]
+    assert call["function"] == {"name": "read", "arguments": '{"path": "a.py"}'}
+    streamed = _post(standin, "/v1/chat/completions", {**chat, "stream": True}, **headers).text
+    deltas = [
+        json.loads(line[6:])["choices"][0]["delta"]
+        for line in streamed.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert "".join(d.get("content") or "" for d in deltas) == "Reading it."
+    parts = [c for d in deltas for c in d.get("tool_calls") or []]
+    assert parts[0]["function"]["name"] == "read"
+    assert "".join(p["function"]["arguments"] for p in parts) == '{"path": "a.py"}'
+
+    blocks = _post(standin, "/v1/messages", _messages(_user("read a.py"))).json()["content"]
+    assert [b["type"] for b in blocks] == ["text", "tool_use"]
+    assert (blocks[1]["name"], blocks[1]["input"]) == ("read", {"path": "a.py"})
+    turn = PlannedTurn("All done.")
+    body = {"model": "gpt-5.5", "input": "read a.py"}
+    [item] = _post(standin, "/v1/responses", body, **headers).json()["output"]
+    assert item["content"][0]["text"] == "All done."
+    assert seen == [("chat", 1), ("chat", 1), ("messages", 1), ("responses", 1)]

@@ -103,8 +103,10 @@ def serve(
     env: dict[str, str] | None = None,
     workers: int = 1,
     extra_args: tuple[str, ...] = (),
+    clock: Path | None = None,
 ) -> Iterator[ProxyServer]:
-    """Start `ctxbudget serve` with `config`; wait until it answers /healthz."""
+    """Start `ctxbudget serve` with `config`; wait until it answers /healthz. With `clock`
+    (a `tests.simclock.ClockFile`'s path) its wall clock runs that file's seconds ahead."""
     config_path = tmp_path / "ctxbudget.jsonc"
     config_path.write_text(json.dumps(config, indent=2))
     port = free_port()
@@ -112,11 +114,15 @@ def serve(
         k: v for k, v in os.environ.items() if not k.startswith(("CTXBUDGET", "OPENAI_API_KEY"))
     }
     full_env.update(env or {})
+    command = [CTXBUDGET]
+    if clock is not None:
+        command = [sys.executable, "-m", "tests.simclock", str(clock)]
+        full_env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     log_path = tmp_path / f"server-{port}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [
-            CTXBUDGET,
+            *command,
             "serve",
             "--config",
             str(config_path),

@@ -331,6 +331,8 @@ class Moved:
     previous request (a cache read without ctxbudget)."""
     forwarded_cached: bool
     """Whether the forwarded block was inside the prefix forwarded last time (a read now)."""
+    index: int = -1
+    """Where it is among the request's blocks."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -352,6 +354,9 @@ class PrefixChange:
     """The first block the client kept but ctxbudget forwarded differently, and why
     (`messages[3] memory`, `system clamp`); None when ctxbudget kept the cache."""
     moved: tuple[Moved, ...] = ()
+    sizes: tuple[int, ...] = ()
+    """Each forwarded block's size in bytes, in order: where the provider's cache read ended
+    (its `cache_read` tokens) is placed among the blocks by them (`proxy/report/record.py`)."""
     late: Future[dict[str, int]] | None = field(default=None, compare=False, repr=False)
     """The tokens of moved large blocks by label, counted in the offload process while the
     request goes on (`OffloadedRequest.defer_count`); the report's writer waits for them."""
@@ -532,6 +537,7 @@ class SessionTracker:
                 forwarded=forwarded_bytes[i],
                 client_cached=i < shared_client,
                 forwarded_cached=i < shared_forwarded,
+                index=i,
             )
             for i in range(len(client))
             if client[i] != forwarded[i] or (i < shared_client) != (i < shared_forwarded)
@@ -549,6 +555,7 @@ class SessionTracker:
             and shared_client < len(previous.client) // DIGEST - 1,
             bust=bust,
             moved=moved,
+            sizes=tuple(d.size if isinstance(d, Digested) else len(d) for d in forwarded_bytes),
         )
 
 

@@ -214,15 +214,24 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     def count(data: bytes) -> int:
         return tokens.count_bytes(data, r.encoding)
 
-    shifts = [
-        Shift(
-            client=block_tokens(m.client, count, late.get(m.label)),
-            forwarded=block_tokens(m.forwarded, count, late.get(m.label)),
-            client_cached=m.client_cached,
-            forwarded_cached=m.forwarded_cached,
+    # Where the provider's read ended: at a bust of ours, the session's comparison says how
+    # far each side would read; else the provider's own `cache_read` says it, for both sides.
+    read = None
+    if prefix is not None and not _stopped_by_us(r.usage, prefix):
+        read = _read_blocks(r.usage, prefix)
+    shifts = []
+    for m in prefix.moved if prefix is not None else ():
+        forwarded_cached, client_cached = m.forwarded_cached, m.client_cached
+        if read is not None and m.index >= 0:
+            forwarded_cached = client_cached = m.index < read
+        shifts.append(
+            Shift(
+                client=block_tokens(m.client, count, late.get(m.label)),
+                forwarded=block_tokens(m.forwarded, count, late.get(m.label)),
+                client_cached=client_cached,
+                forwarded_cached=forwarded_cached,
+            )
         )
-        for m in (prefix.moved if prefix is not None else ())
-    ]
     usage_without = actual = would = None
     if r.usage is not None:
         usage_without = without(r.usage, shifts)
@@ -241,6 +250,45 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "withoutCtxbudgetUsd": would,
         "netSavedUsd": None if actual is None or would is None else would - actual,
     }
+
+
+def _read_blocks(usage: Usage | None, prefix: PrefixChange | None) -> int | None:
+    """How many leading blocks the provider read from its cache: its `cache_read` tokens laid
+    over the blocks in proportion to their bytes (a block read whole, up to 2% either way);
+    None when the request has no usage or no sizes.
+
+    The session's own comparison says what *could* be read; this says what was: a provider
+    may write a prefix again that the client resent unchanged (Anthropic's breakpoints look
+    back 20 blocks at most, and Claude Code writes its whole history twice after an idle
+    gap), and blocks written are priced as writes both ways."""
+    if usage is None or prefix is None or not prefix.sizes:
+        return None
+    total = usage.input + usage.cache_read + usage.cache_write
+    size = sum(prefix.sizes)
+    if total <= 0 or size <= 0:
+        return None
+    reach = usage.cache_read / total * size * 1.02
+    done = 0
+    for i, block in enumerate(prefix.sizes):
+        done += block
+        if done > reach:
+            return i
+    return len(prefix.sizes)
+
+
+def _stopped_by_us(usage: Usage | None, prefix: PrefixChange) -> bool:
+    """Whether the provider's read ended where ctxbudget changed a block the client kept (a
+    bust of ours): then without ctxbudget it would have read on, as far as the client's
+    prefix matched. Its `cache_read` tokens, laid over the blocks by bytes, reach at least
+    three quarters of the way to that block (bytes a token vary along a request: a clamped
+    system prompt ~3.7, tool schemas and code fewer)."""
+    if usage is None or prefix.bust is None or not prefix.sizes:
+        return False
+    total = usage.input + usage.cache_read + usage.cache_write
+    if total <= 0:
+        return False
+    reach = usage.cache_read / total * sum(prefix.sizes)
+    return reach >= 0.75 * sum(prefix.sizes[: prefix.shared_forwarded])
 
 
 def dumps_entry(body: dict[str, Any]) -> str:

@@ -181,9 +181,10 @@ def test_money_is_the_providers_usage_at_the_models_prices(tmp_path: Path) -> No
         "output": 600,
     }
     assert session["costUsd"] == pytest.approx(2 * one)
-    # the first request's clamps saved full-price input, the second's cached reads
+    # the provider read 80% of each prompt from its cache: clamps in that part saved reads,
+    # clamps after it full-price input (`proxy/report/record.py` `_read_blocks`)
     first, second = report["recent"][:0:-1]
-    assert first["withoutUsage"]["input"] > 10_000 and first["withoutUsage"]["cacheRead"] == 40_000
+    assert first["withoutUsage"]["input"] > 10_000 and first["withoutUsage"]["cacheRead"] > 40_000
     assert second["withoutUsage"]["cacheRead"] > 40_000
     assert session["savedUsd"] == pytest.approx(session["withoutCtxbudgetUsd"] - session["costUsd"])
     assert session["savedUsd"] > 0

@@ -6,6 +6,7 @@ Pure functions: no I/O, no configuration files, no clock.
 from caps._text import utf16_len
 from caps.clamp import clamp_request
 from caps.types import (
+    KEEP_WHOLE,
     SEGMENT_KINDS,
     Action,
     Caps,
@@ -24,6 +25,7 @@ __all__ = [
     "ChatRequest",
     "Clamp",
     "ClampResult",
+    "KEEP_WHOLE",
     "Message",
     "SEGMENT_KINDS",
     "Segment",

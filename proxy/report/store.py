@@ -47,7 +47,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -79,6 +79,9 @@ SESSION_SUMS = (
 """Per-session sums: requests, those with usage (`billed`) and with a price (`priced`), the
 provider's usage, the usage without ctxbudget, money both ways, clamp savings, memory tokens,
 cache busts by the client and by ctxbudget."""
+_SESSION_ADDS = (*SESSION_SUMS, "tools_inline_requests")
+"""The per-session columns summed request by request (`SESSION_SUMS`, and since schema 6 the
+requests that sent MCP tools inline)."""
 _REAL = ("cost_usd", "without_usd")
 _SESSION_SUMS_DDL = ", ".join(
     f"{c} {'REAL' if c in _REAL else 'INTEGER'} NOT NULL DEFAULT 0" for c in SESSION_SUMS
@@ -204,10 +207,18 @@ CREATE TABLE IF NOT EXISTS sessions (owner TEXT NOT NULL, id TEXT NOT NULL,
 }, last_bust TEXT, PRIMARY KEY (owner, id));
 CREATE INDEX IF NOT EXISTS sessions_last ON sessions (owner, last)
 """
+_TOOLS_INLINE = (
+    "ALTER TABLE sessions ADD COLUMN tools_inline {int} NOT NULL DEFAULT 0;"
+    "ALTER TABLE sessions ADD COLUMN tools_inline_tokens {int} NOT NULL DEFAULT 0;"
+    "ALTER TABLE sessions ADD COLUMN tools_inline_requests {int} NOT NULL DEFAULT 0"
+)
+"""6: the MCP tool definitions a session sent inline (Claude Code without tool search): the
+most of them in one request, their tokens, and how many requests sent any."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
-    Migration(SCHEMA_VERSION, _UPGRADES[-1], _PG_BASELINE),
+    Migration(5, _UPGRADES[-1], _PG_BASELINE),
+    Migration(6, _TOOLS_INLINE.format(int="INTEGER"), _TOOLS_INLINE.format(int="BIGINT")),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
 since version 1; PostgreSQL starts from the baseline of version 5."""
@@ -674,16 +685,24 @@ class ReportStore:
                 "memory_tokens": b["memoryTokens"],
                 "busts_client": int(b["clientCacheBust"]),
                 "busts_ctxbudget": int(b["cacheBust"] is not None),
+                "tools_inline_requests": int(b.get("toolsInline") is not None),
             }
+            inline = b.get("toolsInline") or {"count": 0, "tokens": 0}
             conn.execute(
                 f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
-                f"{', '.join(SESSION_SUMS)}) VALUES ({', '.join('?' * (7 + len(SESSION_SUMS)))}) "
+                f"tools_inline, tools_inline_tokens, {', '.join(_SESSION_ADDS)}) "
+                f"VALUES ({', '.join('?' * (9 + len(_SESSION_ADDS)))}) "
                 "ON CONFLICT (owner, id) DO UPDATE SET "
                 "last = CASE WHEN excluded.last > sessions.last THEN excluded.last "
                 "ELSE sessions.last END, "
                 "format = excluded.format, model = coalesce(excluded.model, sessions.model), "
                 "last_bust = coalesce(excluded.last_bust, sessions.last_bust), "
-                + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in SESSION_SUMS),
+                + "".join(
+                    f"{c} = CASE WHEN excluded.{c} > sessions.{c} THEN excluded.{c} "
+                    f"ELSE sessions.{c} END, "
+                    for c in ("tools_inline", "tools_inline_tokens")
+                )
+                + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS),
                 (
                     b["owner"],
                     b["session"],
@@ -692,7 +711,9 @@ class ReportStore:
                     b["at"],
                     b["at"],
                     b["cacheBust"],
-                    *(sums[c] for c in SESSION_SUMS),
+                    inline["count"],
+                    inline["tokens"],
+                    *(sums[c] for c in _SESSION_ADDS),
                 ),
             )
 

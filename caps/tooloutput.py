@@ -103,8 +103,13 @@ def _clamp_json(text: str, value: Any, cap: int) -> str | None:
     longest = _longest(value)
     if longest <= MIN_STRING or not isinstance(value, dict | list | str):
         return None
-    best = None
-    low, high = MIN_STRING, longest - 1
+    # one write with every string at its shortest says whether any limit can fit: a large
+    # result of many small values (its structure over the cap) costs one pass, not a search
+    smallest = _dump(_cut(value, MIN_STRING), text)
+    if smallest is None or utf16_len(smallest) > cap:
+        return None
+    best = smallest
+    low, high = MIN_STRING + 1, longest - 1
     while low <= high:
         limit = (low + high) // 2
         out = _dump(_cut(value, limit), text)

@@ -232,7 +232,7 @@ def tools_inline_text(sessions: list[dict[str, Any]]) -> str | None:
     None when no shown session did.
 
     >>> s = {"id": "a1", "toolsInline": {"count": 60, "tokens": 11234, "requests": 3}}
-    >>> print(tools_inline_text([s, {"id": "b2", "toolsInline": None}])[:90])
+    >>> print(tools_inline_text([s, {"id": "b2", "toolsInline": None}])[:89])
     ⚠ Tool search off: session a1 sent 60 MCP tool definitions inline (~11,234 tokens on each
     """
     flagged = [s for s in sessions if s.get("toolsInline")]

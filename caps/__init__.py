@@ -7,6 +7,7 @@ from caps._text import utf16_len
 from caps.clamp import clamp_request, prune_request
 from caps.prune import pays
 from caps.types import (
+    KEEP_WHOLE,
     SEGMENT_KINDS,
     Action,
     Caps,
@@ -26,6 +27,7 @@ __all__ = [
     "ChatRequest",
     "Clamp",
     "ClampResult",
+    "KEEP_WHOLE",
     "Message",
     "PrunePolicy",
     "SEGMENT_KINDS",

@@ -42,7 +42,7 @@ def dumps_like(value: Any, original: str) -> str:
     """Serialise `value` in the layout of `original` (indented like JSON.stringify, or compact)."""
     numbers: dict[str, str] = {}
     value = _mark_floats(value, numbers)
-    indented = original.lstrip().startswith("{\n")
+    indented = original.lstrip().startswith(("{\n", "[\n"))
     try:
         out = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indented else 0).decode()
     except TypeError:

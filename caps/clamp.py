@@ -4,16 +4,25 @@
 returns a new request plus one `Segment` per piece it recognised. It never mutates its input
 and is deterministic: the same request and caps always give the same bytes out, so provider
 prompt caches stay warm. Clamping a clamped request changes nothing (idempotent).
+
+Where each kind is looked for: bootstrap files in system (and developer) messages; Claude
+Code's and Codex's instruction files, and the page of Claude Code's WebFetch summariser
+request, in the texts of the first user message that are the agent's own wrappers (never the
+user's words: `caps.instructions`, `caps.summariser`); memory, web_fetch and any other tool's
+results in `tool` messages (`caps.toolresults`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from caps import prune
 from caps._text import utf16_len
 from caps.bootstrap import clamp_system_text
+from caps.instructions import clamp_instructions
+from caps.summariser import clamp_page
 from caps.toolresults import clamp_tool_results
 from caps.types import (
     Caps,
@@ -31,7 +40,8 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 def clamp_request(
     request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
 ) -> ClampResult:
-    """Clamp bootstrap files, memory tool results and web_fetch results in `request`.
+    """Clamp bootstrap and instruction files, memory, web_fetch and other tool results, and
+    the WebFetch summariser's page in `request`.
 
     A request without a `messages` list is returned as it came, with no segments.
     """
@@ -43,11 +53,16 @@ def clamp_request(
     segments: list[Segment] = []
     new_messages: list[Any] = list(messages)
     changed = False
+    first_user = True
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
-        if not isinstance(role, str) or role not in _SYSTEM_ROLES:  # a list role: not ours
+        if role == "user" and first_user:
+            first_user = False
+            new_message, found = _clamp_texts(message, _first_user_text, caps)
+        elif isinstance(role, str) and role in _SYSTEM_ROLES:  # a list role: not ours
+            new_message, found = _clamp_texts(message, _system_text, caps)
+        else:
             continue
-        new_message, found = _clamp_system_message(message, caps)
         segments.extend(replace(s, message_index=index) for s in found)
         if new_message is not message:
             new_messages[index] = new_message
@@ -68,11 +83,24 @@ def clamp_request(
     )
 
 
-def _clamp_system_message(message: Message, caps: Caps) -> tuple[Message, list[Segment]]:
+def _system_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
+    return clamp_system_text(text, caps.bootstrap_max_chars)
+
+
+def _first_user_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
+    new, found = clamp_instructions(text, caps.bootstrap_max_chars)
+    if found:
+        return new, found
+    return clamp_page(text, caps.web_fetch_max_chars)
+
+
+def _clamp_texts(
+    message: Message, clamp_text: Callable[[str, Caps], tuple[str, list[Segment]]], caps: Caps
+) -> tuple[Message, list[Segment]]:
+    """`message` with each text (a string content, or each text part) through `clamp_text`."""
     content = message.get("content")
-    cap = caps.bootstrap_max_chars
     if isinstance(content, str):
-        text, found = clamp_system_text(content, cap)
+        text, found = clamp_text(content, caps)
         if text == content:
             return message, found
         return {**message, "content": text}, found
@@ -88,7 +116,7 @@ def _clamp_system_message(message: Message, caps: Caps) -> tuple[Message, list[S
         part_text = part.get("text")
         if not isinstance(part_text, str):
             continue
-        new_text, found = clamp_system_text(part_text, cap)
+        new_text, found = clamp_text(part_text, caps)
         found_all.extend(found)
         if new_text != part_text:
             parts[i] = {**part, "text": new_text}

@@ -1,4 +1,4 @@
-"""Tool results in a chat request: find the memory and web_fetch ones and clamp them.
+"""Tool results in a chat request: clamp the memory and web_fetch ones, and any other tool's.
 
 A `role: "tool"` message has no tool name (OpenClaw sends none): the name comes from the
 assistant `tool_calls` entry its `tool_call_id` points to. With OpenClaw's tool-search bridge
@@ -8,8 +8,14 @@ which for network tools is itself inside an untrusted-content wrapper (`Source: 
 
 Results that no longer parse as JSON (OpenClaw cut them with `[... N more characters
 truncated]`, or the bridge with `[truncated]`) are clamped as text when an intact wrapper
-allows a safe cut, and otherwise left exactly as they are. Results under their cap, and
-results of other tools, are never re-serialised: they stay byte-identical.
+allows a safe cut, and otherwise left exactly as they are. Results under their cap are never
+re-serialised: they stay byte-identical.
+
+The result of a tool no other kind claims is a `tool_output` segment (`caps.tooloutput`) when
+it is over `Caps.tool_output_max_chars` — and only then, so the many small results of a long
+session do not fill the report — unless the tool is one agents edit from
+(`ToolNames.keep_whole`). A result whose call is not in the request is never cut as tool
+output: its tool could be one of those.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
-from caps import _json, snippets, webfetch
+from caps import _json, snippets, tooloutput, webfetch
 from caps._text import utf16_len
 from caps.types import Caps, Message, Segment, SegmentKind, ToolNames
 
@@ -144,7 +150,7 @@ def _clamp_text(
 ) -> str:
     kind = _kind(where.name, tools)
     if where.name is not None and kind is None and where.name != _BRIDGE:
-        return text  # a tool we do not cap
+        return _clamp_output(text, where.name, where, caps, tools, segments)
     payload = _json.loads(text)
     if payload is not None:
         mark = len(segments)
@@ -254,6 +260,38 @@ def _clamp_web_fetch(
     if not changed:
         return payload
     return {**payload, "truncated": True, "length": utf16_len(clamped), "text": clamped}
+
+
+def _clamp_output(
+    text: str, tool: str, where: _Where, caps: Caps, tools: ToolNames, segments: list[Segment]
+) -> str:
+    """Another tool's result: cut to the tool-output cap, reported only when over it."""
+    cap = caps.tool_output_max_chars
+    if cap is None or tool in tools.keep_whole:
+        return text
+    before = utf16_len(text)
+    if before <= cap:
+        return text
+    clamped, note = tooloutput.clamp_output(text, cap)
+    label = f"{tool} {where.call_id}" if where.call_id else tool
+    changed = clamped != text
+    segments.append(
+        _segment(
+            "tool_output",
+            label,
+            before,
+            utf16_len(clamped),
+            changed,
+            cap,
+            where,
+            tool,
+            None,
+            note,
+            text,
+            clamped,
+        )
+    )
+    return clamped if changed else text
 
 
 # -- the tool-search bridge ----------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Named types shared by the clamps and their callers.
 
-A *segment* is one piece of a chat request that a cap applies to: one bootstrap file in the
-system prompt, one memory tool result, or one web_fetch tool result. Every length here is in
+A *segment* is one piece of a chat request that a cap applies to: one bootstrap file (in the
+system prompt, or an agent's instruction file in its first user message), one memory tool
+result, one web page (a web_fetch result, or the page in Claude Code's WebFetch summariser
+request), or one result of any other tool over its cap. Every length here is in
 UTF-16 code units, the unit OpenClaw's own limits use (JavaScript string length); see
 `caps._text`.
 """
@@ -15,14 +17,38 @@ from typing import Any, Literal, Protocol
 Message = dict[str, Any]
 ChatRequest = dict[str, Any]
 
-SegmentKind = Literal["bootstrap", "memory", "web_fetch", "pruned"]
+SegmentKind = Literal["bootstrap", "memory", "web_fetch", "tool_output", "pruned"]
 """The context-cost drivers a cap applies to, and the stale tool results pruning takes."""
 
 Action = Literal["clamped", "kept", "would-clamp", "prunable"]
 """What happened to a segment. `would-clamp` is set by the caller when the budget is off;
 `prunable` is a tool result pruning could take (`caps/prune.py`), for the caller to decide."""
 
-SEGMENT_KINDS: tuple[SegmentKind, ...] = ("bootstrap", "memory", "web_fetch", "pruned")
+SEGMENT_KINDS: tuple[SegmentKind, ...] = (
+    "bootstrap",
+    "memory",
+    "web_fetch",
+    "tool_output",
+    "pruned",
+)
+
+KEEP_WHOLE: frozenset[str] = frozenset(
+    {
+        "Read",
+        "read",
+        "read_file",
+        "view",
+        "Edit",
+        "Write",
+        "MultiEdit",
+        "NotebookEdit",
+        "edit",
+        "write",
+        "apply_patch",
+    }
+)
+"""Tools whose results the tool-output cap never cuts (`contextBudget.toolNames.keepWhole`'s
+default): agents edit from exactly what they read, and edit results are small."""
 
 
 PLACEHOLDER = "[Old tool result content cleared]"
@@ -73,6 +99,9 @@ class Caps:
     web_fetch_max_chars: int | None = None
     """Per web_fetch result: its whole `text` field, wrapper and notice included."""
 
+    tool_output_max_chars: int | None = None
+    """Per result of any other tool (not `ToolNames.keep_whole`): its text, marker included."""
+
     prune: PrunePolicy | None = None
     """What pruning may take (`contextPruning`); None: it is off. With a policy the clamp
     reports the prunable results (action `prunable`); `prune_request` applies `pruned`."""
@@ -97,6 +126,9 @@ class ToolNames:
 
     memory_get: frozenset[str] = frozenset({"memory_get"})
     """Tools whose results are `{"text": ..., "path": ...}`."""
+
+    keep_whole: frozenset[str] = KEEP_WHOLE
+    """Tools whose results the tool-output cap never cuts."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,15 @@ def _split(text: str) -> _Parts | None:
     )
 
 
+def split(text: str) -> tuple[str, str, str] | None:
+    """(everything before the page, the page, everything after it) of a wrapped text, else
+    None: what another cap may cut (the page) and what it must keep (markers, id, notice)."""
+    parts = _split(text)
+    if parts is None:
+        return None
+    return parts.notice + parts.head, parts.page, parts.tail + parts.footer
+
+
 def wrapped(text: str) -> bool:
     """Whether `text` holds one intact untrusted-content wrapper (what a clamp cuts inside)."""
     return _split(text) is not None

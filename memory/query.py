@@ -3,6 +3,10 @@
 Agent-internal blocks are skipped: OpenClaw 9.x ends every request with a
 `<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>` user message, stamps user text with
 `[Sun 2026-11-22 11:28 UTC]` and appends its `Runtime: ...` line to the first user message.
+Claude Code puts `<system-reminder>…</system-reminder>` blocks (its instruction files, a note
+that a slash command is unknown, the date) beside the user's words in the same message, and
+its environment as a `role: "system"` message after it: the user's own text is what is left
+without the reminders, and a system message after it does not make the turn a tool loop.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from functools import cached_property
 from typing import Any
 
 INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
+REMINDER = "<system-reminder>"
+_REMINDER_END = "</system-reminder>"
+_CONTEXT_ROLES = ("system", "developer")
 _STAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
 _RUNTIME = re.compile(r"^(?:Runtime|Reasoning): .*$", re.M)
 QUERY_HEAD = 2_000
@@ -30,7 +37,8 @@ class UserTurn:
     index: int
     """Where it is in the format's message list."""
     text: str
-    """The text as sent (OpenClaw's stamp and runtime lines included)."""
+    """The text as sent (OpenClaw's stamp and runtime lines included), without the
+    `<system-reminder>` blocks an agent put beside it."""
     last: bool
     """Nothing but agent-internal context follows it: the user's own turn, not a tool loop."""
 
@@ -51,19 +59,70 @@ def internal(text: str) -> bool:
     return text.lstrip().startswith(INTERNAL_CONTEXT)
 
 
+def without_reminders(text: str) -> str | None:
+    """`text` without the `<system-reminder>…</system-reminder>` blocks an agent added beside
+    the user's words; None when nothing else is left. One find per block: linear.
+
+    >>> without_reminders("<system-reminder>\\nCLAUDE.md …\\n</system-reminder>\\n/ctxbudget")
+    '/ctxbudget'
+    >>> without_reminders("<system-reminder>\\nToday is Monday.\\n</system-reminder>") is None
+    True
+    >>> without_reminders("what is <system-reminder> for?")   # no closing tag: the user's
+    'what is <system-reminder> for?'
+    """
+    if REMINDER not in text:
+        return text
+    pieces: list[str] = []
+    at = 0
+    while (start := text.find(REMINDER, at)) >= 0:
+        end = text.find(_REMINDER_END, start)
+        if end < 0:
+            break
+        pieces.append(text[at:start])
+        at = end + len(_REMINDER_END)
+    if at == 0:
+        return text
+    pieces.append(text[at:])
+    own = "".join(pieces).strip()
+    return own or None
+
+
 def message_text(message: dict[str, Any]) -> str | None:
-    """The text of a message whose content is a string or text parts."""
+    """The user's own text of a message whose content is a string or text parts (agent
+    reminders left out); None when it has none."""
     content = message.get("content")
     if isinstance(content, str):
-        return content
+        return without_reminders(content)
     if isinstance(content, list):
         texts = [
-            p["text"]
+            own
             for p in content
             if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            if (own := without_reminders(p["text"])) is not None
         ]
         return "\n".join(texts) if texts else None
     return None
+
+
+def _agent_context(message: Any) -> bool:
+    """Whether `message`, after the user's text, is context an agent added rather than a
+    tool loop: a system message (Claude Code's environment), or a user message of internal
+    context or reminders only (no tool results)."""
+    if not isinstance(message, dict):
+        return False
+    role = message.get("role")
+    if role in _CONTEXT_ROLES:
+        return True
+    if role != "user":
+        return False
+    content = message.get("content")
+    if isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in ("tool_result", "function_call_output")
+        for p in content
+    ):
+        return False
+    text = message_text(message)
+    return internal(text) if text is not None else bool(content)
 
 
 def latest_user(messages: list[Any]) -> tuple[int, str] | None:
@@ -85,10 +144,7 @@ def user_turn(messages: list[Any]) -> UserTurn | None:
     if found is None:
         return None
     index, text = found
-    last = all(
-        isinstance(m, dict) and m.get("role") == "user" and internal(message_text(m) or "")
-        for m in messages[index + 1 :]
-    )
+    last = all(_agent_context(m) for m in messages[index + 1 :])
     return UserTurn(index=index, text=text, last=last)
 
 

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from caps import Clamp, clamp_request
 from memory.pg import DatabaseUnavailable
@@ -51,6 +51,7 @@ from proxy.report.metrics import Metrics
 from proxy.report.telemetry import Telemetry
 from proxy.routes.memories import MemoryRoutes
 from proxy.routes.report import Reporting
+from proxy.routes.websocket import refuse as refuse_websocket
 from proxy.state import ProxyState
 from proxy.upstream.http import HttpUpstream, UpstreamClient
 from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, WireFormat
@@ -175,6 +176,7 @@ def create_app(
         Route("/v1/memories", memories.add, methods=["POST"]),
         Route("/v1/memories", memories.list, methods=["GET"]),
         Route("/v1/memories/{id}", memories.remove, methods=["DELETE"]),
+        WebSocketRoute("/{path:path}", refuse_websocket),  # Codex's Responses WebSocket
     ]
     app = Starlette(
         routes=routes,

@@ -83,6 +83,9 @@ class Received:
     body: bytes
     query: str = ""
     """The query string without its `?` (Claude Code posts to `/v1/messages?beta=true`)."""
+    sent: bytes | None = None
+    """The streamed answer's body exactly as sent, once it has all gone (what a relay must
+    pass on byte for byte); None for a JSON answer."""
 
     @property
     def json(self) -> Any:
@@ -150,6 +153,14 @@ class StandIn:
         self.planner: Planner | None = None
         """Plays a whole session: asked first on every format (an `x_standin` control
         aside); None, or its None: the scripting above."""
+        self.script: list[tuple[str, dict[str, Any]]] = []
+        """Calls to make one after another, `(name, input)`: each request that offers tools
+        takes the next, whether its newest turn holds a tool result or not (a session of
+        several tool turns). Empty: the one-call rule above."""
+        self.server_tool = False
+        """On Messages, a scripted call's answer starts with a web search the server ran
+        itself (`server_tool_use` + `web_search_tool_result`), as Anthropic's server tools
+        answer: a client replays those blocks in its next request."""
 
     @property
     def root(self) -> str:
@@ -207,6 +218,8 @@ class StandIn:
         self.tool_preference = list(DEFAULT_TOOL_PREFERENCE)
         self.tool_inputs = {}
         self.planner = None
+        self.script = []
+        self.server_tool = False
 
 
 def _error(status: int, message: str, retry_after: str | None = None) -> Response:
@@ -248,33 +261,37 @@ def create_standin(state: StandIn) -> Starlette:
     async def record(request: Request) -> tuple[bytes, Any]:
         body = await request.body()
         if state.record:
-            state.received.append(
-                Received(
-                    request.method,
-                    request.url.path,
-                    dict(request.headers),
-                    body,
-                    request.url.query,
-                )
+            received = Received(
+                request.method, request.url.path, dict(request.headers), body, request.url.query
             )
+            state.received.append(received)
+            request.state.received = received
         try:
             return body, json.loads(body) if body else None
         except ValueError:
             return body, None
 
-    def counted(events: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
-        """`events`, counted in `streams_completed` or `streams_cancelled` when it ends."""
+    def counted(
+        events: AsyncGenerator[bytes, None], request: Request | None = None
+    ) -> AsyncIterator[bytes]:
+        """`events`, counted in `streams_completed` or `streams_cancelled` when it ends, and
+        kept in the request's `Received.sent`."""
+        received = getattr(request.state, "received", None) if request is not None else None
 
         async def wrapper() -> AsyncIterator[bytes]:
             done = False
+            sent: list[bytes] = []
             try:
                 async for event in events:
+                    sent.append(event)
                     yield event
                 done = True
             finally:
                 await events.aclose()
                 if done:
                     state.streams_completed += 1
+                    if received is not None:
+                        received.sent = b"".join(sent)
                 else:
                     state.streams_cancelled += 1
 
@@ -411,7 +428,7 @@ def create_standin(state: StandIn) -> Starlette:
                 yield b"data: " + json.dumps(body).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(counted(events()), media_type="text/event-stream")
+        return StreamingResponse(counted(events(), request), media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
         await record(request)
@@ -469,7 +486,9 @@ def create_standin(state: StandIn) -> Starlette:
         if not data.get("stream"):
             return JSONResponse(message, headers=headers)
         events = _messages_events(message, control)
-        return StreamingResponse(counted(events), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            counted(events, request), media_type="text/event-stream", headers=headers
+        )
 
     async def count_tokens(request: Request) -> Response:
         """Anthropic's token counter: the prompt's tokens, as a request would bill them."""
@@ -522,7 +541,9 @@ def create_standin(state: StandIn) -> Starlette:
         if not data.get("stream"):
             return JSONResponse(response, headers=headers)
         events = _responses_events(response, control)
-        return StreamingResponse(counted(events), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            counted(events, request), media_type="text/event-stream", headers=headers
+        )
 
     async def received(request: Request) -> Response:
         return JSONResponse(
@@ -615,12 +636,17 @@ def _wants_tool(state: StandIn, control: dict[str, Any], offered: bool, answered
     forced = control.get("tool_calls")
     if isinstance(forced, bool):
         return forced
+    if state.call_tools and offered and state.script:
+        return True
     return state.call_tools and offered and not answered
 
 
 def _choose_call(state: StandIn, tools: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The scripted call: `script_tool`, else the first preferred tool offered, else the
     request's first tool; its input from `tool_inputs` or made from the tool's schema."""
+    if state.script:
+        name, arguments = state.script.pop(0)
+        return name, dict(arguments)
     if state.script_tool is not None:
         name, arguments = state.script_tool
         return name, dict(arguments)
@@ -823,6 +849,8 @@ def _messages_answer(
         return blocks
     if _wants_tool(state, control, bool(tools), bool(results)):
         name, arguments = _choose_call(state, tools)
+        if state.server_tool:
+            blocks += _server_search()
         blocks.append({"type": "text", "text": f"standin: calling {name}"})
         tool_id = "toolu_" + uuid.uuid4().hex[:24]
         blocks.append({"type": "tool_use", "id": tool_id, "name": name, "input": arguments})
@@ -835,6 +863,27 @@ def _messages_answer(
         text = f"standin: received {len(messages)} messages"
     blocks.append({"type": "text", "text": state.replies.get(str(data.get("model")), text)})
     return blocks
+
+
+def _server_search() -> list[dict[str, Any]]:
+    """A web search Anthropic ran server-side, as its answer carries it."""
+    search_id = "srvtoolu_" + uuid.uuid4().hex[:24]
+    found = {
+        "type": "web_search_result",
+        "url": "https://example.com/standin",
+        "title": "Stand-in result",
+        "encrypted_content": "EqgfCioIARgBIiQ" + uuid.uuid4().hex,
+        "page_age": None,
+    }
+    return [
+        {
+            "type": "server_tool_use",
+            "id": search_id,
+            "name": "web_search",
+            "input": {"query": "standin"},
+        },
+        {"type": "web_search_tool_result", "tool_use_id": search_id, "content": [found]},
+    ]
 
 
 def _anthropic_blocks(data: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -878,9 +927,12 @@ async def _messages_events(
 
     for index, block in enumerate(message["content"]):
         kind = block["type"]
-        opened = {"tool_use": {**block, "input": {}}, "text": {"type": "text", "text": ""}}.get(
-            kind, {"type": "thinking", "thinking": "", "signature": ""}
-        )
+        opened = {
+            "tool_use": {**block, "input": {}},
+            "server_tool_use": {**block, "input": {}},
+            "web_search_tool_result": block,  # streamed whole, as the API does
+            "text": {"type": "text", "text": ""},
+        }.get(kind, {"type": "thinking", "thinking": "", "signature": ""})
         yield _event(
             "content_block_start",
             {"type": "content_block_start", "index": index, "content_block": opened},
@@ -898,6 +950,8 @@ async def _messages_events(
                 if delay:
                     await asyncio.sleep(delay)
                 yield delta(index, {"type": "text_delta", "text": piece})
+        elif kind == "web_search_tool_result":
+            pass
         else:
             yield delta(index, {"type": "input_json_delta", "partial_json": ""})
             for piece in _pieces(json.dumps(block["input"]), chunks):

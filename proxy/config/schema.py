@@ -45,7 +45,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from yarl import URL
 
-from caps import Caps, ToolNames
+from caps import KEEP_WHOLE, Caps, ToolNames
 from memory.budget import DEFAULT_PROFILES
 from memory.inject import Placement
 from memory.profiles import RequestedProfile
@@ -170,6 +170,8 @@ class ToolNamesConfig(_Model):
     """Tool names whose results are memory_search snippets."""
     memory_get: list[str] = ["memory_get"]
     """Tool names whose results are memory_get texts."""
+    keep_whole: list[str] = sorted(KEEP_WHOLE)
+    """Tools whose results toolOutputMaxChars never cuts: the ones agents edit from."""
 
 
 class ContextBudgetConfig(_Model):
@@ -181,6 +183,8 @@ class ContextBudgetConfig(_Model):
     """Cap per memory tool result (and injected memories), UTF-16 chars."""
     web_fetch_max_chars: int = Field(8000, ge=0)
     """Cap per web_fetch result text, UTF-16 chars."""
+    tool_output_max_chars: int = Field(16000, ge=0)
+    """Cap per result of any other tool (head + tail kept), UTF-16 chars."""
     fail_closed: bool = False
     """If a clamp fails: false forwards the request untouched, true answers 500."""
     tool_names: ToolNamesConfig = ToolNamesConfig()
@@ -717,10 +721,24 @@ def effective_caps(config: Config) -> EffectiveCaps:
             "featureLimit": {"key": fkey, "value": fval, "from": config.origin(fkey)},
             "budgetCap": {"key": bkey, "value": bval, "from": config.origin(bkey)},
         }
+    # any other tool's output has no feature limit of its own: the budget cap alone
+    key = "agents.defaults.contextBudget.toolOutputMaxChars"
+    sources["tool_output"] = {
+        "value": budget.tool_output_max_chars,
+        "source": key,
+        "from": config.origin(key),
+        "featureLimit": None,
+        "budgetCap": {
+            "key": key,
+            "value": budget.tool_output_max_chars,
+            "from": config.origin(key),
+        },
+    }
     caps = Caps(
         bootstrap_max_chars=values["bootstrap"],
         memory_max_chars=values["memory"],
         web_fetch_max_chars=values["web_fetch"],
+        tool_output_max_chars=budget.tool_output_max_chars,
     )
     return EffectiveCaps(caps=caps, sources=sources)
 
@@ -740,6 +758,7 @@ def tool_names(config: Config) -> ToolNames:
         web_fetch=frozenset(names.web_fetch),
         memory_search=frozenset(names.memory_search),
         memory_get=frozenset(names.memory_get),
+        keep_whole=frozenset(names.keep_whole),
     )
 
 

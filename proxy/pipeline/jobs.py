@@ -19,6 +19,7 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames, prune_request
 from memory.query import UserTurn
 from proxy.cache.sessions import Block, Digested, digested, memory_added, serial
+from proxy.cache.tools import InlineTools
 from proxy.pipeline.chat_command import find_command
 from proxy.pipeline.worker import ask, portable
 from proxy.tokens import TokenCounter, encoding_name
@@ -74,6 +75,8 @@ class Prepared:
     """Top-level fields of at most `SMALL_FIELD` bytes, as `get` reads them."""
     skeleton: bytes | None = None
     """For a chat command: the body with its large values emptied."""
+    tools_inline: InlineTools | None = None
+    """`inline_tools()`, its tokens counted here (definitions dropped)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,8 +159,15 @@ def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
         blocks=_digested_blocks(request.blocks(), encoding) if wire.generates else (),
         fields=_small_fields(request, raw),
         asks_usage=request.ask_usage(),  # asked after encoding: only the answer is kept
+        tools_inline=_counted(request.inline_tools(), encoding),
     )
     return found, encoded
+
+
+def _counted(tools: InlineTools | None, encoding: str) -> InlineTools | None:
+    if tools is None:
+        return None
+    return InlineTools(tools.count, tokens=_tokens().count_bytes(tools.definitions, encoding))
 
 
 def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...]:

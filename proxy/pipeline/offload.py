@@ -38,6 +38,7 @@ from memory.inject import Placement
 from memory.query import UserTurn
 from proxy.cache import sessions
 from proxy.cache.sessions import Block, Digested, PrefixChange
+from proxy.cache.tools import InlineTools
 from proxy.config.settings import Settings
 from proxy.pipeline import jobs
 from proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
@@ -159,6 +160,9 @@ class OffloadedRequest:
 
     def system_text(self) -> str:
         return self.found.system_text
+
+    def inline_tools(self) -> InlineTools | None:
+        return self.found.tools_inline  # counted in the worker
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
         if self.found.failure is not None:

@@ -239,6 +239,7 @@ class Pipeline:
             worker=os.getpid(),
             owner=call.owner,
             note=call.body.note,
+            tools_inline=call.body.inline_tools(),
             prices=prices(model),
             **recall.record_fields(),
         )

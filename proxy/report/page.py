@@ -18,6 +18,7 @@ from proxy.report.render import (
     net_text,
     no_recommendations,
     profile_of,
+    tools_inline_text,
     window_text,
     wire_label,
 )
@@ -294,9 +295,16 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
             )
         hit = s["cacheHitRatio"]
         at = f"sessions.{i}"
+        inline = s.get("toolsInline")
+        flag = (
+            f" · {_count(f'{at}.toolsInline.count', inline['count'])} MCP tools inline, "
+            f"~{_count(f'{at}.toolsInline.tokens', inline['tokens'])} tokens a request"
+            if inline
+            else ""
+        )
         rows.append(
             f"<tr><td><code>{escape(s['id'])}</code><br><span class='sub'>"
-            f"{escape(wire_label(s['format']))}, {escape(s['model'] or '?')}</span></td>"
+            f"{escape(wire_label(s['format']))}, {escape(s['model'] or '?')}{flag}</span></td>"
             f"<td class='n'>{_count(f'{at}.requests', s['requests'])}</td>"
             f"<td class='n'>{_figure(f'{at}.costUsd', cost, money(cost))}</td>"
             f"<td class='n'>{_figure(f'{at}.withoutCtxbudgetUsd', would, money(would))}</td>"
@@ -306,6 +314,9 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
             f" / {_n(s['cacheBusts']['client'])}</td></tr>"
         )
     height = 8 + len(sessions) * row_h
+    advice = tools_inline_text(sessions)
+    if advice:  # Claude Code's MCP tools inline: what to set, before the money it costs
+        summary += f"<p class='bad' id='tools-inline'>{escape(advice)}</p>"
     return (
         head
         + summary

@@ -16,6 +16,7 @@ import orjson
 
 from caps import Segment
 from proxy.cache.sessions import PrefixChange, block_tokens
+from proxy.cache.tools import InlineTools
 from proxy.report.billing import Shift, cost, without
 from proxy.report.prices import Prices
 from proxy.report.usage import Usage
@@ -84,6 +85,8 @@ class RequestRecord:
     overhead: bool = False
     """A request ctxbudget made itself (a pruned result's summary): without ctxbudget it would
     not have been made, so what it cost is all loss (`withoutCtxbudgetUsd` 0)."""
+    tools_inline: InlineTools | None = None
+    """MCP tool definitions sent inline that tool search would defer (Claude Code), or None."""
 
     billed: dict[str, Any] | None = None
     """`billing(self)`, when the request path already priced it (a JSON answer, for its
@@ -200,9 +203,20 @@ def report_entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "owner": r.owner,
         "memory": r.memory,
         "usage": r.usage.to_dict() if r.usage is not None else None,
+        "toolsInline": _tools_inline(r, tokens),
         **(r.billed if r.billed is not None else billing(r, tokens)),
     }
     return storable(body)
+
+
+def _tools_inline(r: RequestRecord, tokens: TokenCounter) -> dict[str, int] | None:
+    found = r.tools_inline
+    if found is None:
+        return None
+    counted = found.tokens
+    if counted is None:  # cached by digest: a session's requests resend the same tools
+        counted = tokens.count_bytes(found.definitions, r.encoding)
+    return {"count": found.count, "tokens": counted}
 
 
 def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:

@@ -12,12 +12,14 @@ KIND_TITLES = {
     "bootstrap": "bootstrap files",
     "memory": "memory snippets",
     "web_fetch": "web fetch",
+    "tool_output": "tool output",
     "pruned": "pruned tool results",
 }
 _UNITS = {
     "bootstrap": "per file",
     "memory": "per memory result",
     "web_fetch": "per result",
+    "tool_output": "per result",
     "pruned": "per result",
 }
 
@@ -231,6 +233,35 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
     return lines
 
 
+TOOL_SEARCH_FIX = (
+    "start Claude Code with ENABLE_TOOL_SEARCH=true (and without "
+    "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS) and begin a new conversation: its MCP tools are then "
+    "deferred and found by tool search, which ctxbudget passes through untouched"
+)
+"""What to set when a session sends MCP tool definitions inline (docs/openclaw.md)."""
+
+
+def tools_inline_text(sessions: list[dict[str, Any]]) -> str | None:
+    """The advice for sessions that sent Claude Code's MCP tools inline (`toolsInline`), or
+    None when no shown session did.
+
+    >>> s = {"id": "a1", "toolsInline": {"count": 60, "tokens": 11234, "requests": 3}}
+    >>> print(tools_inline_text([s, {"id": "b2", "toolsInline": None}])[:89])
+    ⚠ Tool search off: session a1 sent 60 MCP tool definitions inline (~11,234 tokens on each
+    """
+    flagged = [s for s in sessions if s.get("toolsInline")]
+    if not flagged:
+        return None
+    s = flagged[0]
+    t = s["toolsInline"]
+    more = f" (and {_plural(len(flagged) - 1, 'other session')})" if len(flagged) > 1 else ""
+    return (
+        f"⚠ Tool search off: session {s['id']}{more} sent {_n(t['count'])} MCP tool definitions "
+        f"inline (~{_n(t['tokens'])} tokens on each of {_plural(t['requests'], 'request')}, "
+        f"~{_n(t['tokens'] * t['requests'])} in all): {TOOL_SEARCH_FIX}"
+    )
+
+
 SUMMARY_CLAMPS = 5
 """Segments the summary lists (the most chars removed first)."""
 _LABEL = 72
@@ -269,6 +300,9 @@ def render_summary(report: dict[str, Any]) -> str:
     lines.append(gross_text(totals, report["encoding"]))
     if totals["clampErrors"]:
         lines.append(f"⚠ {totals['clampErrors']} request(s) forwarded untouched (clamp error)")
+    advice = tools_inline_text(report.get("sessions") or [])
+    if advice:
+        lines.append(advice)
     top = _top_clamps(report["recent"])
     if top:
         lines.append(f"Biggest clamps in the latest {_plural(len(report['recent']), 'request')}:")
@@ -334,6 +368,9 @@ def render_text(report: dict[str, Any]) -> str:
         + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
     )
     lines.extend(net_lines(totals.get("money"), report.get("sessions") or []))
+    advice = tools_inline_text(report.get("sessions") or [])
+    if advice:
+        lines.append(advice)
     lines.append(gross_text(totals, report["encoding"]))
     if totals["wouldSaveChars"]:
         lines.append(

@@ -82,6 +82,9 @@ SESSION_SUMS = (*_SESSION_SUMS_5, "prunes", "busts_planned")
 provider's usage, the usage without ctxbudget, money both ways, clamp savings, memory tokens,
 cache busts by the client and by ctxbudget, results pruned and the busts pruning planned
 (a prune in a warm session: `pays`)."""
+_SESSION_ADDS = (*SESSION_SUMS, "tools_inline_requests")
+"""The per-session columns summed request by request (`SESSION_SUMS`, and since schema 6 the
+requests that sent MCP tools inline)."""
 _REAL = ("cost_usd", "without_usd")
 _SESSION_SUMS_DDL = ", ".join(
     f"{c} {'REAL' if c in _REAL else 'INTEGER'} NOT NULL DEFAULT 0" for c in _SESSION_SUMS_5
@@ -207,7 +210,7 @@ CREATE TABLE IF NOT EXISTS sessions (owner TEXT NOT NULL, id TEXT NOT NULL,
 }, last_bust TEXT, PRIMARY KEY (owner, id));
 CREATE INDEX IF NOT EXISTS sessions_last ON sessions (owner, last)
 """
-_PRUNED = """
+_SCHEMA_6 = """
 CREATE TABLE IF NOT EXISTS pruned (owner TEXT NOT NULL, conversation TEXT NOT NULL,
     call_id TEXT NOT NULL, text TEXT NOT NULL, at {real} NOT NULL,
     PRIMARY KEY (owner, conversation, call_id));
@@ -216,19 +219,24 @@ CREATE TABLE IF NOT EXISTS summaries (owner TEXT NOT NULL, conversation TEXT NOT
     call_id TEXT NOT NULL, text TEXT NOT NULL, at {real} NOT NULL,
     PRIMARY KEY (owner, conversation, call_id));
 ALTER TABLE sessions ADD COLUMN prunes {int} NOT NULL DEFAULT 0;
-ALTER TABLE sessions ADD COLUMN busts_planned {int} NOT NULL DEFAULT 0
+ALTER TABLE sessions ADD COLUMN busts_planned {int} NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN tools_inline {int} NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN tools_inline_tokens {int} NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN tools_inline_requests {int} NOT NULL DEFAULT 0
 """
 """6: pruning's decisions (`proxy/report/ledger.py`: what stands for each pruned result), the
-summaries that may stand for one (`contextPruning.summarize`), and each session's prunes and
-the cache busts they planned."""
+summaries that may stand for one (`contextPruning.summarize`), each session's prunes and the
+cache busts they planned, and the MCP tool definitions a session sent inline (Claude Code
+without tool search): the most of them in one request, their tokens, and how many requests
+sent any."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
     Migration(5, _UPGRADES[-1], _PG_BASELINE),
     Migration(
         6,
-        _PRUNED.format(real="REAL", int="INTEGER"),
-        _PRUNED.format(real="DOUBLE PRECISION", int="BIGINT"),
+        _SCHEMA_6.format(real="REAL", int="INTEGER"),
+        _SCHEMA_6.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
@@ -703,16 +711,24 @@ class ReportStore:
                     s["kind"] == "pruned" and s["note"] == "pruned now" for s in b["segments"]
                 ),
                 "busts_planned": int((b["cacheBust"] or "").endswith(" prune")),
+                "tools_inline_requests": int(b.get("toolsInline") is not None),
             }
+            inline = b.get("toolsInline") or {"count": 0, "tokens": 0}
             conn.execute(
                 f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
-                f"{', '.join(SESSION_SUMS)}) VALUES ({', '.join('?' * (7 + len(SESSION_SUMS)))}) "
+                f"tools_inline, tools_inline_tokens, {', '.join(_SESSION_ADDS)}) "
+                f"VALUES ({', '.join('?' * (9 + len(_SESSION_ADDS)))}) "
                 "ON CONFLICT (owner, id) DO UPDATE SET "
                 "last = CASE WHEN excluded.last > sessions.last THEN excluded.last "
                 "ELSE sessions.last END, "
                 "format = excluded.format, model = coalesce(excluded.model, sessions.model), "
                 "last_bust = coalesce(excluded.last_bust, sessions.last_bust), "
-                + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in SESSION_SUMS),
+                + "".join(
+                    f"{c} = CASE WHEN excluded.{c} > sessions.{c} THEN excluded.{c} "
+                    f"ELSE sessions.{c} END, "
+                    for c in ("tools_inline", "tools_inline_tokens")
+                )
+                + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS),
                 (
                     b["owner"],
                     b["session"],
@@ -721,7 +737,9 @@ class ReportStore:
                     b["at"],
                     b["at"],
                     b["cacheBust"],
-                    *(sums[c] for c in SESSION_SUMS),
+                    inline["count"],
+                    inline["tokens"],
+                    *(sums[c] for c in _SESSION_ADDS),
                 ),
             )
 

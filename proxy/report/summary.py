@@ -91,7 +91,7 @@ _SESSION_COLUMNS = (
     "id, format, model, first, last, last_bust, requests, billed, priced, input, cache_read,"
     " cache_write, output, without_input, without_cache_read, without_cache_write, cost_usd,"
     " without_usd, saved_tokens, memory_tokens, busts_client, busts_ctxbudget, prunes,"
-    " busts_planned"
+    " busts_planned, tools_inline, tools_inline_tokens, tools_inline_requests"
 )
 
 
@@ -142,7 +142,8 @@ def _sessions(
 def _session(row: Any) -> dict[str, Any]:
     (sid, wire, model, first, last, last_bust, requests, billed, priced) = row[:9]
     (inp, read, write, out, w_inp, w_read, w_write, cost, would) = row[9:18]
-    (saved_tokens, memory_tokens, client_busts, our_busts, prunes, planned) = row[18:]
+    (saved_tokens, memory_tokens, client_busts, our_busts, prunes, planned) = row[18:24]
+    (inline, inline_tokens, inline_requests) = row[24:27]
     usage = {"input": inp, "cacheRead": read, "cacheWrite": write, "output": out}
     return {
         "id": sid,
@@ -164,6 +165,10 @@ def _session(row: Any) -> dict[str, Any]:
         "cacheBusts": {"client": client_busts, "ctxbudget": our_busts, "planned": planned},
         "prunes": prunes,
         "lastCacheBust": last_bust,
+        # Claude Code's MCP tools sent inline (tool search off): what it pays for them
+        "toolsInline": {"count": inline, "tokens": inline_tokens, "requests": inline_requests}
+        if inline
+        else None,
     }
 
 

@@ -5,6 +5,10 @@ What OpenClaw, Claude Code and the `anthropic` SDK send (`shared/OPENCLAW_WIRE_F
 - System prompt: top-level `system`, a string or text blocks (OpenClaw: `system[0]` the
   stable prefix with the bootstrap files and a `cache_control` marker); Claude Code also puts a
   `role: "system"` message inside `messages`. Both are read for bootstrap files.
+- Claude Code's instruction files (CLAUDE.md, …) are a `<system-reminder>` text block of the
+  first user message, and its WebFetch summariser's page the one text block of its own
+  request's only message: the first user message's text blocks are shown to `caps` too, which
+  clamps only those agent wrappers (the user's own blocks stay as they came).
 - Tool results: `tool_result` blocks in user messages, `content` a string or blocks; the tool
   name is on the `tool_use` block with the same id (OpenClaw's tool-search bridge included).
 - Never touched: `thinking`/`redacted_thinking` (signed upstream), `server_tool_use`, images,
@@ -25,13 +29,22 @@ from caps import Caps, Clamp, Segment, ToolNames
 from memory.inject import Placement, block, inject
 from memory.query import UserTurn, user_turn
 from proxy.cache.sessions import Block
+from proxy.cache.tools import InlineTools, inline_mcp_tools
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.upstream.http import forward_request_headers
 from proxy.urls import join
 from proxy.wire.body import JsonBody, check_model, parse_object, type_name
 from proxy.wire.types import InProcessRequest, Reply, WireRequest
-from proxy.wire.view import ChatView, arguments_json, paired, set_item, set_part, with_text
+from proxy.wire.view import (
+    ChatView,
+    arguments_json,
+    paired,
+    set_item,
+    set_part,
+    set_texts,
+    with_text,
+)
 
 _EXAMPLE = '{"model": ..., "max_tokens": ..., "messages": [...]}'
 _ERROR_TYPES = {
@@ -85,9 +98,16 @@ class MessagesRequest(InProcessRequest):
         elif isinstance(self.system, list):
             for i, part in _text_blocks(self.system):
                 view.system(part, ("system", -1, i))
+        first_user = True
         for index, message in enumerate(self.messages):
             content = message["content"]
             role = message["role"]
+            if role == "user" and first_user:
+                first_user = False
+                if isinstance(content, str):
+                    view.first_user([(-1, content)], ("user", index))
+                else:
+                    view.first_user(_text_blocks(content), ("user", index))
             if role == "system":  # Claude Code's environment block
                 if isinstance(content, str):
                     view.system(content, ("message", index))
@@ -127,6 +147,8 @@ class MessagesRequest(InProcessRequest):
                 self.messages = set_part(self.messages, index, i, "text", new)
             case ("result", int(index), int(i)):
                 self.messages = set_part(self.messages, index, i, "content", new)
+            case ("user", int(index), tuple(parts)):
+                self.messages = set_texts(self.messages, index, parts, new)
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         if placement == "user":
@@ -141,6 +163,9 @@ class MessagesRequest(InProcessRequest):
     def get(self, key: str) -> Any:
         """A top-level field as a Python value."""
         return self._body.get(key)
+
+    def inline_tools(self) -> InlineTools | None:
+        return inline_mcp_tools(self._body.raw_field("tools"))
 
     def blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")

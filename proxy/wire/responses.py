@@ -5,6 +5,9 @@ What OpenClaw, Codex and the `openai` SDK send (`shared/OPENCLAW_WIRE_FORMATS.md
 - System prompt: `instructions`, and `message` items of role `system`/`developer` in `input`
   (OpenClaw: `input[0]`, one `input_text` part holding the whole prompt and its bootstrap
   files).
+- Codex's AGENTS.md: the first part of its first user `message` item (`# AGENTS.md
+  instructions for <dir>` … `<INSTRUCTIONS>`): the first user item's text parts are shown to
+  `caps`, which clamps only that wrapper, never the user's own text.
 - Tool results: `function_call_output` items; the tool name is on the `function_call` item
   with the same `call_id`.
 - Continuation (`previous_response_id`): a later request carries only the new input — often
@@ -38,7 +41,7 @@ from proxy.errors import BadRequest, CtxBudgetError
 from proxy.wire.body import JsonBody, check_model, parse_object, type_name
 from proxy.wire.chat import openai_headers
 from proxy.wire.types import InProcessRequest, Reply, WireRequest
-from proxy.wire.view import ChatView, paired, set_item, set_part, with_text
+from proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
 _SYSTEM_ROLES = ("system", "developer")
@@ -167,9 +170,18 @@ class ResponsesRequest(InProcessRequest):
                 if found is not None:
                     remembered.append((item["call_id"], *found))
         view.calls(remembered)
+        first_user = True
         for index, item in enumerate(items):
             kind = item.get("type")
-            if item.get("role") in _SYSTEM_ROLES and kind in (None, "message"):
+            if item.get("role") == "user" and kind in (None, "message") and first_user:
+                first_user = False
+                content = item.get("content")
+                if isinstance(content, str):
+                    view.first_user([(-1, content)], ("user", index))
+                elif isinstance(content, list):
+                    texts = [(i, p["text"]) for i, p in enumerate(content) if _is_text(p)]
+                    view.first_user(texts, ("user", index))
+            elif item.get("role") in _SYSTEM_ROLES and kind in (None, "message"):
                 content = item.get("content")
                 if isinstance(content, str):
                     view.system(content, ("item", index))
@@ -215,6 +227,8 @@ class ResponsesRequest(InProcessRequest):
                 self.input = set_part(self.input, index, i, "text", new)
             case ("output", int(index)):
                 self.input = set_item(self.input, index, "output", new)
+            case ("user", int(index), tuple(parts)):
+                self.input = set_texts(self.input, index, parts, new)
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         if not lines:

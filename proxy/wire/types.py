@@ -23,6 +23,7 @@ from caps import Caps, Clamp, Segment, ToolNames, prune_request
 from memory.inject import Placement
 from memory.query import UserTurn
 from proxy.cache.sessions import Block, PrefixChange, memory_added
+from proxy.cache.tools import InlineTools
 from proxy.config.settings import Settings
 from proxy.errors import CtxBudgetError
 from proxy.tokens import TokenCounter
@@ -61,6 +62,11 @@ class WireRequest(Protocol):
 
     def system_text(self) -> str:
         """The system prompt's text (for the memory budget's window share)."""
+        ...
+
+    def inline_tools(self) -> InlineTools | None:
+        """The tool definitions it sends inline that tool search would defer (Claude Code's
+        MCP tools), for the report's advice; None for formats or requests with none."""
         ...
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
@@ -153,6 +159,9 @@ class InProcessRequest:
 
     def blocks(self) -> list[Block]:
         raise NotImplementedError
+
+    def inline_tools(self) -> InlineTools | None:
+        return None
 
     def encode(self) -> bytes:
         raise NotImplementedError

@@ -1,11 +1,12 @@
 """Clamp a request of another format through `caps`, by showing it a chat-shaped view.
 
-`caps` reads chat completions: system messages, assistant `tool_calls`, `tool` messages. The
-Messages and Responses adapters build a view of their own request in that shape — one view
-message per system text and per tool result, one assistant message per batch of tool calls —
-remembering where each text came from. The one `Clamp` runs on the view, and the adapter
-writes back only the texts that changed, into copies of the blocks that held them: every
-other key of a block (`cache_control`, `is_error`, ids) stays where it was.
+`caps` reads chat completions: system messages, the first user message (where Claude Code and
+Codex put their instruction files), assistant `tool_calls`, `tool` messages. The Messages and
+Responses adapters build a view of their own request in that shape — one view message per
+system text and per tool result, the first user message's texts, one assistant message per
+batch of tool calls — remembering where each text came from. The one `Clamp` runs on the
+view, and the adapter writes back only the texts that changed, into copies of the blocks that
+held them: every other key of a block (`cache_control`, `is_error`, ids) stays where it was.
 
 >>> view = ChatView()
 >>> view.calls([("c1", "web_fetch", '{"url": "https://example.com"}')])
@@ -42,6 +43,19 @@ class ChatView:
         """A system text (bootstrap files are looked for in it)."""
         self.messages.append({"role": "system", "content": text})
         self.places.append(place)
+
+    def first_user(self, texts: Sequence[tuple[int, str]], place: Place) -> None:
+        """The texts of the request's first user message, `(part index, text)` each (index
+        -1: the content is one string); `place` is completed with the part indexes. Only the
+        agents' own wrappers in it are ever clamped (`caps.clamp`), never the user's words."""
+        if not texts:
+            return
+        if len(texts) == 1 and texts[0][0] < 0:
+            content: Any = texts[0][1]
+        else:
+            content = [{"type": "text", "text": text} for _, text in texts]
+        self.messages.append({"role": "user", "content": content})
+        self.places.append((*place, tuple(i for i, _ in texts)))
 
     def calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
         """Tool calls as `(call id, tool name, arguments as JSON text)`: names the results."""
@@ -103,6 +117,19 @@ def set_item(items: list[Any], index: int, key: str, value: Any) -> list[Any]:
     out = list(items)
     out[index] = {**items[index], key: value}
     return out
+
+
+def set_texts(
+    items: list[Any], index: int, parts: tuple[int, ...], new: Any, key: str = "text"
+) -> list[Any]:
+    """`items` with the first-user texts the clamp changed written back (`ChatView.first_user`:
+    `parts` are the real part indexes, -1 for a string content; `new` the view's content)."""
+    if parts == (-1,):
+        return set_item(items, index, "content", new)
+    for part, view_part in zip(parts, new, strict=True):
+        if view_part["text"] != items[index]["content"][part].get(key):
+            items = set_part(items, index, part, key, view_part["text"])
+    return items
 
 
 def set_part(items: list[Any], index: int, part: int, key: str, value: Any) -> list[Any]:

@@ -37,8 +37,10 @@ def test_a_result_pruned_after_an_expiry_goes_out_the_same_way_after(
     config = standin_config(tmp_path, standin)
     config["agents"]["defaults"]["contextPruning"] = {"ttl": "1s"}
     config["memory"]["inject"] = {"enabled": False}
-    with serve(tmp_path, config, workers=2) as server:
-        client = anthropic.Anthropic(base_url=server.root, api_key="sk-ant", max_retries=0)
+    with (
+        serve(tmp_path, config, workers=2) as server,
+        anthropic.Anthropic(base_url=server.root, api_key="sk-ant", max_retries=0) as client,
+    ):
 
         def send(turns: int) -> dict[str, str]:
             body = _messages(turns)

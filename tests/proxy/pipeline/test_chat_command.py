@@ -23,6 +23,27 @@ INTERNAL = {
 }
 
 
+REMINDER = (
+    "<system-reminder>\nThe user's message starts with the slash command /ctxbudget, but no "
+    "command with that name is available in this session, so it did not run.\n</system-reminder>"
+)
+CLAUDE_CODE = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": REMINDER},
+            {
+                "type": "text",
+                "text": "<system-reminder>\nContents of /w/CLAUDE.md (x):\n\nRules\n"
+                "</system-reminder>",
+            },
+            {"type": "text", "text": "/ctxbudget"},
+        ],
+    },
+    {"role": "system", "content": [{"type": "text", "text": "# Environment\n - cwd: /w"}]},
+]
+
+
 @pytest.mark.parametrize(
     ("messages", "mode"),
     [
@@ -53,6 +74,24 @@ INTERNAL = {
         ([{"role": "user", "content": "/ctxbudget FULL"}], None),
         ([{"role": "user", "content": "/ctxbudget now"}], None),
         ([], None),
+        # Claude Code (issue 21): reminders beside the user's text, its environment after it
+        (CLAUDE_CODE, "summary"),
+        ([CLAUDE_CODE[0]], "summary"),
+        ([{"role": "user", "content": REMINDER + "\n/ctxbudget json"}], "json"),
+        ([{"role": "user", "content": "/ctxbudget " + REMINDER}], "summary"),
+        (
+            [*CLAUDE_CODE, {"role": "user", "content": [{"type": "text", "text": REMINDER}]}],
+            "summary",
+        ),
+        ([{"role": "user", "content": REMINDER}], None),
+        (
+            [
+                *CLAUDE_CODE,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Bash"}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+            ],
+            None,
+        ),
     ],
 )
 def test_command_is_found_only_in_the_latest_real_user_text(

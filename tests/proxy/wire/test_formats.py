@@ -327,3 +327,141 @@ def test_a_deeply_nested_tool_input_does_not_cost_the_clamps(tmp_path: Path) -> 
         r = client.post("/v1/messages", json=body)
     assert r.status_code == 200 and "x-context-budget-clamp-error" not in r.headers
     assert r.headers["x-context-budget-clamped"] == "2"
+
+
+# -- Claude Code and Codex (issue 21) ------------------------------------------------------
+
+
+def _claude_turns() -> list[tuple[str, dict[str, Any], Any]]:
+    from tests.agents import FILE, LOG
+
+    return [
+        ("Read", {"file_path": "/w/big.py"}, FILE),
+        ("Bash", {"command": "pytest"}, LOG),
+    ]
+
+
+def test_claude_code_is_clamped_reported_and_flagged_for_inline_mcp_tools(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.agents import BIG_MD, FILE, claude_code_request
+
+    body = claude_code_request(turns=_claude_turns(), mcp_tools=60, deferred=False)
+    with proxy_app(tmp_path, config(tmp_path)) as (client, fake):
+        fake.answer_json({**MESSAGE, "usage": {"input_tokens": 30_000, "output_tokens": 10}})
+        r = client.post(
+            "/v1/messages?beta=true",
+            json={**body, "stream": False},
+            headers={"x-claude-code-session-id": "cc-1"},
+        )
+        state_of(client).reports.flush()
+        data = report(client)
+        text = client.get("/context/budget?format=text").text
+        page = client.get("/context/budget", headers={"accept": "text/html"}).text
+        metrics = client.get("/metrics").text
+    assert r.status_code == 200, r.text
+    assert r.headers["x-context-budget-clamped"] == "2"
+    sent = orjson.loads(fake.last.body)
+    assert sent["tools"] == body["tools"]  # 60 inline MCP tools: passed on as they came
+    assert len(sent["messages"][0]["content"][0]["text"]) < len(BIG_MD)
+    assert sent["messages"][3]["content"][0]["content"] == FILE
+    segments = data["recent"][0]["segments"]
+    assert [(s["kind"], s["label"], s["action"]) for s in segments] == [
+        ("bootstrap", "/w/CLAUDE.md", "clamped"),
+        ("tool_output", "Bash toolu_01abcdef", "clamped"),
+    ]
+    assert data["caps"]["tool_output"]["value"] == 16000
+    assert data["totals"]["byKind"]["tool_output"]["clamped"] == 1
+    inline = data["recent"][0]["toolsInline"]
+    assert inline["count"] == 60 and inline["tokens"] > 5_000
+    (session,) = data["sessions"]
+    assert session["id"] == "cc-1"
+    assert session["toolsInline"] == {**inline, "requests": 1}
+    assert "Tool search off: session cc-1 sent 60 MCP tool definitions inline" in text
+    assert "ENABLE_TOOL_SEARCH=true" in text and "tool output: 16,000 per result" in text
+    assert "id='tools-inline'" in page and "ENABLE_TOOL_SEARCH=true" in page
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+    }
+    kind = (("action", "clamped"), ("kind", "tool_output"))
+    assert samples[("ctxbudget_segments_clamped_total", kind)] == 1
+
+
+def test_claude_code_with_tool_search_is_not_flagged(tmp_path: Path) -> None:
+    from tests.agents import claude_code_request
+
+    body = claude_code_request(mcp_tools=60, deferred=True)
+    with proxy_app(tmp_path, config(tmp_path)) as (client, fake):
+        fake.answer_json(MESSAGE)
+        r = client.post("/v1/messages?beta=true", json={**body, "stream": False})
+        state_of(client).reports.flush()
+        data = report(client)
+        text = client.get("/context/budget?format=text").text
+    assert r.status_code == 200
+    assert orjson.loads(fake.last.body)["tools"] == body["tools"]  # defer_loading kept
+    assert data["recent"][0]["toolsInline"] is None
+    assert data["sessions"][0]["toolsInline"] is None and "Tool search off" not in text
+
+
+def test_a_large_claude_code_body_is_flagged_from_the_offload_process(tmp_path: Path) -> None:
+    from tests.agents import claude_code_request
+    from tests.inproc import shared_offload
+
+    body = claude_code_request(turns=_claude_turns(), mcp_tools=60, deferred=False)
+    with proxy_app(tmp_path, config(tmp_path), offload=shared_offload(1024)) as (client, fake):
+        fake.answer_json(MESSAGE)
+        r = client.post("/v1/messages?beta=true", json={**body, "stream": False})
+        state_of(client).reports.flush()
+        data = report(client)
+    assert r.status_code == 200 and r.headers["x-context-budget-clamped"] == "2"
+    assert data["recent"][0]["toolsInline"]["count"] == 60
+    assert data["recent"][0]["toolsInline"]["tokens"] > 5_000
+
+
+def test_ctxbudget_from_claude_code_is_answered_by_the_proxy(tmp_path: Path) -> None:
+    from tests.agents import claude_code_request
+
+    body = claude_code_request(prompt="/ctxbudget")
+    body["messages"][0]["content"].insert(
+        0,
+        {
+            "type": "text",
+            "text": "<system-reminder>\nThe user's message starts with the slash command "
+            "/ctxbudget, but no command with that name is available.\n</system-reminder>",
+        },
+    )
+    with proxy_app(tmp_path, config(tmp_path)) as (client, fake):
+        r = client.post("/v1/messages?beta=true", json={**body, "stream": False})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-context-budget-command"] == "context-budget"
+    assert "Context budget: ON" in r.json()["content"][0]["text"]
+    assert fake.sent == []
+
+
+def test_codex_agents_md_is_clamped_through_the_pipeline(tmp_path: Path) -> None:
+    from tests.agents import codex_request
+
+    body = codex_request()
+    answer = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "completed",
+        "output": [],
+        "usage": {"input_tokens": 10, "output_tokens": 1, "total_tokens": 11},
+    }
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(answer)
+        r = client.post("/v1/responses", json={**body, "stream": False})
+        state_of(client).reports.flush()
+        data = report(client)
+    assert r.status_code == 200 and r.headers["x-context-budget-clamped"] == "1"
+    [segment] = data["recent"][0]["segments"]
+    assert (segment["kind"], segment["label"], segment["after"]) == (
+        "bootstrap",
+        "/w/AGENTS.md",
+        8000,
+    )
+    sent = orjson.loads(fake.last.body)
+    assert sent["input"][2] == body["input"][2]

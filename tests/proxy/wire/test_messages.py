@@ -460,3 +460,71 @@ def test_property_markers_thinking_and_blocks_survive_any_clamp(
     assert clamped(raw)[0] == out  # deterministic
     assert clamped(out)[0] == out  # idempotent
     assert all(s.after <= s.cap for s in segments if s.action == "clamped" and s.cap is not None)
+
+
+# -- Claude Code (issue 21) ----------------------------------------------------------------
+
+AGENT_CAPS = Caps(
+    bootstrap_max_chars=8000,
+    memory_max_chars=2500,
+    web_fetch_max_chars=8000,
+    tool_output_max_chars=16000,
+)
+
+
+def agent_clamped(body: dict[str, Any], *, apply: bool = True) -> tuple[bytes, list[Any]]:
+    parsed = MESSAGES.parse(orjson.dumps(body))
+    segments = parsed.clamp(clamp_request, AGENT_CAPS, ToolNames(), apply=apply)
+    return parsed.encode(), segments
+
+
+def test_claude_codes_claude_md_is_clamped_and_its_other_blocks_kept() -> None:
+    from tests.agents import BIG_MD, FILE, LOG, claude_code_request
+
+    lookup = [{"type": "tool_reference", "tool_name": "WebFetch"}]
+    body = claude_code_request(
+        turns=[
+            ("Read", {"file_path": "/w/big.py"}, FILE),
+            ("ToolSearch", {"query": "select:WebFetch", "max_results": 1}, lookup),
+            ("Bash", {"command": "pytest"}, LOG),
+        ]
+    )
+    out, segments = agent_clamped(body)
+    sent = orjson.loads(out)
+    assert [(s.kind, s.label, s.action, s.message_index) for s in segments] == [
+        ("bootstrap", "/w/CLAUDE.md", "clamped", 0),
+        ("tool_output", "Bash toolu_02abcdef", "clamped", 7),
+    ]
+    assert segments[0].before == len(BIG_MD) and segments[0].after == 8000
+    first, original = sent["messages"][0]["content"], body["messages"][0]["content"]
+    assert first[1:] == original[1:]  # the attribution reminder and the user's own text
+    assert "[...truncated, read /w/CLAUDE.md for full content...]" in first[0]["text"]
+    assert sent["messages"][3]["content"][0]["content"] == FILE  # Read: never cut
+    assert sent["messages"][5]["content"][0]["content"] == lookup  # tool_reference: untouched
+    assert len(sent["messages"][7]["content"][0]["content"]) <= 16000
+    assert skeleton(sent) == skeleton(body)
+    assert markers(sent) == markers(body)
+    assert thinking_blocks(sent) == thinking_blocks(body)
+    for key in ("tools", "system", "metadata", "thinking", "context_management"):
+        assert sent[key] == body[key]
+    again, _ = agent_clamped(body)
+    assert again == out  # the same bytes on every request: the prompt cache holds
+
+
+def test_claude_codes_user_text_is_never_clamped() -> None:
+    from tests.agents import RULES, claude_code_request
+
+    body = claude_code_request(claude_md="short", prompt="/ctxbudget\n" + RULES * 3)
+    out, segments = agent_clamped(body)
+    assert out == orjson.dumps(body)  # nothing changed: the client's bytes go on
+    assert [(s.label, s.action) for s in segments] == [("/w/CLAUDE.md", "kept")]
+
+
+def test_the_webfetch_summariser_page_is_a_web_fetch_segment() -> None:
+    from tests.agents import summariser_request
+
+    page = "Paragraph: lorem ipsum dolor sit amet.\n\n" * 2000
+    out, [segment] = agent_clamped(summariser_request(page))
+    assert (segment.kind, segment.tool, segment.action) == ("web_fetch", "WebFetch", "clamped")
+    text = orjson.loads(out)["messages"][0]["content"][0]["text"]
+    assert segment.after <= 8000 and text.endswith("exact song lyrics.\n\n")

@@ -338,3 +338,37 @@ def test_property_reasoning_calls_and_unknown_items_survive_any_clamp(
     assert [set(i) for i in sent["input"]] == [set(i) for i in body["input"]]
     assert clamped(raw)[0] == out and clamped(out)[0] == out
     assert all(s.after <= s.cap for s in segments if s.action == "clamped" and s.cap is not None)
+
+
+# -- Codex (issue 21) ------------------------------------------------------------------------
+
+
+def test_codexs_agents_md_is_clamped_and_exec_output_capped() -> None:
+    from tests.agents import LOG, codex_request, exec_output
+
+    body = codex_request(
+        outputs=[
+            ("exec_command", {"cmd": "cat note.txt"}, exec_output("The secret word.\n")),
+            ("exec_command", {"cmd": "pytest"}, exec_output(LOG)),
+            ("apply_patch", {"input": "*** Begin Patch"}, exec_output(LOG)),
+        ]
+    )
+    caps = Caps(bootstrap_max_chars=8000, tool_output_max_chars=16000)
+    parsed = OpenAIResponses().parse(orjson.dumps(body))
+    segments = parsed.clamp(clamp_request, caps, ToolNames(), apply=True)
+    sent = orjson.loads(parsed.encode())
+    assert [(s.kind, s.label, s.action, s.message_index) for s in segments] == [
+        ("bootstrap", "/w/AGENTS.md", "clamped", 1),
+        ("tool_output", "exec_command call_01abcdef", "clamped", 8),
+    ]
+    agents, environment = sent["input"][1]["content"]
+    assert agents["text"].startswith("# AGENTS.md instructions for /w\n\n<INSTRUCTIONS>\n")
+    assert agents["text"].endswith("\n</INSTRUCTIONS>") and len(agents["text"]) < 8100
+    assert environment == body["input"][1]["content"][1]
+    assert sent["input"][2] == body["input"][2]  # the user's own prompt
+    assert sent["input"][5] == body["input"][5]  # a short output
+    assert sent["input"][11] == body["input"][11]  # apply_patch: never cut
+    assert len(sent["input"][8]["output"]) <= 16000
+    assert [i for i in sent["input"] if i["type"] == "reasoning"] == [
+        i for i in body["input"] if i["type"] == "reasoning"
+    ]

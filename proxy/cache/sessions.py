@@ -28,7 +28,10 @@ history) is a client bust, not ours.
 Sessions are kept per worker process and per owner, the newest 2,048 of each owner (an LRU)
 and 4,096 in all, each with its previous request's first 1,024 block digests and its last 8
 memory blocks: a session whose requests go to different workers of one server is compared
-within each worker.
+within each worker. The ids kept beyond a process — the session's `prefix:` hash, and the
+conversation pruning's decisions are filed under (`ClientPrefix.conversation`) — come from
+`shared_digest`, the same in every worker and every instance; the block digests compared within
+a worker are seeded per process (`_digest`).
 
 A large body (`proxy/pipeline/offload.py`) is parsed in another process, and its blocks reach
 this one as `Digested` stand-ins: the digest, and the bytes of a small block or the token count
@@ -117,6 +120,9 @@ class Digested:
     """`_stable_text(value)`, for the block a stable-prefix session hash reads."""
     role: str | None = None
     """A message's role (the conversation key skips system messages)."""
+    shared: bytes | None = None
+    """`shared_digest` of a large block (`data` None) that a session or conversation id may
+    read (`SHARED_BLOCKS`); None otherwise."""
 
     @property
     def counted(self) -> bool:
@@ -125,9 +131,14 @@ class Digested:
 
 
 def digested(
-    value: Any, count: Callable[[str], int] | None = None, *, stable: bool = False
+    value: Any,
+    count: Callable[[str], int] | None = None,
+    *,
+    stable: bool = False,
+    shared: bool = False,
 ) -> Digested:
-    """`value` as a `Digested`; `count`, when given, counts a large one's tokens.
+    """`value` as a `Digested`; `count`, when given, counts a large one's tokens; `shared`,
+    whether a large one gets its `shared_digest` (the first blocks: ids read them).
 
     >>> d = digested({"role": "user", "content": "hi"})
     >>> d.data, d.size, d.digest == _digest(d.data)
@@ -147,7 +158,37 @@ def digested(
         role=value.get("role")
         if isinstance(value, dict) and isinstance(value.get("role"), str)
         else None,
+        shared=_shared(data) if shared and not small else None,
     )
+
+
+SHARED_BLOCKS = 4
+"""A large body's first blocks get their `shared_digest` in the offload process: the tools, a
+system prompt or two, the first message (`session_key`, `ClientPrefix.conversation`)."""
+
+
+def shared_digest(data: bytes | Digested) -> bytes:
+    """A block's digest as every process and every instance computes it, for the ids kept in
+    the report's database (a session, a conversation's pruning decisions): BLAKE2b, with no
+    seed to share and no way for a client to make two blocks digest alike. A large block past
+    the first `SHARED_BLOCKS` of an offloaded body has none: its per-process digest stands in.
+
+    >>> shared_digest(b'{"role":"user"}') == shared_digest(digested({"role": "user"}))
+    True
+    """
+    if isinstance(data, Digested):
+        if data.data is not None:
+            return _shared(data.data)
+        return data.shared if data.shared is not None else data.digest
+    return _shared(data)
+
+
+_SHARED_KNOWN: LRUCache[bytes, bytes] = LRUCache(maxsize=1024)
+"""`shared_digest`s by this process's digest of the same block."""
+
+
+def _shared(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=DIGEST).digest()
 
 
 def block_tokens(
@@ -281,9 +322,9 @@ def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
     if known is not None:
         return known
     digest = hashlib.sha256(head)
-    for block, found in zip(prefix.blocks, prefix.digests, strict=True):
+    for block, data in zip(prefix.blocks, prefix.data, strict=True):
         if block.label == "tools":
-            digest.update(found)
+            digest.update(shared_digest(data))
             continue
         digest.update(_stable_text(block.client).encode(errors="surrogatepass"))
         break  # the first block after the tools: the system prompt (or the first message)
@@ -398,10 +439,13 @@ class ClientPrefix:
         history (a chat system message skipped). Two OpenClaw conversations with the same
         system prompt share a session by prefix, but not a first message (it carries a
         time stamp)."""
-        for block, digest in zip(self.blocks, self.digests, strict=True):
+        for block, data, digest in zip(self.blocks, self.data, self.digests, strict=True):
             if not block.label.startswith(("messages[", "input[")) or _is_system(block.client):
                 continue
-            return f"{session}/{digest.hex()[:16]}"
+            shared = _SHARED_KNOWN.get(digest)
+            if shared is None:  # the same first message every turn: hashed again only here
+                shared = _SHARED_KNOWN[digest] = shared_digest(data)
+            return f"{session}/{shared.hex()[:16]}"
         return session
 
     def index_of(self, label: str) -> int | None:

@@ -18,7 +18,14 @@ import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames, prune_request
 from memory.query import UserTurn
-from proxy.cache.sessions import Block, Digested, digested, memory_added, serial
+from proxy.cache.sessions import (
+    SHARED_BLOCKS,
+    Block,
+    Digested,
+    digested,
+    memory_added,
+    serial,
+)
 from proxy.cache.tools import InlineTools
 from proxy.pipeline.chat_command import find_command
 from proxy.pipeline.worker import ask, portable
@@ -181,10 +188,10 @@ def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...
 
     out = []
     stable = True
-    for b in blocks:
+    for i, b in enumerate(blocks):
         first = stable and b.label != "tools"
         stable = stable and not first
-        client = digested(b.client, stable=first)
+        client = digested(b.client, stable=first, shared=i < SHARED_BLOCKS)
         forwarded = client if b.forwarded is b.client else digested(b.forwarded, count)
         out.append(Block(b.label, client, forwarded))
     return tuple(out)

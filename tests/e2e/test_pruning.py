@@ -59,3 +59,33 @@ def test_a_result_pruned_after_an_expiry_goes_out_the_same_way_after(
     pruned = [s for r in report["recent"] for s in r["segments"] if s["kind"] == "pruned"]
     assert {s["note"] for s in pruned} == {"pruned now", "pruned earlier"}
     assert sum(s["note"] == "pruned now" for s in pruned) == 4
+
+
+def test_a_second_instance_sends_a_pruned_result_the_same_way(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    # Two proxies on one report database: the decision the first made, the second finds under
+    # the same conversation (each process has its own digest seed; the ids must not).
+    config = standin_config(tmp_path, standin)
+    config["agents"]["defaults"]["contextPruning"] = {"ttl": "1s"}
+    config["memory"]["inject"] = {"enabled": False}
+    with (
+        serve(tmp_path, config) as first,
+        serve(tmp_path, config) as second,
+        anthropic.Anthropic(base_url=first.root, api_key="sk-ant", max_retries=0) as one,
+        anthropic.Anthropic(base_url=second.root, api_key="sk-ant", max_retries=0) as two,
+    ):
+
+        def send(client: anthropic.Anthropic, turns: int) -> dict[str, str]:
+            client.messages.create(**_messages(turns))
+            return _results(standin.received[-1].json)
+
+        send(one, 5)
+        send(one, 6)
+        time.sleep(1.5)  # the cache's lifetime passes
+        pruned = send(one, 7)
+        assert _pruned(pruned) == ["toolu_0", "toolu_1", "toolu_2", "toolu_3"]
+        first.report()  # its record written: the second proxy reads when the session was seen
+        for turns in (8, 9):  # warm: the second proxy prunes nothing of its own
+            later = send(two, turns)
+            assert {i: later[i] for i in pruned} == pruned

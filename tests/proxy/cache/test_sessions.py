@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,44 @@ def test_without_a_session_id_the_stable_prefix_names_the_session() -> None:
     other = {"model": "m", "messages": [{"role": "system", "content": "Another agent."}]}
     assert _key(other) != _key(a)
     assert _key({**a, "model": "m2"}) != _key(a)
+
+
+_IDS = """
+import json, sys
+from proxy.cache.sessions import ClientPrefix, session_key
+from proxy.pipeline.jobs import _digested_blocks
+from proxy.wire.chat import ChatCompletions
+body = ChatCompletions().parse(sys.stdin.buffer.read())
+ids = []
+for blocks in (body.blocks(), _digested_blocks(body.blocks(), "o200k_base")):
+    prefix = ClientPrefix(blocks)  # as parsed here, and as the offload process hands it over
+    session = session_key({}, body.get, body.model, prefix)
+    ids.append([session, prefix.conversation(session)])
+print(json.dumps(ids))
+"""
+
+
+def test_session_and_conversation_ids_are_the_same_in_every_process() -> None:
+    # Another worker or instance (its own digest seed) files the same conversation's pruning
+    # decisions, and counts its session, under the same ids; also for a large body's blocks
+    # hashed in the offload process. Before, each process's seed made its own ids.
+    request = openclaw_request(version="9.x", size_bytes=180_000)  # tools over SMALL_BLOCK
+    request["messages"].insert(1, {"role": "user", "content": "x" * 70_000})
+    raw = json.dumps(request).encode()
+
+    def ids(seed: int) -> list[list[str]]:
+        env = {**os.environ, "CTXBUDGET_DIGEST_SEED": str(seed)}
+        done = subprocess.run(
+            [sys.executable, "-c", _IDS], input=raw, env=env, capture_output=True, check=True
+        )
+        found: list[list[str]] = json.loads(done.stdout)
+        return found
+
+    first, second = ids(1), ids(2)
+    assert first == second
+    in_process, offloaded = first
+    assert in_process == offloaded
+    assert in_process[0].startswith("prefix:") and in_process[1].startswith(in_process[0] + "/")
 
 
 def test_a_cache_marker_is_not_part_of_a_block() -> None:

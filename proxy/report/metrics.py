@@ -60,6 +60,13 @@ MAX_MODELS = 100
 ACTIONS = ("clamped", "would-clamp")
 FORMATS = frozenset({"chat", "messages", "responses"})
 PROFILES = frozenset(get_args(RetrievalProfileName))
+_USAGE_KEYS = (
+    ("input", "input"),
+    ("cacheRead", "cache_read"),
+    ("cacheWrite", "cache_write"),
+    ("output", "output"),
+)
+"""The report entry's usage fields, and their `kind` label."""
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 """Seconds; the proxy's own time before the upstream gets the request is usually ~1 ms."""
 RECALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -156,6 +163,8 @@ class Metrics:
             ["model", "case"],
             registry=into,
         )
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        """Labelled children by metric and labels (`_child`): bounded, as models are."""
         for by in ("client", "ctxbudget"):
             self.busts.labels(by)
         # Every kind and action from the start, at 0, so rate() has a series before the
@@ -168,44 +177,52 @@ class Metrics:
     def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
         """Count one finished request; `body` is its report entry (on the writer thread)."""
         wire = r.wire if r.wire in FORMATS else "other"
-        self.requests.labels(self._model(r.model), wire, f"{r.status // 100}xx").inc()
+        model = self._model(r.model)
+        self._child(self.requests, model, wire, f"{r.status // 100}xx").inc()
         action = "clamped" if r.enabled else "would-clamp"
-        for kind in SEGMENT_KINDS:
-            acted = [s for s in body["segments"] if s["kind"] == kind and s["action"] == action]
-            if not acted:
-                continue
-            self.segments.labels(kind, action).inc(len(acted))
-            self.chars.labels(kind, action).inc(max(0, sum(s["saved"] for s in acted)))
-            self.tokens.labels(kind, action).inc(max(0, sum(s["savedTokens"] for s in acted)))
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for s in body["segments"]:
+            if s["action"] == action and s["kind"] in SEGMENT_KINDS:
+                by_kind.setdefault(s["kind"], []).append(s)
+        for kind, acted in by_kind.items():
+            self._child(self.segments, kind, action).inc(len(acted))
+            self._child(self.chars, kind, action).inc(max(0, sum(s["saved"] for s in acted)))
+            saved_tokens = max(0, sum(s["savedTokens"] for s in acted))
+            self._child(self.tokens, kind, action).inc(saved_tokens)
             if r.input_price is not None:
                 usd = sum(s["savedUsd"] or 0 for s in acted)
-                self.gross.labels(kind, action).inc(max(0.0, usd))
+                self._child(self.gross, kind, action).inc(max(0.0, usd))
         if body.get("clientCacheBust"):
-            self.busts.labels("client").inc()
+            self._child(self.busts, "client").inc()
         if body.get("cacheBust"):
-            self.busts.labels("ctxbudget").inc()
-        model = self._model(r.model)
-        for key, name in (
-            ("input", "input"),
-            ("cacheRead", "cache_read"),
-            ("cacheWrite", "cache_write"),
-            ("output", "output"),
-        ):
-            if body.get("usage"):
-                self.usage.labels(model, name).inc(body["usage"][key])
+            self._child(self.busts, "ctxbudget").inc()
+        usage = body.get("usage")
+        if usage:
+            for key, name in _USAGE_KEYS:
+                self._child(self.usage, model, name).inc(usage[key])
         if body.get("costUsd") is not None:
-            self.cost.labels(model, "actual").inc(max(0.0, body["costUsd"]))
-            self.cost.labels(model, "without_ctxbudget").inc(max(0.0, body["withoutCtxbudgetUsd"]))
-            self.money.labels(model).inc(body["netSavedUsd"])
+            self._child(self.cost, model, "actual").inc(max(0.0, body["costUsd"]))
+            without = max(0.0, body["withoutCtxbudgetUsd"])
+            self._child(self.cost, model, "without_ctxbudget").inc(without)
+            self._child(self.money, model).inc(body["netSavedUsd"])
         marks = r.marks
         if "start" in marks and "upstream_start" in marks:
             self.added.observe(max(0, marks["upstream_start"] - marks["start"]) / 1e9)
         memory = body.get("memory") or None
         if memory and "recall_start" in marks and "recall_end" in marks:
             profile = memory.get("applied")
-            self.recall.labels(profile if profile in PROFILES else "other").observe(
+            self._child(self.recall, profile if profile in PROFILES else "other").observe(
                 max(0, marks["recall_end"] - marks["recall_start"]) / 1e9
             )
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, kept: prometheus_client checks and looks the labels up
+        on every call (~5 µs; a request counts up to 20 of them)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition for a scrape with this `Accept` header: (body, content type).

@@ -143,6 +143,24 @@ def usd(tokens: int, price: float | None) -> float | None:
 def report_entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     """The report's JSON entry for `r` (counting saved tokens the request path did not), its
     client strings `storable`."""
+    return entry_and_text(r, tokens)[0]
+
+
+def entry_and_text(r: RequestRecord, tokens: TokenCounter) -> tuple[dict[str, Any], str]:
+    """`report_entry(r)` and its text (`dumps_entry`), serialised once: the text is what
+    tells whether anything needs `storable`."""
+    body = _entry(r, tokens)
+    try:
+        data = orjson.dumps(body)
+    except TypeError:
+        data = b"\\u0000"  # a lone surrogate, or a number orjson refuses: the long way
+    if b"\\u0000" in data:
+        body = storable(body)
+        return body, dumps_entry(body)
+    return body, data.decode()
+
+
+def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     segments: list[dict[str, Any]] = []
     for i, s in enumerate(r.segments):
         if i < len(r.segment_tokens):
@@ -206,7 +224,7 @@ def report_entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "toolsInline": _tools_inline(r, tokens),
         **(r.billed if r.billed is not None else billing(r, tokens)),
     }
-    return storable(body)
+    return body
 
 
 def _tools_inline(r: RequestRecord, tokens: TokenCounter) -> dict[str, int] | None:

@@ -37,9 +37,8 @@ from memory.sqlite import Database, connect
 from proxy.report.ledger import PruneLedger
 from proxy.report.record import (
     RequestRecord,
-    dumps_entry,
+    entry_and_text,
     loads_entry,
-    report_entry,
     storable,
     storable_record,
 )
@@ -307,13 +306,16 @@ class _Entry:
     stored under (the entry is parsed again to be written: kept as dicts, records waiting
     through an outage took ~4x the memory of their text)."""
 
-    __slots__ = ("id", "owner", "at", "text")
+    __slots__ = ("id", "owner", "at", "text", "body")
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], text: str) -> None:
         self.id: str = body["id"]
         self.owner: str = body["owner"]
         self.at: float = body["at"]
-        self.text = dumps_entry(body)
+        self.text = text
+        self.body: dict[str, Any] | None = body
+        """The entry itself until its first write is tried (`_store` reads it); a record kept
+        through an outage keeps only its text."""
 
 
 class ReportStore:
@@ -497,8 +499,8 @@ class ReportStore:
         for record in records:
             try:
                 record = storable_record(record)
-                body = report_entry(record, self._tokens)
-                entry = _Entry(body)
+                body, text = entry_and_text(record, self._tokens)
+                entry = _Entry(body, text)
             except Exception:
                 self._lost[storable(record.owner)] += 1
                 log.exception(
@@ -617,7 +619,9 @@ class ReportStore:
             self._migrated = True
 
     def _store(self, conn: sqlite3.Connection | None, entries: list[_Entry]) -> None:
-        bodies = [loads_entry(e.text) for e in entries]
+        bodies = [e.body if e.body is not None else loads_entry(e.text) for e in entries]
+        for e in entries:
+            e.body = None
         rows = [(e.id, self.run, e.owner, e.at, e.text) for e in entries]
         with self._transaction(conn) as tx:
             tx.executemany(

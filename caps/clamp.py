@@ -15,7 +15,6 @@ results in `tool` messages (`caps.toolresults`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from caps import prune
@@ -32,6 +31,7 @@ from caps.types import (
     PrunePolicy,
     Segment,
     ToolNames,
+    evolve,
 )
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -63,7 +63,7 @@ def clamp_request(
             new_message, found = _clamp_texts(message, _system_text, caps)
         else:
             continue
-        segments.extend(replace(s, message_index=index) for s in found)
+        segments.extend(evolve(s, message_index=index) for s in found)
         if new_message is not message:
             new_messages[index] = new_message
             changed = True

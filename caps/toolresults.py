@@ -26,7 +26,7 @@ from typing import Any
 
 from caps import _json, snippets, tooloutput, webfetch
 from caps._text import utf16_len
-from caps.types import Caps, Message, Segment, SegmentKind, ToolNames
+from caps.types import Caps, Message, Segment, SegmentKind, ToolNames, evolve
 
 _BRIDGE = "tool_call"
 
@@ -76,7 +76,7 @@ def _clamp_one(
     text: str, key: _Key, index: int, caps: Caps, tools: ToolNames, segments: list[Segment]
 ) -> str:
     new, found = _clamp_cached(text, key, caps, tools)
-    segments.extend(replace(s, message_index=index) for s in found)
+    segments.extend(evolve(s, message_index=index) for s in found)
     return text if new is text or new == text else new
 
 

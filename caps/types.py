@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
+
+_D = TypeVar("_D")
 
 Message = dict[str, Any]
 ChatRequest = dict[str, Any]
@@ -129,6 +131,32 @@ class ToolNames:
 
     keep_whole: frozenset[str] = KEEP_WHOLE
     """Tools whose results the tool-output cap never cuts."""
+
+
+def evolve(record: _D, **changes: Any) -> _D:
+    """`dataclasses.replace(record, **changes)` without running `__init__` again: for the
+    frozen records the request path copies per segment and per request (`Segment`,
+    `RequestRecord`), which have no `__post_init__` and no slots. ~0.7 µs where `replace`
+    takes ~6 µs (a Segment; ~15 µs a RequestRecord of 40 fields).
+
+    >>> from dataclasses import replace
+    >>> s = Segment(kind="memory", label="m", before=9, after=4, action="clamped", cap=4)
+    >>> evolve(s, message_index=3) == replace(s, message_index=3)
+    True
+    >>> evolve(s, index=3)
+    Traceback (most recent call last):
+    TypeError: Segment has no field 'index'
+    >>> s.message_index  # the original is unchanged
+    -1
+    """
+    new = object.__new__(type(record))
+    values = new.__dict__
+    values.update(record.__dict__)
+    for name in changes:
+        if name not in values:
+            raise TypeError(f"{type(record).__name__} has no field {name!r}")
+    values.update(changes)
+    return new
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,8 +18,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 
+from caps.types import evolve
 from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
 from proxy.report.record import billing
@@ -104,14 +104,14 @@ class Recorder:
                 and await _counted(record)
             ):
                 money = await asyncio.to_thread(billing, record, self._tokens)
-                record = replace(record, billed=money)
+                record = evolve(record, billed=money)
                 self.net_usd = money["netSavedUsd"]
         finally:  # queued exactly once, priced or not, even if the client left meanwhile
             self._queue(record)
 
     def _completed(self, status: int, upstream_error: str | None) -> RequestRecord:
         self.draft.marks["end"] = time.time_ns()
-        return replace(
+        return evolve(
             self.draft,
             ts=self._clock(),
             status=status,

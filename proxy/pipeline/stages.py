@@ -25,7 +25,7 @@ import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from caps import Segment
+from caps.types import evolve
 from memory.query import UserTurn
 from memory.recaller import RecallReport
 from proxy.access.auth import owner_for
@@ -548,4 +549,4 @@ class _DisconnectWatch:
 
 
 def _would(segment: Segment) -> Segment:
-    return replace(segment, action="would-clamp") if segment.action == "clamped" else segment
+    return evolve(segment, action="would-clamp") if segment.action == "clamped" else segment

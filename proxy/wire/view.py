@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames
+from caps.types import evolve
 from proxy.cache.sessions import Block
 
 Place = tuple[Any, ...]
@@ -83,7 +84,7 @@ class ChatView:
         text the clamp changed."""
         result = clamp({"messages": self.messages}, caps, tools=tools)
         segments = [
-            replace(s, message_index=self._real_index(s.message_index)) for s in result.segments
+            evolve(s, message_index=self._real_index(s.message_index)) for s in result.segments
         ]
         changes: list[tuple[Place, Any]] = []
         if result.changed:

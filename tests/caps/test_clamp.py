@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import copy
+import doctest
 
-from caps import Caps, clamp_request
+from caps import Caps, clamp_request, types
 from tests.openclaw import openclaw_request, system_prompt
 
 CAPS = Caps(bootstrap_max_chars=1000, memory_max_chars=500, web_fetch_max_chars=1500)
@@ -55,3 +56,8 @@ def test_what_the_clamp_cannot_read_is_left_as_it_came() -> None:
     assert result.request["messages"][2] is request["messages"][2]
     kinds = {s.kind for s in result.segments if s.action == "clamped"}
     assert kinds == {"bootstrap", "web_fetch", "memory"}
+
+
+def test_a_segment_copied_with_a_change_is_a_new_segment() -> None:
+    # `evolve` stands in for dataclasses.replace on the request path (issue 25)
+    assert doctest.testmod(types).failed == 0

@@ -144,6 +144,12 @@ class TokenCounter:
             self._cache[key] = n
         return n
 
+    def knows_bytes(self, data: bytes, encoding: str) -> bool:
+        """Whether `count_bytes(data, encoding)` is a cache hit."""
+        key = (encoding, xxhash.xxh3_64_intdigest(data), -len(data))
+        with self._lock:
+            return key in self._cache
+
     def saved(self, segment: Segment, encoding: str) -> int:
         """Tokens a clamp saved (or would save) on `segment`: before minus after."""
         if segment.action == "kept" or segment.saved <= 0:

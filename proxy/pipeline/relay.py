@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from caps.types import evolve
 from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
-from proxy.report.record import billing
+from proxy.report.record import billing, billing_is_quick
 from proxy.report.usage import UsageChunkDropper, UsageReader
 from proxy.tokens import TokenCounter
 from proxy.upstream.http import UpstreamReply
@@ -83,8 +83,8 @@ class Recorder:
             self._queue(self._completed(status, upstream_error))
 
     async def finish_priced(self, status: int) -> None:
-        """`finish` for a JSON answer read whole: price it first (`billing`, in a thread: it
-        counts the tokens of the blocks ctxbudget moved), so its headers can carry `net_usd`
+        """`finish` for a JSON answer read whole: price it first (`billing`, in a thread when
+        it has blocks ctxbudget moved to count), so its headers can carry `net_usd`
         and the report keeps the same figures. Not priced when the reply had no usage or
         the model no price; nor when a large block's token count (`PrefixChange.late`, in
         the offload process) is not done within `LATE_HEADER_SECONDS` of the reply (the
@@ -103,7 +103,10 @@ class Recorder:
                 and record.prices is not None
                 and await _counted(record)
             ):
-                money = await asyncio.to_thread(billing, record, self._tokens)
+                if billing_is_quick(record, self._tokens):
+                    money = billing(record, self._tokens)
+                else:
+                    money = await asyncio.to_thread(billing, record, self._tokens)
                 record = evolve(record, billed=money)
                 self.net_usd = money["netSavedUsd"]
         finally:  # queued exactly once, priced or not, even if the client left meanwhile

@@ -52,3 +52,52 @@ def test_without_bills_new_blocks_at_the_lifetime_of_the_requests_writes() -> No
     assert without(mixed, [shift]) == Usage(
         input=10, cache_read=50, cache_write=1_100, output=1, cache_write_1h=600
     )
+
+
+def test_a_json_answer_is_priced_where_it_is_unless_it_has_much_to_count() -> None:
+    # Pricing a JSON answer counts the blocks ctxbudget moved: done on the loop when they are
+    # counted already (an agent's clamped blocks, every later turn) or small, else in a thread.
+    from proxy.cache.sessions import Moved, PrefixChange
+    from proxy.report.record import INLINE_COUNT_BYTES, RequestRecord, billing_is_quick
+    from proxy.tokens import TokenCounter
+
+    tokens = TokenCounter()
+    big = b'{"role":"system","content":"' + b"word " * INLINE_COUNT_BYTES + b'"}'
+    small = b'{"role":"system","content":"short"}'
+
+    def record(client: bytes) -> RequestRecord:
+        moved = Moved(
+            label="messages[0]",
+            client=client,
+            forwarded=small,
+            client_cached=True,
+            forwarded_cached=True,
+            index=0,
+        )
+        change = PrefixChange(
+            session="s",
+            first=False,
+            blocks=1,
+            shared_client=1,
+            shared_forwarded=1,
+            client_cache_bust=False,
+            bust=None,
+            moved=(moved,),
+        )
+        return RequestRecord(
+            id="r",
+            ts=0.0,
+            model="gpt-4o",
+            enabled=True,
+            stream=False,
+            status=200,
+            duration_ms=1.0,
+            segments=(),
+            encoding="o200k_base",
+            prefix=change,
+        )
+
+    assert billing_is_quick(record(small), tokens)
+    assert not billing_is_quick(record(big), tokens)
+    tokens.count_bytes(big, "o200k_base")  # as the first turn's pricing did
+    assert billing_is_quick(record(big), tokens)

@@ -402,7 +402,7 @@ class Pipeline:
         client's own choice); an upstream that refuses `stream_options` (older
         OpenAI-compatible servers) gets the client's request as it was, and is not asked
         again. An error is recorded with the request's headers."""
-        url = call.wire.upstream_url(call.settings, call.request.url.path, "")
+        url = call.wire.upstream_url(call.settings, _path(call.request), "")
         asks = (
             call.settings.request_usage
             and call.route is None
@@ -438,7 +438,9 @@ class Pipeline:
                 )
         return await self.state.upstream.request(
             "POST",
-            call.wire.upstream_url(settings, call.request.url.path, call.request.url.query),
+            call.wire.upstream_url(
+                settings, _path(call.request), call.request.scope.get("query_string", b"").decode()
+            ),
             body=await body.upstream_body(),
             headers=call.wire.upstream_headers(call.request.headers, settings),
             connect_timeout=settings.connect_timeout,
@@ -546,6 +548,13 @@ class _DisconnectWatch:
 
     def stop(self) -> None:
         self._watcher.cancel()
+
+
+def _path(request: Request) -> str:
+    """`request.url.path` without building the URL (~6 µs a request: host header parsed,
+    URL joined and split again)."""
+    path: str = request.scope["path"]
+    return path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
 
 
 def _would(segment: Segment) -> Segment:

@@ -76,9 +76,10 @@ class Offload(Worker):
     def takes(self, raw: bytes) -> bool:
         """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
         JSON objects by a count of `{` (one C pass before anything is parsed)."""
-        # counted by what removing them leaves (memchr jumps: 25 µs for 186 KB, where
-        # bytes.count walks every byte: 119 µs)
-        return len(raw) > self.threshold or len(raw) - len(raw.replace(b"{", b"")) > self.objects
+        # bytes.count allocates nothing: counting by what `replace` leaves was faster alone
+        # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new
+        # 186 KB buffer costs ~40 page faults; count takes ~70 µs there
+        return len(raw) > self.threshold or raw.count(b"{") > self.objects
 
     async def prepare(
         self,

@@ -62,6 +62,7 @@ class JsonBody:
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
         self._raw: dict[str, bytes] = {}
+        self._items: dict[str, list[msgspec.Raw] | None] = {}
 
     def __contains__(self, key: str) -> bool:
         return key in self._fields
@@ -88,6 +89,19 @@ class JsonBody:
             found = self._raw[key] = bytes(self._fields[key])
         return found
 
+    def raw_items(self, key: str) -> list[msgspec.Raw] | None:
+        """The items of a top-level list field as the client sent them (each a slice of its
+        body), scanned once for every reader (the session stage hashes them, `encode` keeps
+        the unchanged ones); None when absent, not a list, or on the fallback path."""
+        if self._decoded or key not in self._fields:
+            return None
+        if key not in self._items:
+            try:
+                self._items[key] = _ITEMS.decode(self._fields[key])
+            except msgspec.MsgspecError:  # checked whole already: not a list
+                self._items[key] = None
+        return self._items[key]
+
     def to_dict(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The whole request as Python values, with `changes` applied."""
         out = {k: self.get(k) for k in self._fields}
@@ -105,7 +119,7 @@ class JsonBody:
                 old = self._cache.get(key, _MISSING)
                 new = changes[key]
                 encoded = (
-                    _splice(new, old, value)
+                    _splice(new, old, value, self.raw_items(key))
                     if not self._decoded and old is not _MISSING
                     else _dumps(new)
                 )
@@ -369,7 +383,9 @@ def _loads(data: memoryview) -> Any:
             raise BadRequest(f"request body is not valid JSON: {exc}") from exc
 
 
-def _splice(new: Any, old: Any, raw: bytes | msgspec.Raw) -> bytes:
+def _splice(
+    new: Any, old: Any, raw: bytes | msgspec.Raw, items: list[msgspec.Raw] | None = None
+) -> bytes:
     """`new` as JSON, where `old` is the value parsed from the client's bytes `raw`: when both
     are lists, each item of `new` that is an item of `old` (the same object: the wires and
     the clamp copy what they change and share the rest) is written as its bytes in `raw`, and
@@ -381,7 +397,8 @@ def _splice(new: Any, old: Any, raw: bytes | msgspec.Raw) -> bytes:
     """
     if not (isinstance(new, list) and isinstance(old, list)):
         return _dumps(new)
-    items = _ITEMS.decode(raw)
+    if items is None:
+        items = _ITEMS.decode(raw)
     if len(items) != len(old):  # cannot happen: `old` was parsed from `raw`
         return _dumps(new)
     where = {id(item): i for i, item in enumerate(old)}

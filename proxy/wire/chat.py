@@ -95,7 +95,8 @@ class ChatCompletionsRequest(InProcessRequest):
     def blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
-        return head + paired("messages", self._body.messages, self.messages)
+        sent = self._body.raw_items("messages")
+        return head + paired("messages", self._body.messages, self.messages, sent)
 
     def place_memory(self, index: int, text: str) -> None:
         at = index - (self._body.raw_field("tools") is not None)

@@ -172,7 +172,8 @@ class MessagesRequest(InProcessRequest):
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._system is not None:
             head.append(Block("system", self._system, self.system))
-        return head + paired("messages", self._messages, self.messages)
+        sent = self._body.raw_items("messages")
+        return head + paired("messages", self._messages, self.messages, sent)
 
     def place_memory(self, index: int, text: str) -> None:
         blocks = self.blocks()

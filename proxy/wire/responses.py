@@ -269,7 +269,8 @@ class ResponsesRequest(InProcessRequest):
         if self._instructions is not None:
             head.append(Block("instructions", self._instructions, self.instructions))
         if isinstance(self._input, list) and isinstance(self.input, list):
-            return head + paired("input", self._input, self.input)
+            sent = self._body.raw_items("input")
+            return head + paired("input", self._input, self.input, sent)
         return [*head, Block("input", self._input, self.input)]
 
     def place_memory(self, index: int, text: str) -> None:

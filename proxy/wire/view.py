@@ -152,10 +152,17 @@ def with_text(items: list[Any], index: int, text: str, part_type: str) -> list[A
     return items
 
 
-def paired(label: str, client: list[Any], forwarded: list[Any]) -> list[Block]:
-    """One block per item, as sent and as forwarded (`label[i]`)."""
+def paired(
+    label: str, client: list[Any], forwarded: list[Any], sent: Sequence[Any] | None = None
+) -> list[Block]:
+    """One block per item, as sent and as forwarded (`label[i]`); `sent`, each client item's
+    bytes as the client sent them (`JsonBody.raw_items`), when known."""
+    if sent is None or len(sent) != len(client):
+        sent = [None] * len(client)
     if len(client) != len(forwarded):  # nothing adds or removes items; be safe if it does
-        return [Block(f"{label}[{i}]", c, c) for i, c in enumerate(client)]
+        items = zip(client, sent, strict=True)
+        return [Block(f"{label}[{i}]", c, c, s) for i, (c, s) in enumerate(items)]
     return [
-        Block(f"{label}[{i}]", c, f) for i, (c, f) in enumerate(zip(client, forwarded, strict=True))
+        Block(f"{label}[{i}]", c, f, s)
+        for i, (c, f, s) in enumerate(zip(client, forwarded, sent, strict=True))
     ]

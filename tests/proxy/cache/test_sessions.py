@@ -396,3 +396,41 @@ def test_past_the_total_the_owner_with_the_most_sessions_gives_way() -> None:
 
 
 _OWNED = [("a", "a0"), ("a", "a1"), ("b", "b0"), ("b", "b1"), ("c", "c1"), ("c", "c2")]
+
+
+def test_a_resent_block_is_found_by_the_bytes_the_client_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An agent resends its history every turn: the session stage hashes what the client sent
+    # and serialises only blocks it has not seen, with the same bytes and digests either way.
+    import proxy.cache.sessions as sessions
+
+    body = openclaw_request(version="9.x", size_bytes=60_000)
+    body["messages"][1]["content"] = [
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    ]
+    raw = json.dumps(body, indent=1).encode()  # spaces and newlines: not how serial writes
+    parsed = ChatCompletions().parse(raw)
+    blocks = parsed.blocks()
+    assert all(b.sent is not None for b in blocks if b.label.startswith("messages["))
+    serialised = ClientPrefix([sessions.Block(b.label, b.client, b.forwarded) for b in blocks])
+    calls = 0
+    real = sessions.serial
+
+    def counted(value: Any) -> bytes:
+        nonlocal calls
+        calls += not isinstance(value, bytes)  # the tools: passed on as sent, not serialised
+        return real(value)
+
+    monkeypatch.setattr(sessions, "serial", counted)
+    sessions._SERIALS.clear()
+    first = ClientPrefix(ChatCompletions().parse(raw).blocks())
+    assert calls == len(body["messages"])
+    again = ClientPrefix(ChatCompletions().parse(raw).blocks())
+    assert calls == len(body["messages"])  # every message found by its bytes
+    for prefix in (first, again):
+        assert prefix.data == serialised.data and prefix.digests == serialised.digests
+    # the marker moved to another message: new bytes, serialised again, same digest as before
+    body["messages"][1]["content"][0].pop("cache_control")
+    moved = ClientPrefix(ChatCompletions().parse(json.dumps(body, indent=1).encode()).blocks())
+    assert moved.digests == first.digests

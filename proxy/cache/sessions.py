@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import xxhash
@@ -87,12 +87,12 @@ SMALL_BLOCK = 1 << 16
 """A `Digested` block up to this many bytes keeps them; a larger one keeps its token count."""
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     """One block of a request's cached prefix, as the client sent it and as forwarded.
 
     Values are Python JSON values, or the raw JSON bytes of a field the proxy never parses
-    (`tools`). `forwarded is client` when ctxbudget left the block alone.
+    (`tools`). `forwarded is client` when ctxbudget left the block alone. (A named tuple: a
+    request makes three lists of them, ~0.5 µs a block where a frozen dataclass took 1.3.)
     """
 
     label: str

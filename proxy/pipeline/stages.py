@@ -189,7 +189,7 @@ class Pipeline:
         process for a large one, so one 30 MB request does not stall every other client (a
         thread would not do: single C calls over its 30 MB string hold the GIL for tens of
         ms); small ones skip the hop."""
-        if not self.offload.takes(raw):
+        if not self.offload.takes(raw, owner):
             body = wire.parse(raw, owner=owner)
             return body, body.user_turn()
         # it may wait behind other large bodies: a client that gives up meanwhile costs no

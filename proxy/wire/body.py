@@ -221,12 +221,21 @@ class Tails:
     """
 
     def __init__(self, *, keep: int = 32, min_size: int = 16_384) -> None:
-        self._by_end: LRUCache[tuple[str, bytes], tuple[bytes, dict[str, Any]]] = LRUCache(
+        self._by_end: LRUCache[tuple[str, bytes], tuple[bytes, dict[str, Any], int]] = LRUCache(
             maxsize=keep
         )
-        """(tail, its fields) by owner and the tail's last `_END` bytes."""
+        """(tail, its fields, its `{` count) by owner and the tail's last `_END` bytes."""
         self._min = min_size
         """Shorter tails are not worth remembering: scanning them costs little."""
+
+    def braces(self, raw: bytes, owner: str = "") -> int:
+        """The `{` in `raw`, counting those of a remembered tail it ends with once (an agent's
+        110 KB of tools: the count of the rest costs ~30 µs where the whole took ~70)."""
+        found = self._by_end.get((owner, raw[-_END:]))
+        if found is None or len(found[0]) >= len(raw) or not raw.endswith(found[0]):
+            return raw.count(b"{")
+        tail, _, braces = found
+        return raw.count(b"{", 0, len(raw) - len(tail)) + braces
 
     def fields(self, raw: bytes, owner: str = "") -> dict[str, Any] | None:
         """`raw`'s top-level fields (raw values) when it ends with a remembered tail and the
@@ -234,7 +243,7 @@ class Tails:
         found = self._by_end.get((owner, raw[-_END:]))
         if found is None:
             return None
-        tail, tail_fields = found
+        tail, tail_fields, _ = found
         cut = len(raw) - len(tail)
         if cut <= 1 or not raw.endswith(tail):
             return None
@@ -283,7 +292,7 @@ class Tails:
         # kept as bytes: `raw_field` hands out the same object every turn instead of copying
         # 110 KB of tools a request
         kept = {k: bytes(v) for k, v in tail_fields.items()}
-        self._by_end[(owner, tail[-_END:])] = (tail, kept)
+        self._by_end[(owner, tail[-_END:])] = (tail, kept, tail.count(b"{"))
 
 
 _END = 32

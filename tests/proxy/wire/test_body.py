@@ -97,6 +97,8 @@ def test_a_remembered_tail_reads_every_body_as_a_whole_scan_does(
         b'{"model": "m", "x": ' + junk + first[first.index(b", ", 20) :],
         b'{"messages": [' + junk + first[first.index(b"],") + 1 :],
     ):
+        # the offload's count of objects (a remembered tail's counted once) is a whole count
+        assert TAILS.braces(raw, "o") == raw.count(b"{")
         try:
             found = parse_object(raw, example="x", owner="o")
         except BadRequest as exc:

@@ -23,7 +23,7 @@ from proxy.config.schema import ConfigSource
 from proxy.pipeline.offload import Offload
 from proxy.report import ReportStore, RequestRecord
 from tests.fakes import FakeUpstream, chat_chunks
-from tests.inproc import config_for, state_of
+from tests.inproc import config_for, shared_offload, state_of
 from tests.openclaw import openclaw_request
 from tests.proxy.pipeline.test_disconnect import _abandon
 from tests.proxy.pipeline.test_offload import _proxy
@@ -41,15 +41,15 @@ def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
         stuck = offload.pid
         assert stuck is not None
         os.kill(stuck, signal.SIGSTOP)  # a worker that never answers (swapping, a bug)
-        monkeypatch.setattr(proxy.pipeline.worker, "JOB_SECONDS", 2.0)
+        monkeypatch.setattr(proxy.pipeline.worker, "JOB_SECONDS", 1.0)
         started = time.monotonic()
         r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
         took = time.monotonic() - started
         monkeypatch.undo()
         assert r.status_code == 500
         assert r.json()["error"]["code"] == "offload_failed"
-        assert "no answer within 2 s" in r.json()["error"]["message"]
-        assert took < 30  # stopped after its 2 s, not the default 60
+        assert "no answer within 1 s" in r.json()["error"]["message"]
+        assert took < 30  # stopped after its 1 s, not the default 60
         again = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
         assert again.status_code == 200
         assert offload.pid not in (None, stuck)
@@ -153,7 +153,7 @@ def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
     monkeypatch.setattr(Offload, "call", dies_on_encode)
     body = openclaw_request(stream=True)
     body.pop("stream_options")  # ctxbudget asks for usage: the body is encoded in the worker
-    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
+    with _proxy(tmp_path, config_for(tmp_path), shared_offload(0)) as (client, fake):
         fake.answer_sse(chat_chunks("hi"))
         r = client.post("/v1/chat/completions", json=body)
         state_of(client).reports.flush()

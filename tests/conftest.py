@@ -4,15 +4,24 @@ SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import sys
 
-import pytest
+# The run keeps its bytecode caches (in the gitignored __pycache__ folders) even under
+# PYTHONDONTWRITEBYTECODE=1, as this machine's shells have it: without them each run compiled
+# the project again and pytest rewrote every test module's asserts again (~4 s of the
+# in-process layer), and each offload worker a test starts compiled what it imports. Set
+# before the imports below, so the project's modules they load are cached too.
+sys.dont_write_bytecode = False
 
-from memory import MemoryLimits, MemoryStore, SQLiteMemoryStore
-from tests.inproc import close_offloads
-from tests.pg import Cluster, postgres_cluster
+import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from memory import MemoryLimits, MemoryStore, SQLiteMemoryStore  # noqa: E402
+from tests.inproc import close_offloads  # noqa: E402
+from tests.pg import Cluster, postgres_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

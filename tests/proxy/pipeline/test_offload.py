@@ -348,6 +348,7 @@ def _post(client: Any, body: dict[str, Any], **kwargs: Any) -> Any:
     )
 
 
+@pytest.mark.e2e  # starts an offload worker of its own
 def test_a_small_body_is_not_offloaded(tmp_path: Path) -> None:
     with _proxy(tmp_path, config_for(tmp_path), None) as (client, fake):  # a worker of its own
         assert _post(client, openclaw_request(stream=False)).status_code == 200
@@ -481,6 +482,7 @@ def test_the_command_is_answered_in_a_large_request_of_the_other_formats(
     assert "ctxbudget" in r.text
 
 
+@pytest.mark.e2e  # kills an offload worker of its own
 def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -> None:
     body = _large()
     with _proxy(tmp_path, _config(tmp_path, enabled=True), None) as (client, fake):
@@ -495,6 +497,7 @@ def test_the_digested_examples_hold() -> None:
     assert doctest.testmod(proxy.cache.sessions).failed == 0
 
 
+@pytest.mark.e2e  # starts and stops an offload worker of its own
 def test_the_worker_stops_with_the_app(tmp_path: Path) -> None:
     with _proxy(tmp_path, _config(tmp_path, enabled=True), None) as (client, fake):
         assert _post(client, _large()).status_code == 200

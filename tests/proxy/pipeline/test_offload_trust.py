@@ -29,6 +29,7 @@ from tests.proxy.pipeline.test_disconnect import _abandon
 from tests.proxy.pipeline.test_offload import _proxy
 
 
+@pytest.mark.e2e  # stops (SIGSTOP) an offload worker of its own
 def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,6 +72,7 @@ def test_too_many_large_bodies_waiting_get_a_503_to_retry(
     assert fake.sent == []
 
 
+@pytest.mark.e2e  # starts an offload worker of its own
 def test_the_worker_never_imports_from_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,6 +191,7 @@ def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) 
     assert fake.sent == []
 
 
+@pytest.mark.e2e  # holds an offload worker of its own
 def test_a_body_that_waits_too_long_for_the_worker_gets_a_503(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,7 +106,7 @@ _OFFLOADS: dict[int, Offload] = {}
 def shared_offload(threshold: int = LARGE_BODY) -> Offload:
     """One offload worker per threshold for the whole test run (`close_offloads` stops them):
     starting one per test costs ~1 s of interpreter start and imports. Tests that stop, kill
-    or hold their worker make their own."""
+    or hold their worker make their own, and are marked `e2e`."""
     found = _OFFLOADS.get(threshold)
     if found is None:
         found = _OFFLOADS[threshold] = Offload(threshold=threshold)

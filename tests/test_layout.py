@@ -4,6 +4,7 @@ memory nothing from proxy, and no package has an import cycle."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,9 +21,15 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """`path`'s syntax tree, parsed once for the checks below (each reads every module)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Our modules `path` imports at import time (not under TYPE_CHECKING or in a function)."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     out: set[str] = set()
     for node in tree.body:
         names: list[str] = []

@@ -10,6 +10,13 @@ from tests.workload import TASKS, WorkingModel
 
 AGENTS = {"openclaw-chat", "openclaw-messages", "openclaw-responses", "claude-code", "codex"}
 MACHINE = re.compile(r"(?<![\w.\-])/(?:tmp|root)/|/work/(?:wt-|main)")
+NEEDLES = ("/tmp/", "/root/", "/work/wt-", "/work/main")
+"""What any `MACHINE` match contains: 75 MB of bodies are scanned for these first (~0.2 s),
+and only a body holding one goes through the regex (~2.5 s for all of them)."""
+
+
+def _machine_path(text: str) -> re.Match[str] | None:
+    return MACHINE.search(text) if any(n in text for n in NEEDLES) else None
 
 
 def test_each_agent_has_a_long_recorded_session_without_machine_paths() -> None:
@@ -26,7 +33,7 @@ def test_each_agent_has_a_long_recorded_session_without_machine_paths() -> None:
         assert tasks == sorted(tasks) and set(tasks) == set(range(1, len(TASKS) + 1)), name
         for r in session.requests:
             text = r.body.decode() + json.dumps(r.headers)
-            assert not MACHINE.search(text), (name, MACHINE.search(text))
+            assert not _machine_path(text), (name, _machine_path(text))
             assert "host" not in r.headers and r.json["model"] == meta["model"]
         assert WORKSPACE in session.requests[-1].body.decode()  # paths were rewritten
 

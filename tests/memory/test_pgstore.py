@@ -27,6 +27,7 @@ store.add_many([NewMemory(owner="default", text=f"{sys.argv[2]} batch {i}") for 
 """
 
 
+@pytest.mark.e2e  # two adder processes of its own
 def test_two_processes_adding_at_once_lose_nothing_and_batches_stay_whole(pg_url: str) -> None:
     procs = [
         subprocess.Popen([sys.executable, "-c", ADDER, pg_url, name])

@@ -22,14 +22,15 @@ def test_doctests() -> None:
 
 
 def test_a_long_turn_is_read_as_its_head_and_tail_only() -> None:
-    text = "[Sun 2026-11-22 11:28 UTC] When is the zebra deadline? " + _paste(5_000_000)
+    paste = _paste(5_000_000)
+    text = "[Sun 2026-11-22 11:28 UTC] When is the zebra deadline? " + paste
     text += " Who owns the zebra launch?\n\nRuntime: agent=main | host=vm"
     query = UserTurn(index=3, text=text, last=True).query
     assert len(query) <= QUERY_HEAD + QUERY_TAIL + 1
     assert query.startswith("When is the zebra deadline? ")  # the stamp is gone
     assert query.endswith(" Who owns the zebra launch?")  # so is the runtime line
     head, tail = query.split("\n")
-    pasted = set(_paste(5_000_000).split())
+    pasted = set(paste.split())
     assert set(head.split()[5:]) <= pasted and set(tail.split()[:-5]) <= pasted  # whole words
 
 

@@ -125,6 +125,7 @@ for i in range(60):
 """
 
 
+@pytest.mark.e2e  # two adder processes of its own
 def test_two_processes_adding_at_once_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "shared.db"
     SQLiteMemoryStore(path).close()  # created once, as `ctxbudget` would

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import doctest
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,11 +71,17 @@ def _proxy(
             asyncio.run(offload.close())
 
 
+def _in_process() -> Offload:
+    """An offload that takes no body: the app parses every one on its event loop (the app's
+    own would take a body over `LARGE_BODY`, and start a worker of its own for it)."""
+    return Offload(threshold=sys.maxsize, objects=sys.maxsize)
+
+
 @contextmanager
 def _both(tmp_path: Path, **sections: Any) -> Iterator[list[tuple[InProcess, FakeUpstream]]]:
     """Two proxies with the same config: in-process, and every body offloaded."""
     with (
-        _proxy(tmp_path / "a", config_for(tmp_path / "a", **sections), None) as small,
+        _proxy(tmp_path / "a", config_for(tmp_path / "a", **sections), _in_process()) as small,
         _proxy(tmp_path / "b", config_for(tmp_path / "b", **sections), shared_offload(0)) as big,
     ):
         yield [small, big]
@@ -341,6 +348,7 @@ def _post(client: Any, body: dict[str, Any], **kwargs: Any) -> Any:
     )
 
 
+@pytest.mark.e2e  # starts an offload worker of its own
 def test_a_small_body_is_not_offloaded(tmp_path: Path) -> None:
     with _proxy(tmp_path, config_for(tmp_path), None) as (client, fake):  # a worker of its own
         assert _post(client, openclaw_request(stream=False)).status_code == 200
@@ -384,13 +392,9 @@ def test_the_event_loop_gets_digests_not_the_large_blocks(wire: Any) -> None:
     settings = settings_for(Config.model_validate({}), {})
 
     async def prepare() -> Any:
-        offload = Offload()
-        try:
-            return await offload.prepare(
-                wire, raw, owner="o", clamp=clamp_request, settings=settings, apply=True
-            )
-        finally:
-            await offload.close()
+        return await shared_offload().prepare(
+            wire, raw, owner="o", clamp=clamp_request, settings=settings, apply=True
+        )
 
     assert len(raw) > LARGE_BODY
     request, _ = asyncio.run(prepare())
@@ -478,6 +482,7 @@ def test_the_command_is_answered_in_a_large_request_of_the_other_formats(
     assert "ctxbudget" in r.text
 
 
+@pytest.mark.e2e  # kills an offload worker of its own
 def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -> None:
     body = _large()
     with _proxy(tmp_path, _config(tmp_path, enabled=True), None) as (client, fake):
@@ -492,6 +497,7 @@ def test_the_digested_examples_hold() -> None:
     assert doctest.testmod(proxy.cache.sessions).failed == 0
 
 
+@pytest.mark.e2e  # starts and stops an offload worker of its own
 def test_the_worker_stops_with_the_app(tmp_path: Path) -> None:
     with _proxy(tmp_path, _config(tmp_path, enabled=True), None) as (client, fake):
         assert _post(client, _large()).status_code == 200
@@ -507,7 +513,7 @@ def test_values_nested_as_deep_as_the_parsers_take_come_back_from_the_worker(
     # killed the worker (a 500 for this request, and for whatever it held) (issue 24)
     body = {**openclaw_request(stream=False), "tools": "DEEP"}
     raw = json.dumps(body).replace('"DEEP"', "[" * 900 + "]" * 900).encode()
-    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
+    with _proxy(tmp_path, config_for(tmp_path), shared_offload(0)) as (client, fake):
         fake.answer_json(chat_completion())
         r = client.post("/v1/chat/completions", content=raw)
         worker = client.app.state.offload.pid

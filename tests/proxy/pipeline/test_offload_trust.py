@@ -23,12 +23,13 @@ from proxy.config.schema import ConfigSource
 from proxy.pipeline.offload import Offload
 from proxy.report import ReportStore, RequestRecord
 from tests.fakes import FakeUpstream, chat_chunks
-from tests.inproc import config_for, state_of
+from tests.inproc import config_for, shared_offload, state_of
 from tests.openclaw import openclaw_request
 from tests.proxy.pipeline.test_disconnect import _abandon
 from tests.proxy.pipeline.test_offload import _proxy
 
 
+@pytest.mark.e2e  # stops (SIGSTOP) an offload worker of its own
 def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,15 +42,15 @@ def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
         stuck = offload.pid
         assert stuck is not None
         os.kill(stuck, signal.SIGSTOP)  # a worker that never answers (swapping, a bug)
-        monkeypatch.setattr(proxy.pipeline.worker, "JOB_SECONDS", 2.0)
+        monkeypatch.setattr(proxy.pipeline.worker, "JOB_SECONDS", 1.0)
         started = time.monotonic()
         r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
         took = time.monotonic() - started
         monkeypatch.undo()
         assert r.status_code == 500
         assert r.json()["error"]["code"] == "offload_failed"
-        assert "no answer within 2 s" in r.json()["error"]["message"]
-        assert took < 30  # stopped after its 2 s, not the default 60
+        assert "no answer within 1 s" in r.json()["error"]["message"]
+        assert took < 30  # stopped after its 1 s, not the default 60
         again = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
         assert again.status_code == 200
         assert offload.pid not in (None, stuck)
@@ -71,6 +72,7 @@ def test_too_many_large_bodies_waiting_get_a_503_to_retry(
     assert fake.sent == []
 
 
+@pytest.mark.e2e  # starts an offload worker of its own
 def test_the_worker_never_imports_from_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -153,7 +155,7 @@ def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
     monkeypatch.setattr(Offload, "call", dies_on_encode)
     body = openclaw_request(stream=True)
     body.pop("stream_options")  # ctxbudget asks for usage: the body is encoded in the worker
-    with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
+    with _proxy(tmp_path, config_for(tmp_path), shared_offload(0)) as (client, fake):
         fake.answer_sse(chat_chunks("hi"))
         r = client.post("/v1/chat/completions", json=body)
         state_of(client).reports.flush()
@@ -189,6 +191,7 @@ def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) 
     assert fake.sent == []
 
 
+@pytest.mark.e2e  # holds an offload worker of its own
 def test_a_body_that_waits_too_long_for_the_worker_gets_a_503(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -239,6 +239,7 @@ if len(sys.argv) > 2:
 """
 
 
+@pytest.mark.e2e  # three interpreters of its own, as `serve --workers`
 def test_workers_add_up_in_multiprocess_mode(tmp_path: Path) -> None:
     """What `serve --workers N` sets up: each process writes its own values; any one's scrape
     shows the sum (prometheus_client fixes the mode at import, hence the subprocesses)."""

@@ -185,6 +185,7 @@ def test_when_telemetry_is_on(enabled: bool | None, env: dict[str, str], on: boo
     assert wanted(TelemetryConfig(enabled=enabled), env) is on
 
 
+@pytest.mark.e2e  # a fresh interpreter of its own
 def test_off_means_the_sdk_is_never_imported(tmp_path: Path) -> None:
     code = (
         "import sys\n"

@@ -410,7 +410,7 @@ def test_a_large_claude_code_body_is_flagged_from_the_offload_process(tmp_path: 
     from tests.inproc import shared_offload
 
     body = claude_code_request(turns=_claude_turns(), mcp_tools=60, deferred=False)
-    with proxy_app(tmp_path, config(tmp_path), offload=shared_offload(1024)) as (client, fake):
+    with proxy_app(tmp_path, config(tmp_path), offload=shared_offload(0)) as (client, fake):
         fake.answer_json(MESSAGE)
         r = client.post("/v1/messages?beta=true", json={**body, "stream": False})
         state_of(client).reports.flush()

@@ -125,7 +125,7 @@ class Digested:
     """A message's role (the conversation key skips system messages)."""
     shared: bytes | None = None
     """`shared_digest` of a large block (`data` None) that a session or conversation id may
-    read (`SHARED_BLOCKS`); None otherwise."""
+    read (`read_by_ids`); None otherwise."""
 
     @property
     def counted(self) -> bool:
@@ -165,29 +165,42 @@ def digested(
     )
 
 
-SHARED_BLOCKS = 4
-"""A large body's first blocks get their `shared_digest` in the offload process: the tools, a
-system prompt or two, the first message (`session_key`, `ClientPrefix.conversation`)."""
+def read_by_ids(blocks: Sequence[Block]) -> set[int]:
+    """The blocks the ids kept beyond a process read (`shared_digest`): the tools (a `prefix:`
+    session) and the conversation's first message (`ClientPrefix.conversation`). The offload
+    process digests a large body's with BLAKE2b only for these."""
+    found = {i for i, b in enumerate(blocks) if b.label == "tools"}
+    first = _first_message(blocks)
+    if first is not None:
+        found.add(first)
+    return found
 
 
-def shared_digest(data: bytes | Digested) -> bytes:
+def _first_message(blocks: Sequence[Block]) -> int | None:
+    """The conversation's first message: the first message or item that is not a system or
+    developer message."""
+    for i, block in enumerate(blocks):
+        if block.label.startswith(("messages[", "input[")) and not _is_system(block.client):
+            return i
+    return None
+
+
+def shared_digest(data: bytes | Digested) -> bytes | None:
     """A block's digest as every process and every instance computes it, for the ids kept in
     the report's database (a session, a conversation's pruning decisions): BLAKE2b, with no
-    seed to share and no way for a client to make two blocks digest alike. A large block past
-    the first `SHARED_BLOCKS` of an offloaded body has none: its per-process digest stands in.
+    seed to share and no way for a client to make two blocks digest alike. None for a large
+    block the offload process did not digest so (`read_by_ids`).
 
     >>> shared_digest(b'{"role":"user"}') == shared_digest(digested({"role": "user"}))
     True
     """
     if isinstance(data, Digested):
-        if data.data is not None:
-            return _shared(data.data)
-        return data.shared if data.shared is not None else data.digest
+        return _shared(data.data) if data.data is not None else data.shared
     return _shared(data)
 
 
-_SHARED_KNOWN: LRUCache[bytes, bytes] = LRUCache(maxsize=1024)
-"""`shared_digest`s by this process's digest of the same block."""
+_SHARED_KNOWN: LRUCache[tuple[str, bytes], bytes] = LRUCache(maxsize=1024)
+"""`shared_digest`s by owner and this process's digest of the same block."""
 
 
 def _shared(data: bytes) -> bytes:
@@ -208,29 +221,31 @@ def block_tokens(
     return count(data)
 
 
-def _client_serial(block: Block) -> tuple[bytes | Digested, bytes]:
+def _client_serial(block: Block, owner: str) -> tuple[bytes | Digested, bytes]:
     """A client block's `serial` bytes and their digest, found by the digest of the bytes the
-    client sent when it sent them before: an agent resends its whole history every turn, and
-    serialising it again took most of this stage (~0.1 ms of a 186 KB request)."""
+    client (`owner`) sent when it sent them before: an agent resends its whole history every
+    turn, and serialising it again took most of this stage (~0.1 ms of a 186 KB request)."""
     if block.sent is None or isinstance(block.client, Digested):
         data = _data(block.client)
         return data, _hash(data)
-    key = _digest(block.sent)
+    key = (owner, _digest(block.sent))  # per owner: a hit tells nothing of what others sent
     found = _SERIALS.get(key)
     if found is None:
         data = serial(block.client)  # the same bytes always parse to the same value
         found = (data, _digest(data))
-        if len(data) <= SERIAL_ITEM_BYTES:
-            _SERIALS[key] = found
+        if SERIAL_ITEM_BYTES[0] <= len(data) <= SERIAL_ITEM_BYTES[1]:
+            # a copy of its own: orjson's shrunk output pins ~4 KB of heap while it is kept
+            _SERIALS[key] = (bytes(memoryview(data)), found[1])
     return found
 
 
-SERIAL_ITEM_BYTES = 256 * 1024
-"""Larger blocks are serialised every time (`_SERIALS` would hold few of them)."""
-_SERIALS: LRUCache[bytes, tuple[bytes, bytes]] = LRUCache(
-    maxsize=16 << 20, getsizeof=lambda found: len(found[0]) + 100
+SERIAL_ITEM_BYTES = (1024, 256 * 1024)
+"""Blocks kept in `_SERIALS`: smaller ones cost ~1 µs to serialise, larger ones would crowd it."""
+_SERIALS: LRUCache[tuple[str, bytes], tuple[bytes, bytes]] = LRUCache(
+    maxsize=16 << 20, getsizeof=lambda found: len(found[0]) + 400
 )
-"""Client blocks' (serial bytes, digest) by the digest of their sent bytes: at most 16 MB."""
+"""Client blocks' (serial bytes, digest) by owner and the digest of their sent bytes: at most
+16 MB (with what Python keeps for each entry, ~400 bytes, counted)."""
 
 
 def _data(value: Any) -> bytes | Digested:
@@ -286,7 +301,7 @@ def _digest(data: bytes) -> bytes:
     # SHA-256 took ~0.3 ms of the ~0.5 ms a request may cost). A digest only ever meets
     # digests of the same process (sessions are per worker; the offload process shares its
     # parent's seed) and is never shown: with the seed unknown, no client can make two blocks
-    # digest alike, and a collision could only mislabel the client's own session anyway.
+    # digest alike; the caches keyed by it (`_SERIALS`, `_SHARED_KNOWN`) are per owner too.
     return xxhash.xxh3_128_digest(data, SEED)
 
 
@@ -350,9 +365,9 @@ def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
     if known is not None:
         return known
     digest = hashlib.sha256(head)
-    for block, data in zip(prefix.blocks, prefix.data, strict=True):
+    for block, data, found in zip(prefix.blocks, prefix.data, prefix.digests, strict=True):
         if block.label == "tools":
-            digest.update(shared_digest(data))
+            digest.update(shared_digest(data) or found)
             continue
         digest.update(_stable_text(block.client).encode(errors="surrogatepass"))
         break  # the first block after the tools: the system prompt (or the first message)
@@ -457,9 +472,10 @@ class _Session:
 class ClientPrefix:
     """A request's blocks as the client sent them, serialised and hashed once."""
 
-    def __init__(self, blocks: Sequence[Block]) -> None:
+    def __init__(self, blocks: Sequence[Block], owner: str = "") -> None:
         self.blocks = list(blocks)
-        found = [_client_serial(b) for b in self.blocks]
+        self.owner = owner
+        found = [_client_serial(b, owner) for b in self.blocks]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
 
@@ -468,14 +484,17 @@ class ClientPrefix:
         history (a chat system message skipped). Two OpenClaw conversations with the same
         system prompt share a session by prefix, but not a first message (it carries a
         time stamp)."""
-        for block, data, digest in zip(self.blocks, self.data, self.digests, strict=True):
-            if not block.label.startswith(("messages[", "input[")) or _is_system(block.client):
-                continue
-            shared = _SHARED_KNOWN.get(digest)
-            if shared is None:  # the same first message every turn: hashed again only here
-                shared = _SHARED_KNOWN[digest] = shared_digest(data)
-            return f"{session}/{shared.hex()[:16]}"
-        return session
+        i = _first_message(self.blocks)
+        if i is None:
+            return session
+        key = (self.owner, self.digests[i])
+        shared = _SHARED_KNOWN.get(key)
+        if shared is None:  # the same first message every turn: hashed again only here
+            shared = shared_digest(self.data[i])
+            if shared is None:  # not digested so in the offload process: this process's id
+                return f"{session}/{self.digests[i].hex()[:16]}"
+            _SHARED_KNOWN[key] = shared
+        return f"{session}/{shared.hex()[:16]}"
 
     def index_of(self, label: str) -> int | None:
         for i, block in enumerate(self.blocks):

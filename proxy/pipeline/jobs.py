@@ -19,11 +19,11 @@ import orjson
 from caps import Caps, Clamp, Segment, ToolNames, prune_request
 from memory.query import UserTurn
 from proxy.cache.sessions import (
-    SHARED_BLOCKS,
     Block,
     Digested,
     digested,
     memory_added,
+    read_by_ids,
     serial,
 )
 from proxy.cache.tools import InlineTools
@@ -188,10 +188,11 @@ def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...
 
     out = []
     stable = True
+    read = read_by_ids(blocks)
     for i, b in enumerate(blocks):
         first = stable and b.label != "tools"
         stable = stable and not first
-        client = digested(b.client, stable=first, shared=i < SHARED_BLOCKS)
+        client = digested(b.client, stable=first, shared=i in read)
         forwarded = client if b.forwarded is b.client else digested(b.forwarded, count)
         out.append(Block(b.label, client, forwarded))
     return tuple(out)

@@ -270,7 +270,8 @@ class Pipeline:
             call.marks["recall_end"] = time.time_ns()
             return segments, clamp_error, recall
         body = call.body
-        prefix = ClientPrefix(body.blocks())  # a large body's blocks come hashed (`Digested`)
+        # a large body's blocks come hashed (`Digested`)
+        prefix = ClientPrefix(body.blocks(), call.owner)
         session = session_key(call.request.headers, body.get, body.model, prefix)
         pruned = await self.prune.run(
             body,
@@ -438,9 +439,7 @@ class Pipeline:
                 )
         return await self.state.upstream.request(
             "POST",
-            call.wire.upstream_url(
-                settings, _path(call.request), call.request.scope.get("query_string", b"").decode()
-            ),
+            call.wire.upstream_url(settings, _path(call.request), _query(call.request)),
             body=await body.upstream_body(),
             headers=call.wire.upstream_headers(call.request.headers, settings),
             connect_timeout=settings.connect_timeout,
@@ -555,6 +554,12 @@ def _path(request: Request) -> str:
     URL joined and split again)."""
     path: str = request.scope["path"]
     return path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+
+
+def _query(request: Request) -> str:
+    """`request.url.query` without building the URL (a fragment is not part of it)."""
+    raw: bytes = request.scope.get("query_string", b"")
+    return raw.decode(errors="replace").partition("#")[0]
 
 
 def _would(segment: Segment) -> Segment:

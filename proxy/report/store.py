@@ -576,6 +576,8 @@ class ReportStore:
             self._lose_first("could not write report record %s", entries[0])
         finally:
             self._tried = self._tries
+            for entry in entries:  # kept for another try: as text only (PENDING_BYTES)
+                entry.body = None
 
     def _done(self, n: int) -> None:
         """The first `n` kept records are written."""

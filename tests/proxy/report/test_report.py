@@ -343,6 +343,8 @@ def test_records_wait_through_a_database_outage_and_are_written_when_it_answers(
             store.add(_record(i))
         store.flush(timeout=5)
         assert store.lost == 0
+        # kept as text only while they wait (PENDING_BYTES counts the text)
+        assert store._pending and all(e.body is None for e in store._pending)
         cluster.start()
         summary = _written(store, 6)
         assert summary["totals"]["requests"] == 6 and summary["lost"] == 0
@@ -358,6 +360,23 @@ def test_records_wait_through_a_database_outage_and_are_written_when_it_answers(
         assert summary["totals"]["requests"] == 9, "the 3 newest kept"
         assert summary["lost"] == 3
         assert [r["id"] for r in summary["recent"][:3]] == ["cb-11", "cb-10", "cb-9"]
+        store.close()
+
+
+@pytest.mark.e2e  # stops a PostgreSQL server of its own
+def test_records_kept_while_the_database_was_down_from_the_start_are_kept_as_text() -> None:
+    # PENDING_BYTES bounds the text of what waits; an entry's dict (~4x its text) must not
+    # stay beside it, also when the tables could not even be created yet
+    with postgres_cluster() as cluster:
+        url = cluster.new_database()
+        cluster.stop()
+        store = ReportStore(PgDatabase(url, connect_timeout=1), run="r")
+        for i in range(3):
+            store.add(_record(i))
+        store.flush(timeout=3)
+        assert len(store._pending) == 3 and all(e.body is None for e in store._pending)
+        cluster.start()
+        assert _written(store, 3)["totals"]["requests"] == 3
         store.close()
 
 

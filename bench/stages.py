@@ -10,7 +10,9 @@ upstream), A/B interleaved, and prints:
   each, and the difference: the pipeline's own cost;
 - where the request path's time goes, per stage (median wall time between the phase marks
   the pipeline records for telemetry: parse, clamp, recall/session, forward and answer);
-- with --profile, the functions the path spends the most time in (cProfile, this thread).
+- with --profile, the functions the path spends the most time in (cProfile, this thread);
+- with --functions, the CPU each stage function takes per request (its thread's CPU time
+  from call to return, children included; ~1 µs of wrapping each), after the rounds.
 
 Sockets and uvicorn are left out on both sides (bench/overhead.py measures them); what
 remains is what ctxbudget itself adds.
@@ -18,6 +20,7 @@ remains is what ctxbudget itself adds.
     .venv/bin/python bench/stages.py            # 6 rounds of 400 requests each side
     .venv/bin/python bench/stages.py --quick    # 3 rounds of 150
     .venv/bin/python bench/stages.py --profile  # and the top functions
+    .venv/bin/python bench/stages.py --functions  # and each stage function's CPU
 """
 
 from __future__ import annotations
@@ -134,6 +137,74 @@ async def run(app: Any, upstream: FakeUpstream, raw: bytes, n: int) -> float:
         return (time.process_time() - start) / n
 
 
+STAGE_FUNCTIONS = (
+    ("proxy.pipeline.stages", "Pipeline.handle"),
+    ("proxy.pipeline.stages", "Pipeline._receive"),
+    ("proxy.wire.body", "read_body"),
+    ("proxy.pipeline.offload", "Offload.takes"),
+    ("proxy.wire.chat", "ChatCompletions.parse"),
+    ("proxy.wire.chat", "ChatCompletionsRequest.user_turn"),
+    ("proxy.pipeline.stages", "Pipeline._prepare"),
+    ("proxy.pipeline.stages", "Pipeline._change"),
+    ("proxy.pipeline.stages", "Pipeline._clamp"),
+    ("proxy.wire.chat", "ChatCompletionsRequest.blocks"),
+    ("proxy.cache.sessions", "ClientPrefix.__init__"),
+    ("proxy.cache.sessions", "session_key"),
+    ("proxy.pipeline.prune", "PruneStage.run"),
+    ("proxy.pipeline.stages", "Pipeline._recall"),
+    ("proxy.pipeline.recall", "RecallStage.inject"),
+    ("proxy.cache.sessions", "SessionTracker.observe"),
+    ("proxy.wire.types", "InProcessRequest.saved_tokens"),
+    ("proxy.pipeline.stages", "Pipeline._send"),
+    ("proxy.wire.chat", "ChatCompletionsRequest.encode"),
+    ("proxy.wire.chat", "ChatCompletions.upstream_headers"),
+    ("proxy.pipeline.relay", "read_whole"),
+)
+"""What --functions times (module, attribute path), in the order of a request."""
+
+
+def time_functions(spent: dict[str, int]) -> None:
+    """Wrap each of `STAGE_FUNCTIONS` to add its thread CPU ns to `spent`, by name."""
+    import importlib
+    import inspect
+
+    for module_name, path in STAGE_FUNCTIONS:
+        owner: Any = importlib.import_module(module_name)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        original = inspect.getattr_static(owner, name)
+        spent.setdefault(path, 0)
+
+        def timed(original: Any = original, path: str = path) -> Any:
+            if inspect.iscoroutinefunction(original):
+
+                async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                    start = time.thread_time_ns()
+                    try:
+                        return await original(*args, **kwargs)
+                    finally:
+                        spent[path] += time.thread_time_ns() - start
+
+                return wrapper
+
+            def plain(*args: Any, **kwargs: Any) -> Any:
+                start = time.thread_time_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    spent[path] += time.thread_time_ns() - start
+
+            return plain
+
+        wrapped = timed()
+        setattr(owner, name, wrapped)
+        if not outer:  # imported by name elsewhere: those names too
+            for module in list(sys.modules.values()):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, wrapped)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -141,6 +212,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=0)
     parser.add_argument("--sort", default="tottime", help="cProfile order (with --profile)")
     parser.add_argument("--top", type=int, default=30, help="functions shown (with --profile)")
+    parser.add_argument("--functions", action="store_true", help="each stage function's CPU")
     args = parser.parse_args()
     rounds, n = (3, 150) if args.quick else (6, 400)
     if args.rounds:
@@ -176,6 +248,12 @@ async def main() -> None:
             profile.enable()
             await run(app, ours_upstream, raw, n)
             profile.disable()
+        spent: dict[str, int] = {}
+        if args.functions:  # after the rounds: the wrapping costs ~1 µs a call
+            time_functions(spent)
+            await run(app, ours_upstream, raw, 20)
+            spent.update(dict.fromkeys(spent, 0))
+            await run(app, ours_upstream, raw, n)
     mid = statistics.median
     diffs = [a - b for a, b in zip(ours, bare, strict=True)]
     print(f"  CPU per request: ctxbudget {mid(ours) * 1e3:.3f} ms, floor {mid(bare) * 1e3:.3f} ms")
@@ -189,6 +267,10 @@ async def main() -> None:
         spans = [(r[b] - r[a]) / 1e6 for r in records if a in r and b in r]
         if spans:
             print(f"    {label:<18} {mid(spans):.3f} ms")
+    if args.functions:
+        print("  CPU per request in each stage function (children included):")
+        for path, ns in spent.items():
+            print(f"    {ns / n / 1e3:7.1f} µs  {path}")
     if args.profile:
         pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 

@@ -46,8 +46,12 @@ def _agents() -> dict[str, str]:
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
 
+WORK = "work"
+"""The workspace's folder in each agent's temporary folder."""
+
+
 def _workspace(tmp: Path, instructions: str) -> Path:
-    work = tmp / "work"
+    work = tmp / WORK
     work.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive.stdout, check=True)
@@ -241,7 +245,7 @@ def main() -> None:
             if s["action"] == "clamped":
                 kinds.setdefault((s["kind"], s["label"].split(" ")[0]), []).append(s["saved"])
     for (kind, label), saved_chars in sorted(kinds.items()):
-        label = label.rsplit("/work/", 1)[-1]
+        label = label.rsplit(f"/{WORK}/", 1)[-1]  # the file's path in the workspace
         print(f"   {kind:12} {label:14} {len(saved_chars):3}× −{sum(saved_chars):,} chars")
 
     model = mcp_off[0]["body"]["model"]

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.replay import SESSIONS, WORKSPACE, Recorded, Session, save  # noqa: E402
+from tests.replay import MACHINE, SESSIONS, WORKSPACE, Recorded, Session, save  # noqa: E402
 from tests.standin import Received, StandIn, run_standin  # noqa: E402
 from tests.workload import (  # noqa: E402
     TASKS,
@@ -265,12 +265,9 @@ def _rewritten(r: Received, rewrites: list[tuple[str, str]]) -> Recorded:
     return Recorded(task_of(wire, data), r.method, r.path, r.query, headers, body.encode())
 
 
-_MACHINE = re.compile(r"(?<![\w.\-])/(?:tmp|root)/[\w.\-/]*|/work/(?:wt-|main)[\w.\-/]*")
-
-
 def _machine_paths(r: Recorded) -> set[str]:
     """Paths of this machine still in a request (none should be left)."""
-    return set(_MACHINE.findall(r.body.decode() + json.dumps(r.headers)))
+    return set(MACHINE.findall(r.body.decode() + json.dumps(r.headers)))
 
 
 def _new_results(r: Recorded) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SESSIONS = ROOT / "bench" / "sessions"
 WORKSPACE = "/home/agent/work"
 """Where the recorded workspace appears to be."""
+CHECKOUTS = ROOT.parent if ROOT.parent != ROOT.parent.parent else ROOT
+"""Where this machine keeps checkouts of the repository (its folder's parent: worktrees sit
+beside it), or the checkout itself at the top of the disk."""
+MACHINE_ROOTS = ("/tmp/", "/root/", f"{CHECKOUTS}/")
+"""What every path of this machine a recording must not hold starts with."""
+MACHINE = re.compile(r"(?<![\w.\-])(?:/tmp/|/root/|" + re.escape(f"{CHECKOUTS}/") + r")[\w.\-/]*")
+"""A path of this machine (`MACHINE_ROOTS`), to its end."""
 HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
 REPLAY_INDEX = "x-replay-index"
 """A header `replay` adds to each request (its index): the proxy passes it upstream, so the

@@ -49,7 +49,8 @@ import functools
 import re
 from collections.abc import Iterator
 
-from caps._text import utf16_head, utf16_len, utf16_tail
+from caps._cut import head_tail
+from caps._text import utf16_len
 from caps.types import Segment
 
 _BLOCK_TITLE = "Project Context\n"
@@ -80,8 +81,6 @@ _MISSING = "[MISSING] Expected at: "
 
 HEAD_SHARE = 0.75
 """Share of the space left after the marker that goes to the head (OpenClaw 9.x)."""
-_MIN_PART = 8
-"""Below this many units for head + tail together, a marker is not worth its space."""
 
 
 def clamp_system_text(text: str, cap: int | None) -> tuple[str, list[Segment]]:
@@ -140,27 +139,11 @@ def clamp_body(body: str, cap: int, name: str) -> str:
     if size <= cap:
         return body
     raw = _raw_size(body) or size
-    for marker in (_full_marker, _compact_marker):
-        # Size the marker with the widest numbers it could hold, so the real one fits; then
-        # hand what the real (shorter) numbers leave back to head and tail.
-        room = cap - utf16_len(marker(name, cap, cap, raw)) - 2
-        if room < _MIN_PART:
-            continue
-        best = None
-        for _ in range(3):
-            head = utf16_head(body, int(room * HEAD_SHARE))
-            tail = utf16_tail(body, room - utf16_len(head))
-            out = f"{head}\n{marker(name, utf16_len(head), utf16_len(tail), raw)}\n{tail}"
-            slack = cap - utf16_len(out)
-            if slack < 0:
-                break
-            best = out
-            if slack == 0:
-                break
-            room += slack
-        if best is not None:
-            return best
-    return utf16_head(body, cap)
+    markers = (  # the size they state is the raw one
+        lambda head, tail, _: _full_marker(name, head, tail, raw),
+        lambda head, tail, _: _compact_marker(name, head, tail, raw),
+    )
+    return head_tail(body, cap, markers, head_share=HEAD_SHARE)
 
 
 def _full_marker(name: str, head: int, tail: int, raw: int) -> str:

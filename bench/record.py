@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.processes import run_agent  # noqa: E402
 from tests.replay import MACHINE, SESSIONS, WORKSPACE, Recorded, Session, save  # noqa: E402
 from tests.standin import Received, StandIn, run_standin  # noqa: E402
 from tests.workload import (  # noqa: E402
@@ -227,29 +226,10 @@ def _runner(
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run an agent in its own process group; kill the group when it is done or too slow."""
-    process = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        err += f"\n(killed after {TIMEOUT} s)"
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+    done, late = run_agent(argv, env=env, cwd=cwd, timeout=TIMEOUT)
+    if late:
+        done.stderr += f"\n(killed after {TIMEOUT} s)"
+    return done
 
 
 def _rewritten(r: Received, rewrites: list[tuple[str, str]]) -> Recorded:

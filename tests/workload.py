@@ -24,14 +24,13 @@ import json
 import pydoc
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.pages import serve_pages
 from tests.standin import PlannedTurn
 
 TASK = re.compile(r"Task (\d+)/(\d+):")
@@ -608,34 +607,9 @@ class DocsPages:
 
     @contextmanager
     def serving(self) -> Iterator[str]:
-        pages = self.pages
-
-        class Page(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = pages.get(self.path.split("?")[0])
-                if body is None:
-                    self.send_error(404)
-                    return
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("content-type", "text/html; charset=utf-8")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            self.url = f"http://127.0.0.1:{server.server_address[1]}"
-            yield self.url
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=10)
+        with serve_pages({path: page.encode() for path, page in self.pages.items()}) as url:
+            self.url = url
+            yield url
 
 
 def _pydoc_page(module: Any) -> str:

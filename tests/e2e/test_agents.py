@@ -15,17 +15,12 @@ texts may differ), and what the upstream streamed with what the agent got (byte 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import ssl
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +30,8 @@ import pytest
 from tests.e2e.checks import WRAP_END, WRAP_START, bootstrap_bodies, u16
 from tests.e2e.server import ProxyServer, serve, standin_config
 from tests.e2e.tap import Exchange, Tap
+from tests.pages import serve_pages
+from tests.processes import run_agent
 from tests.standin import Received, StandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,26 +73,8 @@ def web_page() -> Iterator[str]:
     page = f"<html><head><title>Test Page</title></head><body><article>{paragraphs}</article>"
     body = f"{page}</body></html>".encode()
 
-    class Page(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "text/html; charset=utf-8")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/page"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_pages({"/page": body}) as root:
+        yield f"{root}/page"
 
 
 @pytest.mark.parametrize(
@@ -244,30 +223,11 @@ def _env(agents: dict[str, str], home: Path) -> dict[str, str]:
 def _run(
     argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """Run an agent in its own process group; on timeout, kill the group and fail."""
-    process = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        done = subprocess.CompletedProcess(argv, process.returncode, out, err)
+    """Run an agent (`run_agent`); fail the test when it does not finish in `timeout` s."""
+    done, late = run_agent(argv, env=env, cwd=cwd, timeout=timeout)
+    if late:
         pytest.fail(f"{Path(argv[0]).name} did not finish in {timeout} s\n{_describe(done)}")
-    finally:
-        try:  # helpers an agent left behind
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+    return done
 
 
 def _describe(done: subprocess.CompletedProcess[str]) -> str:
@@ -574,29 +534,8 @@ def https_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     )
     body = f"<html><head><title>Test Page</title></head><body>{paragraphs}</body></html>".encode()
 
-    class Page(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "text/html; charset=utf-8")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/page", cert
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_pages({"/page": body}, tls=(cert, key)) as root:
+        yield f"{root}/page", cert
 
 
 def _blocks(body: dict[str, Any], kind: str) -> list[Any]:

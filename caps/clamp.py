@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from caps import prune
+from caps._kept import ByIdentity, message_weight
 from caps._text import utf16_len
 from caps.bootstrap import clamp_system_text
 from caps.instructions import clamp_instructions
@@ -58,11 +59,12 @@ def clamp_request(
         role = message.get("role") if isinstance(message, dict) else None
         if role == "user" and first_user:
             first_user = False
-            new_message, found = _clamp_texts(message, _first_user_text, caps)
+            clamp_text = _first_user_text
         elif isinstance(role, str) and role in _SYSTEM_ROLES:  # a list role: not ours
-            new_message, found = _clamp_texts(message, _system_text, caps)
+            clamp_text = _system_text
         else:
             continue
+        new_message, found = _TEXTS.get(_clamp_texts, message, clamp_text, caps)
         segments.extend(evolve(s, message_index=index) for s in found)
         if new_message is not message:
             new_messages[index] = new_message
@@ -83,6 +85,10 @@ def clamp_request(
     )
 
 
+_TEXTS = ByIdentity(8 << 20, message_weight)
+"""`_clamp_texts` by the message (the same objects every turn: `caps._kept`)."""
+
+
 def _system_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
     return clamp_system_text(text, caps.bootstrap_max_chars)
 
@@ -96,16 +102,16 @@ def _first_user_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
 
 def _clamp_texts(
     message: Message, clamp_text: Callable[[str, Caps], tuple[str, list[Segment]]], caps: Caps
-) -> tuple[Message, list[Segment]]:
+) -> tuple[Message, tuple[Segment, ...]]:
     """`message` with each text (a string content, or each text part) through `clamp_text`."""
     content = message.get("content")
     if isinstance(content, str):
         text, found = clamp_text(content, caps)
         if text == content:
-            return message, found
-        return {**message, "content": text}, found
+            return message, tuple(found)
+        return {**message, "content": text}, tuple(found)
     if not isinstance(content, list):
-        return message, []
+        return message, ()
 
     found_all: list[Segment] = []
     parts: list[Any] = list(content)
@@ -122,8 +128,8 @@ def _clamp_texts(
             parts[i] = {**part, "text": new_text}
             touched = True
     if not touched:
-        return message, found_all
-    return {**message, "content": parts}, found_all
+        return message, tuple(found_all)
+    return {**message, "content": parts}, tuple(found_all)
 
 
 def prune_request(

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from caps import _json, snippets, tooloutput, webfetch
+from caps._kept import ByIdentity, message_weight
 from caps._text import utf16_len
 from caps.types import Caps, Message, Segment, SegmentKind, ToolNames, evolve
 
@@ -43,40 +44,53 @@ def clamp_tool_results(
             continue
         call_id = message.get("tool_call_id")
         name, args = calls.get(call_id, (None, {})) if isinstance(call_id, str) else (None, {})
-        content = message.get("content")
         url = args.get("url") if isinstance(args, dict) else None
         key = (
             name,
             call_id if isinstance(call_id, str) else None,
             url if isinstance(url, str) else None,
         )
-        new_content: Any = content
-        if isinstance(content, str):
-            new_content = _clamp_one(content, key, index, caps, tools, segments)
-        elif isinstance(content, list):
-            parts = list(content)
-            for i, part in enumerate(content):
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    text = _clamp_one(part["text"], key, index, caps, tools, segments)
-                    if text is not part["text"]:
-                        parts[i] = {**part, "text": text}
-            if any(p is not q for p, q in zip(parts, content, strict=True)):
-                new_content = parts
-        if new_content is not content:
+        new_message, found = _MESSAGES.get(_clamp_message, message, key, caps, tools)
+        segments.extend(evolve(s, message_index=index) for s in found)
+        if new_message is not message:
             out = out if out is not None else list(messages)
-            out[index] = {**message, "content": new_content}
+            out[index] = new_message
     return (messages if out is None else out), segments
 
+
+def _clamp_message(
+    message: Message, key: _Key, caps: Caps, tools: ToolNames
+) -> tuple[Message, tuple[Segment, ...]]:
+    """One tool result message clamped (itself when unchanged), and its segments (no index)."""
+    content = message.get("content")
+    found: list[Segment] = []
+    new_content: Any = content
+    if isinstance(content, str):
+        new_content = _clamp_one(content, key, caps, tools, found)
+    elif isinstance(content, list):
+        parts = list(content)
+        for i, part in enumerate(content):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                text = _clamp_one(part["text"], key, caps, tools, found)
+                if text is not part["text"]:
+                    parts[i] = {**part, "text": text}
+        if any(p is not q for p, q in zip(parts, content, strict=True)):
+            new_content = parts
+    if new_content is content:
+        return message, tuple(found)
+    return {**message, "content": new_content}, tuple(found)
+
+
+_MESSAGES = ByIdentity(8 << 20, message_weight)
+"""`_clamp_message` by the message (the same objects every turn: `caps._kept`)."""
 
 _Key = tuple[str | None, str | None, str | None]
 """(tool name, tool_call_id, URL argument): what a result's clamp depends on besides its text."""
 
 
-def _clamp_one(
-    text: str, key: _Key, index: int, caps: Caps, tools: ToolNames, segments: list[Segment]
-) -> str:
+def _clamp_one(text: str, key: _Key, caps: Caps, tools: ToolNames, segments: list[Segment]) -> str:
     new, found = _clamp_cached(text, key, caps, tools)
-    segments.extend(evolve(s, message_index=index) for s in found)
+    segments.extend(found)
     return text if new is text or new == text else new
 
 

@@ -13,6 +13,13 @@ import sys
 # before the imports below, so the project's modules they load are cached too.
 sys.dont_write_bytecode = False
 
+import os  # noqa: E402
+
+# Every request's reused objects are checked (proxy/cache/resent.py, caps/_kept.py): a test
+# whose path changes a shared message in place fails, here and in every server it starts
+# (they inherit the environment).
+os.environ["CTXBUDGET_CHECK_RESENT"] = "1"
+
 import gc  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402

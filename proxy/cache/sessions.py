@@ -55,6 +55,8 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
+from caps._kept import ByIdentity, bytes_weight
+
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
 """Session headers real clients send: Claude Code, Codex CLI."""
@@ -262,6 +264,16 @@ def serial(value: Any) -> bytes:
     moves its marker to the newest tool result every turn, and the older prefix still hits)."""
     if isinstance(value, bytes):  # a field passed on unread (`tools`): its marker never moves
         return value
+    if isinstance(value, dict):  # a clamped message: the same object every turn
+        return _SERIAL_KEPT.get(_serial, value)
+    return _serial(value)
+
+
+_SERIAL_KEPT = ByIdentity(8 << 20, bytes_weight)
+"""`serial` of the objects a clamp made, by their identity (`caps._kept`): at most 8 MB."""
+
+
+def _serial(value: Any) -> bytes:
     if isinstance(value, bytearray | memoryview):
         data = bytes(value)
     else:

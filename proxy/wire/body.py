@@ -39,6 +39,8 @@ import xxhash
 from cachetools import LRUCache
 from starlette.requests import Request
 
+from caps._kept import ByIdentity, bytes_weight
+from proxy.cache.resent import RESENT
 from proxy.errors import BadRequest, PayloadTooLarge
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -51,13 +53,19 @@ _OUT_OF_RANGE = (
     "keep the client's bytes: send numbers within ±1.7e308, or such a value as a string"
 )
 _MISSING = object()
+_ITEMWISE = frozenset({"messages", "input", "system"})
+"""List fields an agent grows turn by turn, resending the rest: parsed through `RESENT`."""
 
 
 class JsonBody:
     """One parsed request: top-level fields decoded on demand, the rest kept as raw bytes."""
 
-    def __init__(self, raw: bytes, fields: dict[str, Any], *, decoded: bool) -> None:
+    def __init__(
+        self, raw: bytes, fields: dict[str, Any], *, decoded: bool, owner: str = ""
+    ) -> None:
         self.raw = raw
+        self.owner = owner
+        """Whom the request acts for: what `RESENT` keeps of its items is theirs alone."""
         self._fields = fields
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
@@ -73,9 +81,22 @@ class JsonBody:
         if value is _MISSING:
             if key not in self._fields:
                 return default
-            value = self._fields[key] if self._decoded else _loads(memoryview(self._fields[key]))
+            if self._decoded:
+                value = self._fields[key]
+            elif key in _ITEMWISE and len(self._fields[key]) >= RESENT.min_list:
+                value = self._items_parsed(key)
+            else:
+                value = _loads(memoryview(self._fields[key]))
             self._cache[key] = value
         return value
+
+    def _items_parsed(self, key: str) -> Any:
+        """A large list field parsed item by item, each item the client sent before (an
+        agent's whole history, every turn) taken from `RESENT` instead of parsed again."""
+        items = self.raw_items(key)
+        if items is None or len(items) > RESENT.max_items:
+            return _loads(memoryview(self._fields[key]))
+        return RESENT.parse(items, self.owner, _loads)
 
     def raw_field(self, key: str) -> Any:
         """A top-level field as sent: its JSON bytes (its value on the fallback path), or
@@ -140,8 +161,10 @@ class JsonBody:
 class ChatBody(JsonBody):
     """A chat completions request: `messages` parsed up front."""
 
-    def __init__(self, raw: bytes, fields: dict[str, Any], *, decoded: bool) -> None:
-        super().__init__(raw, fields, decoded=decoded)
+    def __init__(
+        self, raw: bytes, fields: dict[str, Any], *, decoded: bool, owner: str = ""
+    ) -> None:
+        super().__init__(raw, fields, decoded=decoded, owner=owner)
         self.messages: list[Any] = self.get("messages")
 
     def encode(self, changes: Mapping[str, Any] | list[Any]) -> bytes:
@@ -162,7 +185,7 @@ def parse_object(
         raise BadRequest(f"request body is empty: send {example}")
     known = TAILS.fields(raw, owner)
     if known is not None:
-        return JsonBody(raw, known, decoded=False)
+        return JsonBody(raw, known, decoded=False, owner=owner)
     try:
         fields: dict[str, Any] = _TOP.decode(raw)
         decoded = False
@@ -190,7 +213,7 @@ def parse_object(
         _check_utf8(fields, parsed)
     if not decoded:
         TAILS.remember(raw, fields, parsed, owner)
-    return JsonBody(raw, fields, decoded=decoded)
+    return JsonBody(raw, fields, decoded=decoded, owner=owner)
 
 
 class Tails:
@@ -307,7 +330,7 @@ def parse_chat_body(raw: bytes, owner: str = "") -> ChatBody:
     top = parse_object(raw, example='{"model": ..., "messages": [...]}', owner=owner)
     if "messages" not in top:
         raise BadRequest("'messages' is required: a list of chat messages", param="messages")
-    body = ChatBody(raw, top._fields, decoded=top._decoded)
+    body = ChatBody(raw, top._fields, decoded=top._decoded, owner=owner)
     if not isinstance(body.messages, list):
         raise BadRequest(
             f"'messages' must be a list of chat messages, got {type_name(body.messages)}",
@@ -417,8 +440,15 @@ def _splice(
     parts: list[bytes | msgspec.Raw] = []
     for item in new:
         i = where.get(id(item))
-        parts.append(items[i] if i is not None and old[i] is item else _dumps(item))
+        if i is not None and old[i] is item:
+            parts.append(items[i])
+        else:  # a clamped message: the same object every turn (`caps._kept`), written once
+            parts.append(_DUMPED.get(_dumps, item))
     return b"[" + b",".join(parts) + b"]"
+
+
+_DUMPED = ByIdentity(8 << 20, bytes_weight)
+"""Changed items' JSON by the item's identity: at most 8 MB."""
 
 
 def _dumps(value: Any) -> bytes:

@@ -8,6 +8,7 @@ only `messages` is re-serialised, and only when something changed.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -114,7 +115,9 @@ class ChatCompletionsRequest(InProcessRequest):
         return self._body.encode(changes)
 
     def litellm_body(self) -> dict[str, Any]:
-        return self._body.to_dict({"messages": self.messages})
+        # litellm's own copy: its provider adapters may change messages in place, and these
+        # are shared with the owner's later requests (`proxy/cache/resent.py`)
+        return self._body.to_dict({"messages": copy.deepcopy(self.messages)})
 
 
 class ChatCompletions:

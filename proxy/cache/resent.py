@@ -1,0 +1,98 @@
+"""The items of an agent's history, parsed once: every turn resends them byte for byte.
+
+An agent's request N+1 is request N plus a turn or two: the same 48 KB system prompt, the
+same tool results, in the same bytes. Parsing them again cost ~70 µs of a 186 KB request,
+and every later stage paid again for objects it had seen before: the clamps' caches hash
+their texts (~25 µs for 50 KB) where a text seen before has its hash kept on the object.
+
+So a large item of `messages` (`input`, `system`) is parsed once per owner and found again
+by the digest of its bytes: the next request holds the very objects the last one did.
+Those objects are shared between requests, so **nothing may change them in place**: the
+wires and the clamps copy what they change (they always have: `_splice` relies on it).
+`CTXBUDGET_CHECK_RESENT=1` (the test suite sets it) re-parses every item found and fails
+the request if it no longer equals what was kept.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import xxhash
+from cachetools import LRUCache
+
+from caps._kept import ChangedInPlace
+
+__all__ = ["RESENT", "ChangedInPlace", "Resent"]
+
+_SEED = secrets.randbits(64)
+"""Unknown outside this process: no client can make two items digest alike."""
+
+
+class Resent:
+    """Parsed list items by owner and the digest of their bytes (`parse`)."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int = 32 << 20,
+        min_item: int = 1024,
+        min_list: int = 8192,
+        max_items: int = 4096,
+        check: bool = False,
+    ) -> None:
+        self._kept: LRUCache[tuple[str, bytes], Any] = LRUCache(
+            maxsize=max_bytes, getsizeof=lambda found: found[1]
+        )
+        """(item, its weight) by owner and digest: an item's weight is twice its bytes (a
+        parsed text takes up to 4 bytes a character; most are ASCII, one) plus ~400."""
+        self.min_item = min_item
+        """Smaller items parse in about the time a lookup takes: not kept."""
+        self.min_list = min_list
+        """Smaller lists are parsed whole (`JsonBody.get`)."""
+        self.max_items = max_items
+        """Longer lists are parsed whole: one call beats many for thousands of small items."""
+        self.check = check
+
+    def parse(
+        self, items: Sequence[Any], owner: str, loads: Callable[[memoryview], Any]
+    ) -> list[Any]:
+        """Each of `items` (the client's bytes of each) parsed with `loads`, or as kept."""
+        out: list[Any] = []
+        used: set[int] | None = None
+        for item in items:
+            view = memoryview(item)
+            if len(view) < self.min_item:
+                out.append(loads(view))
+                continue
+            key = (owner, xxhash.xxh3_128_digest(view, _SEED))
+            found = self._kept.get(key)
+            if found is not None:
+                value = found[0]
+                # the same bytes twice in one request: two objects, as a whole parse gives
+                used = used if used is not None else {id(v) for v in out}
+                if id(value) not in used:
+                    if self.check and loads(view) != value:
+                        raise ChangedInPlace(
+                            "an item kept from an earlier request was changed in place: "
+                            "whatever changed it must copy it instead (proxy/cache/resent.py)"
+                        )
+                    used.add(id(value))
+                    out.append(value)
+                    continue
+            value = loads(view)
+            weight = 2 * len(view) + 400
+            if weight <= self._kept.maxsize:  # a larger one would push out everything
+                self._kept[key] = (value, weight)
+            if used is not None:
+                used.add(id(value))
+            out.append(value)
+        return out
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+RESENT = Resent(check=os.environ.get("CTXBUDGET_CHECK_RESENT") == "1")

@@ -692,60 +692,50 @@ class ReportStore:
             )
 
     def _add_sessions(self, conn: Any, bodies: list[dict[str, Any]]) -> None:
+        """One upsert per session a batch touched (an agent's session sends most of a batch:
+        one statement a request was the writer's largest step), the same row as one a request:
+        sums added, `last` and the `tools_inline` peaks the largest, `format` the last
+        request's, `model` and `last_bust` the last one given."""
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
         for b in bodies:
             if b.get("session") is None:
                 continue
-            usage, would = b["usage"] or {}, b["withoutUsage"] or {}
-            sums = {
-                "requests": 1,
-                "billed": int(b["usage"] is not None),
-                "priced": int(b["costUsd"] is not None),
-                "input": usage.get("input", 0),
-                "cache_read": usage.get("cacheRead", 0),
-                "cache_write": usage.get("cacheWrite", 0),
-                "output": usage.get("output", 0),
-                "without_input": would.get("input", 0),
-                "without_cache_read": would.get("cacheRead", 0),
-                "without_cache_write": would.get("cacheWrite", 0),
-                "cost_usd": b["costUsd"] or 0.0,
-                "without_usd": b["withoutCtxbudgetUsd"] or 0.0,
-                "saved_tokens": b["savedTokens"],
-                "memory_tokens": b["memoryTokens"],
-                "busts_client": int(b["clientCacheBust"]),
-                "busts_ctxbudget": int(b["cacheBust"] is not None),
-                "prunes": sum(
-                    s["kind"] == "pruned" and s["note"] == "pruned now" for s in b["segments"]
-                ),
-                "busts_planned": int((b["cacheBust"] or "").endswith(" prune")),
-                "tools_inline_requests": int(b.get("toolsInline") is not None),
-            }
+            sums = _session_sums(b)
             inline = b.get("toolsInline") or {"count": 0, "tokens": 0}
+            row = rows.get((b["owner"], b["session"]))
+            if row is None:
+                rows[(b["owner"], b["session"])] = {
+                    "format": b["wire"],
+                    "model": b["model"],
+                    "first": b["at"],
+                    "last": b["at"],
+                    "last_bust": b["cacheBust"],
+                    "tools_inline": inline["count"],
+                    "tools_inline_tokens": inline["tokens"],
+                    "sums": sums,
+                }
+                continue
+            row["format"] = b["wire"]
+            row["model"] = b["model"] if b["model"] is not None else row["model"]
+            row["last"] = max(row["last"], b["at"])
+            row["last_bust"] = b["cacheBust"] if b["cacheBust"] is not None else row["last_bust"]
+            row["tools_inline"] = max(row["tools_inline"], inline["count"])
+            row["tools_inline_tokens"] = max(row["tools_inline_tokens"], inline["tokens"])
+            row["sums"] = {c: row["sums"][c] + sums[c] for c in _SESSION_ADDS}
+        for (owner, session), row in rows.items():
             conn.execute(
-                f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
-                f"tools_inline, tools_inline_tokens, {', '.join(_SESSION_ADDS)}) "
-                f"VALUES ({', '.join('?' * (9 + len(_SESSION_ADDS)))}) "
-                "ON CONFLICT (owner, id) DO UPDATE SET "
-                "last = CASE WHEN excluded.last > sessions.last THEN excluded.last "
-                "ELSE sessions.last END, "
-                "format = excluded.format, model = coalesce(excluded.model, sessions.model), "
-                "last_bust = coalesce(excluded.last_bust, sessions.last_bust), "
-                + "".join(
-                    f"{c} = CASE WHEN excluded.{c} > sessions.{c} THEN excluded.{c} "
-                    f"ELSE sessions.{c} END, "
-                    for c in ("tools_inline", "tools_inline_tokens")
-                )
-                + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS),
+                _UPSERT_SESSION,
                 (
-                    b["owner"],
-                    b["session"],
-                    b["wire"],
-                    b["model"],
-                    b["at"],
-                    b["at"],
-                    b["cacheBust"],
-                    inline["count"],
-                    inline["tokens"],
-                    *(sums[c] for c in _SESSION_ADDS),
+                    owner,
+                    session,
+                    row["format"],
+                    row["model"],
+                    row["first"],
+                    row["last"],
+                    row["last_bust"],
+                    row["tools_inline"],
+                    row["tools_inline_tokens"],
+                    *(row["sums"][c] for c in _SESSION_ADDS),
                 ),
             )
 
@@ -791,3 +781,47 @@ class ReportStore:
         # a key sees how many of its own requests went unrecorded, not everyone's
         summary["lost"] = self.lost if owner is None else self._lost[owner]
         return summary
+
+
+def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
+    """What one request adds to its session's row."""
+    usage, would = b["usage"] or {}, b["withoutUsage"] or {}
+    return {
+        "requests": 1,
+        "billed": int(b["usage"] is not None),
+        "priced": int(b["costUsd"] is not None),
+        "input": usage.get("input", 0),
+        "cache_read": usage.get("cacheRead", 0),
+        "cache_write": usage.get("cacheWrite", 0),
+        "output": usage.get("output", 0),
+        "without_input": would.get("input", 0),
+        "without_cache_read": would.get("cacheRead", 0),
+        "without_cache_write": would.get("cacheWrite", 0),
+        "cost_usd": b["costUsd"] or 0.0,
+        "without_usd": b["withoutCtxbudgetUsd"] or 0.0,
+        "saved_tokens": b["savedTokens"],
+        "memory_tokens": b["memoryTokens"],
+        "busts_client": int(b["clientCacheBust"]),
+        "busts_ctxbudget": int(b["cacheBust"] is not None),
+        "prunes": sum(s["kind"] == "pruned" and s["note"] == "pruned now" for s in b["segments"]),
+        "busts_planned": int((b["cacheBust"] or "").endswith(" prune")),
+        "tools_inline_requests": int(b.get("toolsInline") is not None),
+    }
+
+
+_UPSERT_SESSION = (
+    f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
+    f"tools_inline, tools_inline_tokens, {', '.join(_SESSION_ADDS)}) "
+    f"VALUES ({', '.join('?' * (9 + len(_SESSION_ADDS)))}) "
+    "ON CONFLICT (owner, id) DO UPDATE SET "
+    "last = CASE WHEN excluded.last > sessions.last THEN excluded.last "
+    "ELSE sessions.last END, "
+    "format = excluded.format, model = coalesce(excluded.model, sessions.model), "
+    "last_bust = coalesce(excluded.last_bust, sessions.last_bust), "
+    + "".join(
+        f"{c} = CASE WHEN excluded.{c} > sessions.{c} THEN excluded.{c} ELSE sessions.{c} END, "
+        for c in ("tools_inline", "tools_inline_tokens")
+    )
+    + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS)
+)
+"""One session's row added to (`_add_sessions`)."""

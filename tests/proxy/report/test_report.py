@@ -423,3 +423,46 @@ def test_a_loss_is_shown_plainly_with_a_minus_sign() -> None:
     assert net_text(None, 0) == "saved nothing yet: no requests kept"
     unbilled = {**loss, "billedRequests": 0}
     assert net_text(unbilled, 3) == "net saving unknown over 3 requests: no provider usage read yet"
+
+
+def test_a_batch_adds_to_its_sessions_as_its_requests_one_by_one_would(tmp_path: Path) -> None:
+    """The writer adds a batch to each session's row in one statement: the row is the one a
+    statement a request gave (sums, first and last, the last model given)."""
+    usage = Usage(input=1000, cache_read=4000, cache_write=500, output=20)
+
+    def records() -> list[RequestRecord]:
+        out = []
+        for i in range(12):
+            r = dataclasses.replace(
+                _record(i),
+                owner="alice",
+                session=f"s{i % 2}",
+                usage=usage,
+                model=None if i == 10 else f"model-{i}",
+            )
+            out.append(r)
+        return out
+
+    def sessions(store: ReportStore) -> list[tuple[Any, ...]]:
+        assert store.path is not None
+        with sqlite3.connect(store.path) as conn:
+            return conn.execute("SELECT * FROM sessions ORDER BY id").fetchall()
+
+    made = records()
+    one_by_one = ReportStore(tmp_path / "one.db", run="r")
+    for r in made:
+        one_by_one.add(r)
+        one_by_one.flush()
+    batched = ReportStore(tmp_path / "batch.db", run="r", batch_seconds=5)
+    for r in made:
+        batched.add(r)
+    batched.flush()
+    expected, got = sessions(one_by_one), sessions(batched)
+    one_by_one.close()
+    batched.close()
+    assert len(got) == 2
+    assert _rounded(got) == _rounded(expected)
+
+
+def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [tuple(round(v, 12) if isinstance(v, float) else v for v in row) for row in rows]

@@ -21,6 +21,12 @@ remains is what ctxbudget itself adds.
     .venv/bin/python bench/stages.py --quick    # 3 rounds of 150
     .venv/bin/python bench/stages.py --profile  # and the top functions
     .venv/bin/python bench/stages.py --functions  # and each stage function's CPU
+    .venv/bin/python bench/stages.py --session openclaw-chat  # a recorded session instead
+
+With --session, a recorded agent session (`bench/sessions/`, chat completions) is replayed
+in order instead of one request again and again: each request resends the one before it
+plus a turn, as the agent sent them. Each replay runs in a fresh process (nothing kept from
+an earlier replay), ours and the floor's interleaved, 3 processes by default (--rounds).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from proxy.app import create_app  # noqa: E402
 from proxy.config.schema import ConfigSource  # noqa: E402
 from tests.fakes import FakeUpstream, chat_completion  # noqa: E402
 from tests.openclaw import load_fixtures, openclaw_request  # noqa: E402
+from tests.replay import SESSIONS, load  # noqa: E402
 
 REPLY = {
     **chat_completion(model="gpt-4o"),
@@ -205,6 +212,73 @@ def time_functions(spent: dict[str, int]) -> None:
                     setattr(module, name, wrapped)
 
 
+def session_bodies(name: str) -> list[bytes]:
+    """A recorded chat session's request bodies, in order, answered whole (not streamed)."""
+    session = load(SESSIONS / f"{name}.jsonl.xz")
+    bodies = []
+    for recorded in session.requests:
+        if recorded.path != "/v1/chat/completions":
+            raise SystemExit(f"{name} is not a chat completions session")
+        body = {**recorded.json, "stream": False}
+        body.pop("stream_options", None)
+        bodies.append(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+    return bodies
+
+
+async def replay_once(
+    app: Any, floor: Any, ours_up: Any, floor_up: Any, bodies: list[bytes]
+) -> None:
+    """One replay of `bodies` through each side, printed as `ours floor` CPU seconds."""
+    ours = await run_each(app, ours_up, bodies)
+    bare = await run_each(floor, floor_up, bodies)
+    print(f"{ours:.6f} {bare:.6f}")
+
+
+async def run_each(app: Any, upstream: FakeUpstream, bodies: list[bytes]) -> float:
+    """CPU seconds for `bodies`, one request each, in order (the report flushed at the end)."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        start = time.process_time()
+        for body in bodies:
+            upstream.answer_json(REPLY)
+            r = await client.post(
+                "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+            )
+            if r.status_code != 200:
+                raise SystemExit(f"{r.status_code}: {r.text[:300]}")
+            upstream.sent.clear()
+            upstream.replies.clear()
+        state = getattr(app.state, "proxy", None)
+        if state is not None:
+            state.reports.flush()
+        return time.process_time() - start
+
+
+def sessions_main(name: str, rounds: int) -> None:
+    """`--session`: `rounds` fresh processes, each replaying the session once."""
+    import subprocess
+
+    n = len(session_bodies(name))
+    diffs = []
+    for _ in range(rounds):
+        out = subprocess.run(
+            [sys.executable, __file__, "--session-once", name],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        ours, bare = float(out[-2]), float(out[-1])
+        diffs.append((ours - bare) / n)
+        print(
+            f"  replay: ctxbudget {ours / n * 1e3:.3f} ms, floor {bare / n * 1e3:.3f} ms a request"
+        )
+    mid = statistics.median
+    print(
+        f"{name}: {n} requests; the pipeline's own cost {mid(diffs) * 1e3:.3f} ms a request, "
+        f"p50 of {rounds} replays ({min(diffs) * 1e3:.3f}–{max(diffs) * 1e3:.3f})"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -213,7 +287,11 @@ async def main() -> None:
     parser.add_argument("--sort", default="tottime", help="cProfile order (with --profile)")
     parser.add_argument("--top", type=int, default=30, help="functions shown (with --profile)")
     parser.add_argument("--functions", action="store_true", help="each stage function's CPU")
+    parser.add_argument("--session", help="replay this recorded chat session instead")
+    parser.add_argument("--session-once", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.session:
+        return sessions_main(args.session, args.rounds or 3)
     rounds, n = (3, 150) if args.quick else (6, 400)
     if args.rounds:
         rounds = args.rounds
@@ -236,6 +314,9 @@ async def main() -> None:
     async with app.router.lifespan_context(app):
         await run(app, ours_upstream, raw, 50)  # warm: caches, litellm's price map, SQLite
         await run(floor, floor_upstream, raw, 50)
+        if args.session_once:
+            bodies = session_bodies(args.session_once)
+            return await replay_once(app, floor, ours_upstream, floor_upstream, bodies)
         ours, bare, writer = [], [], []
         for _ in range(rounds):
             before = writer_cpu()

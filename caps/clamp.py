@@ -14,6 +14,7 @@ results in `tool` messages (`caps.toolresults`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -153,22 +154,30 @@ def _prunable(messages: list[Any], policy: PrunePolicy) -> list[Segment]:
     it (the caller decides whether it does)."""
     out = []
     for found in prune.prunable(messages, policy):
-        text = prune.pruned_text(found.text, found.tool, found.call_id, policy)
-        if text is None:
-            continue
-        out.append(
-            Segment(
-                kind="pruned",
-                label=f"{found.tool or 'tool'} {found.call_id}",
-                before=found.chars,
-                after=utf16_len(text),
-                action="prunable",
-                cap=None,
-                message_index=found.message_index,
-                tool=found.tool,
-                call_id=found.call_id,
-                original=found.text,
-                clamped=text,
-            )
-        )
+        segment = _prunable_segment(found.text, found.tool, found.call_id, found.chars, policy)
+        if segment is not None:
+            out.append(evolve(segment, message_index=found.message_index))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _prunable_segment(
+    text: str, tool: str | None, call_id: str, chars: int, policy: PrunePolicy
+) -> Segment | None:
+    # Every request of a long session finds the same old results prunable: remember them
+    # (the text's hash is kept on the string, which the next request holds again).
+    pruned = prune.pruned_text(text, tool, call_id, policy)
+    if pruned is None:
+        return None
+    return Segment(
+        kind="pruned",
+        label=f"{tool or 'tool'} {call_id}",
+        before=chars,
+        after=utf16_len(pruned),
+        action="prunable",
+        cap=None,
+        tool=tool,
+        call_id=call_id,
+        original=text,
+        clamped=pruned,
+    )

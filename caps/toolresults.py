@@ -117,24 +117,42 @@ def _calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
     """tool_call_id → (real tool name, arguments), unwrapping the tool-search bridge."""
     calls: dict[str, tuple[str, Any]] = {}
     for message in messages:
-        if not isinstance(message, dict) or message.get("role") != "assistant":
-            continue
-        tool_calls = message.get("tool_calls")
-        if not isinstance(tool_calls, list):  # absent, or nothing we can read: no calls
-            continue
-        for call in tool_calls:
-            if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-                continue
-            function = call.get("function")
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                continue
-            name: str = function["name"]
-            args = _json.loads(function.get("arguments") or "") or {}
-            if name == _BRIDGE and isinstance(args.get("id"), str):
-                name = args["id"].rsplit(":", 1)[-1]
-                args = args.get("args") if isinstance(args.get("args"), dict) else {}
-            calls[call["id"]] = (name, args)
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            if isinstance(message.get("tool_calls"), list):
+                for call_id, name, args in _CALLS.get(_message_calls, message):
+                    calls[call_id] = (name, args)
     return calls
+
+
+def _message_calls(message: Message) -> tuple[tuple[str, str, Any], ...]:
+    """One assistant message's calls: (id, real tool name, arguments)."""
+    found = []
+    for call in message["tool_calls"]:
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+            continue
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        name: str = function["name"]
+        args = _json.loads(function.get("arguments") or "") or {}
+        if name == _BRIDGE and isinstance(args.get("id"), str):
+            name = args["id"].rsplit(":", 1)[-1]
+            args = args.get("args") if isinstance(args.get("args"), dict) else {}
+        found.append((call["id"], name, args))
+    return tuple(found)
+
+
+def _calls_weight(message: Message, found: tuple[tuple[str, str, Any], ...]) -> int | None:
+    """About the bytes a message's calls hold, parsed and not (its arguments, thrice)."""
+    if not found:
+        return None
+    calls = [c for c in message["tool_calls"] if isinstance(c, dict)]
+    sizes = (c["function"].get("arguments") for c in calls if isinstance(c.get("function"), dict))
+    return 400 + 3 * sum(len(a) for a in sizes if isinstance(a, str))
+
+
+_CALLS = ByIdentity(8 << 20, _calls_weight)
+"""`_message_calls` by the message: every request of a tool loop reads all its calls."""
 
 
 def _kind(name: str | None, tools: ToolNames) -> str | None:

@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import xxhash
-from cachetools import LRUCache
 
-from caps._kept import ChangedInPlace
+from caps._kept import ChangedInPlace, Generations
 
 __all__ = ["RESENT", "ChangedInPlace", "Resent"]
 
@@ -38,18 +37,17 @@ class Resent:
         self,
         *,
         max_bytes: int = 32 << 20,
-        min_item: int = 1024,
+        min_item: int = 128,
         min_list: int = 8192,
         max_items: int = 4096,
         check: bool = False,
     ) -> None:
-        self._kept: LRUCache[tuple[str, bytes], Any] = LRUCache(
-            maxsize=max_bytes, getsizeof=lambda found: found[1]
-        )
-        """(item, its weight) by owner and digest: an item's weight is twice its bytes (a
-        parsed text takes up to 4 bytes a character; most are ASCII, one) plus ~400."""
+        self._kept: Generations[tuple[str, bytes], Any] = Generations(max_bytes)
+        """Items by owner and digest, each weighing twice its bytes (a parsed text takes up
+        to 4 bytes a character; most are ASCII, one) plus ~400."""
         self.min_item = min_item
-        """Smaller items parse in about the time a lookup takes: not kept."""
+        """Smaller items are not kept (`{"role": "user", "content": "ok"}`): parsing one
+        takes less than a lookup, and nothing downstream keeps anything of it."""
         self.min_list = min_list
         """Smaller lists are parsed whole (`JsonBody.get`)."""
         self.max_items = max_items
@@ -68,9 +66,8 @@ class Resent:
                 out.append(loads(view))
                 continue
             key = (owner, xxhash.xxh3_128_digest(view, _SEED))
-            found = self._kept.get(key)
-            if found is not None:
-                value = found[0]
+            value = self._kept.get(key)
+            if value is not None:
                 # the same bytes twice in one request: two objects, as a whole parse gives
                 used = used if used is not None else {id(v) for v in out}
                 if id(value) not in used:
@@ -83,9 +80,7 @@ class Resent:
                     out.append(value)
                     continue
             value = loads(view)
-            weight = 2 * len(view) + 400
-            if weight <= self._kept.maxsize:  # a larger one would push out everything
-                self._kept[key] = (value, weight)
+            self._kept.put(key, value, weight=2 * len(view) + 400)
             if used is not None:
                 used.add(id(value))
             out.append(value)

@@ -230,16 +230,36 @@ def _client_serial(block: Block, owner: str) -> tuple[bytes | Digested, bytes]:
     if block.sent is None or isinstance(block.client, Digested):
         data = _data(block.client)
         return data, _hash(data)
-    key = (owner, _digest(block.sent))  # per owner: a hit tells nothing of what others sent
+    if not isinstance(block.client, dict):
+        return _sent_serial(block.client, block.sent, owner)
+    # an item parsed once (`resent`): the same object is the same bytes sent
+    found: tuple[bytes, bytes] | None = _CLIENT_KEPT.find(block.client, owner)
+    if found is None:
+        found = _sent_serial(block.client, block.sent, owner)
+        _CLIENT_KEPT.keep(found, block.client, owner)
+    return found
+
+
+def _sent_serial(client: Any, sent: Any, owner: str) -> tuple[bytes, bytes]:
+    """`_client_serial` of a block by the bytes the client sent (`sent`)."""
+    key = (owner, _digest(sent))  # per owner: a hit tells nothing of what others sent
     found = _SERIALS.get(key)
     if found is None:
-        data = serial(block.client)  # the same bytes always parse to the same value
+        data = serial(client)  # the same bytes always parse to the same value
         found = (data, _digest(data))
         if SERIAL_ITEM_BYTES[0] <= len(data) <= SERIAL_ITEM_BYTES[1]:
             # a copy of its own: orjson's shrunk output pins ~4 KB of heap while it is kept
             _SERIALS[key] = (bytes(memoryview(data)), found[1])
     return found
 
+
+def _client_weight(client: Any, found: tuple[bytes, bytes]) -> int | None:
+    return 2 * len(found[0]) + 400
+
+
+_CLIENT_KEPT = ByIdentity(16 << 20, _client_weight)
+"""`_client_serial` by the client's item itself: the same object every turn (`resent`), so
+neither its bytes are digested again nor its serial looked up."""
 
 SERIAL_ITEM_BYTES = (1024, 256 * 1024)
 """Blocks kept in `_SERIALS`: smaller ones cost ~1 µs to serialise, larger ones would crowd it."""

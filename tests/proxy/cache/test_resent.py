@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from caps._kept import ByIdentity
+from caps._kept import ByIdentity, Generations
 from proxy.cache.resent import RESENT, ChangedInPlace, Resent
 from proxy.wire.body import _ITEMS, parse_chat_body
 from tests.fakes import chat_completion
@@ -64,7 +64,7 @@ def test_what_is_kept_stays_within_its_bound() -> None:
     resent = Resent(max_bytes=64 * 1024)
     for n in range(100):
         resent.parse(_items([{"role": "tool", "content": f"{n}" + "x" * 4000}]), "a", orjson.loads)
-    assert resent._kept.currsize <= 64 * 1024
+    assert resent._kept.weight <= 64 * 1024
 
 
 def test_a_kept_item_changed_in_place_fails_the_request_that_would_reuse_it() -> None:
@@ -139,3 +139,22 @@ def test_a_session_forwards_the_same_bytes_with_and_without_the_reuse(tmp_path: 
     sent = [json.loads(b)["messages"] for b in reused]
     assert len(sent[0][0]["content"]) < len(first["messages"][0]["content"])  # clamped
     assert all(len(m["content"]) < 24_000 for m in sent[-1] if m["role"] == "tool")
+
+
+def test_doctests() -> None:
+    import doctest
+
+    import caps._kept
+
+    assert doctest.testmod(caps._kept).failed == 0
+
+
+def test_the_generations_keep_what_is_used_within_their_bound() -> None:
+    kept: Generations[int, str] = Generations(max_weight=1000)
+    for i in range(500):
+        kept.put(i, f"v{i}", weight=10)
+        assert kept.get(0) == "v0"  # used every turn: never dropped
+        assert kept.weight <= 1000
+    assert kept.get(1) is None  # not used since: gone
+    kept.put(-1, "too large", weight=600)  # over half the bound: never kept
+    assert kept.get(-1) is None

@@ -124,24 +124,7 @@ def writer_cpu() -> float:
 
 async def run(app: Any, upstream: FakeUpstream, raw: bytes, n: int) -> float:
     """CPU seconds per request for `n` requests (after the app's report is flushed)."""
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        headers = {"content-type": "application/json"}
-        start = time.process_time()
-        for _ in range(n):
-            upstream.answer_json(REPLY)
-            r = await client.post("/v1/chat/completions", content=raw, headers=headers)
-            if r.status_code != 200:
-                raise SystemExit(f"{r.status_code}: {r.text[:300]}")
-            # the canned upstream keeps what it was sent: a new 186 KB body a request grew
-            # ctxbudget's heap (the floor sends the client's own bytes), and every request
-            # paid ~45 page faults (~0.15 ms here) that no real upstream costs
-            upstream.sent.clear()
-            upstream.replies.clear()
-        state = getattr(app.state, "proxy", None)
-        if state is not None:
-            state.reports.flush()
-        return (time.process_time() - start) / n
+    return await run_each(app, upstream, [raw] * n) / n
 
 
 STAGE_FUNCTIONS = (
@@ -246,6 +229,9 @@ async def run_each(app: Any, upstream: FakeUpstream, bodies: list[bytes]) -> flo
             )
             if r.status_code != 200:
                 raise SystemExit(f"{r.status_code}: {r.text[:300]}")
+            # the canned upstream keeps what it was sent: a new 186 KB body a request grew
+            # ctxbudget's heap (the floor sends the client's own bytes), and every request
+            # paid ~45 page faults (~0.15 ms here) that no real upstream costs
             upstream.sent.clear()
             upstream.replies.clear()
         state = getattr(app.state, "proxy", None)

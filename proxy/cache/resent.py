@@ -55,11 +55,17 @@ class Resent:
         self.check = check
 
     def parse(
-        self, items: Sequence[Any], owner: str, loads: Callable[[memoryview], Any]
+        self,
+        items: Sequence[Any],
+        owner: str,
+        loads: Callable[[memoryview], Any],
+        *,
+        taken: Sequence[Any] = (),
     ) -> list[Any]:
-        """Each of `items` (the client's bytes of each) parsed with `loads`, or as kept."""
+        """Each of `items` (the client's bytes of each) parsed with `loads`, or as kept; never
+        an object of `taken` (the items before them in the same list)."""
         out: list[Any] = []
-        used: set[int] | None = None
+        used: set[int] | None = {id(v) for v in taken} if taken else None
         for item in items:
             view = memoryview(item)
             if len(view) < self.min_item:
@@ -85,6 +91,17 @@ class Resent:
                 used.add(id(value))
             out.append(value)
         return out
+
+    def verify(
+        self, items: Sequence[Any], parsed: Sequence[Any], loads: Callable[[memoryview], Any]
+    ) -> None:
+        """With `check`: `ChangedInPlace` unless each of `parsed` still equals its item."""
+        for item, value in zip(items, parsed, strict=True):
+            if loads(memoryview(item)) != value:
+                raise ChangedInPlace(
+                    "an item kept from an earlier request was changed in place: whatever "
+                    "changed it must copy it instead (proxy/wire/history.py)"
+                )
 
     def clear(self) -> None:
         self._kept.clear()

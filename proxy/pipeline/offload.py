@@ -44,7 +44,7 @@ from proxy.pipeline import jobs
 from proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
 from proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker
 from proxy.tokens import TokenCounter
-from proxy.wire.body import TAILS
+from proxy.wire.history import HISTORIES
 from proxy.wire.responses import OpenAIResponses
 from proxy.wire.types import WireFormat, WireRequest
 
@@ -77,11 +77,11 @@ class Offload(Worker):
     def takes(self, raw: bytes, owner: str = "") -> bool:
         """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
         JSON objects by a count of `{` (one C pass before anything is parsed; the tail an
-        agent resends every turn, `owner`'s, counted once: `Tails.braces`)."""
+        agent resends every turn, `owner`'s, counted once: `Histories.braces`)."""
         # bytes.count allocates nothing: counting by what `replace` leaves was faster alone
         # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new
         # 186 KB buffer costs ~40 page faults; count takes ~70 µs there
-        return len(raw) > self.threshold or TAILS.braces(raw, owner) > self.objects
+        return len(raw) > self.threshold or HISTORIES.braces(raw, owner) > self.objects
 
     async def prepare(
         self,

@@ -29,43 +29,47 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 import orjson
-import xxhash
-from cachetools import LRUCache
 from starlette.requests import Request
 
 from caps._kept import ByIdentity, bytes_weight
 from proxy.cache.resent import RESENT
 from proxy.errors import BadRequest, PayloadTooLarge
+from proxy.wire.history import HISTORIES, Found
+from proxy.wire.scan import ITEMS, TAILS, TOO_DEEP, TOP, check_utf8, loads
 
-_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
-_TOO_DEEP = (
-    "request body nests JSON too deeply (the parsers stop at about 1,000 levels): send flatter JSON"
-)
 _OUT_OF_RANGE = (
     "request body holds a number beyond a 64-bit float (like 1e999) where the proxy cannot "
     "keep the client's bytes: send numbers within ±1.7e308, or such a value as a string"
 )
 _MISSING = object()
 _ITEMWISE = frozenset({"messages", "input", "system"})
-"""List fields an agent grows turn by turn, resending the rest: parsed through `RESENT`."""
+"""List fields an agent resends turn by turn: parsed through `RESENT`."""
+_GROWING = frozenset({"messages", "input"})
+"""Of those, the ones it grows: remembered as the owner's history (`HISTORIES`)."""
 
 
 class JsonBody:
     """One parsed request: top-level fields decoded on demand, the rest kept as raw bytes."""
 
     def __init__(
-        self, raw: bytes, fields: dict[str, Any], *, decoded: bool, owner: str = ""
+        self,
+        raw: bytes,
+        fields: dict[str, Any],
+        *,
+        decoded: bool,
+        owner: str = "",
+        history: Found | None = None,
     ) -> None:
         self.raw = raw
         self.owner = owner
         """Whom the request acts for: what `RESENT` keeps of its items is theirs alone."""
+        self._history = history
+        """The list this body extends, when it does (`proxy/wire/history.py`)."""
         self._fields = fields
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
@@ -86,7 +90,7 @@ class JsonBody:
             elif key in _ITEMWISE and len(self._fields[key]) >= RESENT.min_list:
                 value = self._items_parsed(key)
             else:
-                value = _loads(memoryview(self._fields[key]))
+                value = loads(memoryview(self._fields[key]))
             self._cache[key] = value
         return value
 
@@ -95,8 +99,18 @@ class JsonBody:
         agent's whole history, every turn) taken from `RESENT` instead of parsed again."""
         items = self.raw_items(key)
         if items is None or len(items) > RESENT.max_items:
-            return _loads(memoryview(self._fields[key]))
-        return RESENT.parse(items, self.owner, _loads)
+            return loads(memoryview(self._fields[key]))
+        history = self._history
+        if history is not None and history.key == key:
+            old = history.parsed
+            if RESENT.check:
+                RESENT.verify(items[: len(old)], old, loads)
+            parsed = old + RESENT.parse(items[len(old) :], self.owner, loads, taken=old)
+        else:
+            parsed = RESENT.parse(items, self.owner, loads)
+        if key in _GROWING:
+            HISTORIES.remember(self.raw, self.owner, key, self._fields[key], items, parsed)
+        return parsed
 
     def raw_field(self, key: str) -> Any:
         """A top-level field as sent: its JSON bytes (its value on the fallback path), or
@@ -116,9 +130,11 @@ class JsonBody:
         the unchanged ones); None when absent, not a list, or on the fallback path."""
         if self._decoded or key not in self._fields:
             return None
+        if self._history is not None and key == self._history.key:
+            return self._history.items
         if key not in self._items:
             try:
-                self._items[key] = _ITEMS.decode(self._fields[key])
+                self._items[key] = ITEMS.decode(self._fields[key])
             except msgspec.MsgspecError:  # checked whole already: not a list
                 self._items[key] = None
         return self._items[key]
@@ -161,11 +177,9 @@ class JsonBody:
 class ChatBody(JsonBody):
     """A chat completions request: `messages` parsed up front."""
 
-    def __init__(
-        self, raw: bytes, fields: dict[str, Any], *, decoded: bool, owner: str = ""
-    ) -> None:
-        super().__init__(raw, fields, decoded=decoded, owner=owner)
-        self.messages: list[Any] = self.get("messages")
+    @property
+    def messages(self) -> Any:
+        return self.get("messages")
 
     def encode(self, changes: Mapping[str, Any] | list[Any]) -> bytes:
         """The request with `messages` (a list) or the fields in `changes` replaced."""
@@ -183,14 +197,19 @@ def parse_object(
     """
     if not raw.strip():
         raise BadRequest(f"request body is empty: send {example}")
+    history = HISTORIES.find(raw, owner)
+    if history is not None:
+        if not raw.isascii():
+            check_utf8(history.fields, parsed)
+        return JsonBody(raw, history.fields, decoded=False, owner=owner, history=history)
     known = TAILS.fields(raw, owner)
     if known is not None:
         return JsonBody(raw, known, decoded=False, owner=owner)
     try:
-        fields: dict[str, Any] = _TOP.decode(raw)
+        fields: dict[str, Any] = TOP.decode(raw)
         decoded = False
     except RecursionError:
-        raise BadRequest(_TOO_DEEP) from None
+        raise BadRequest(TOO_DEEP) from None
     except msgspec.ValidationError:
         raise BadRequest(
             f"request body must be a JSON object, got {_kind(raw)}: send {example}"
@@ -201,7 +220,7 @@ def parse_object(
         try:  # NaN and Infinity are not JSON; 1e999 is, but nothing without the raw keeps it
             whole = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
         except RecursionError:
-            raise BadRequest(_TOO_DEEP) from None
+            raise BadRequest(TOO_DEEP) from None
         except ValueError as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from exc
         if not isinstance(whole, dict):
@@ -210,119 +229,10 @@ def parse_object(
             ) from None
         fields, decoded = whole, True
     if not decoded and not raw.isascii():  # ASCII is valid UTF-8: one fast scan
-        _check_utf8(fields, parsed)
+        check_utf8(fields, parsed)
     if not decoded:
         TAILS.remember(raw, fields, parsed, owner)
     return JsonBody(raw, fields, decoded=decoded, owner=owner)
-
-
-class Tails:
-    """The top-level fields an agent sends after its growing list, unchanged turn after turn.
-
-    An agent's body is `{…, "messages": [growing…], "tools": [110 KB, the same every turn],
-    …}` (Claude Code's and Codex's too: `system`/`tools` after `messages`, `tools` after
-    `input`). Scanning the whole body for its top level took ~0.12 ms of which ~0.09 ms went
-    to the tools, the same bytes as last turn. So the part after the last field the adapter
-    parses (`parsed`) is remembered once checked — its bytes, and its fields scanned from
-    them — and a body that ends with the same bytes has only the part before scanned (a
-    `memcmp` of the tail: ~5 µs). The part before is scanned as an object of its own: only a
-    cut at a top-level comma decodes, so a body that happens to end with those bytes but is
-    cut elsewhere is read the long way. What is remembered is per owner, so one owner's parse
-    time tells nothing of what another sent.
-
-    >>> tails = Tails(min_size=8)
-    >>> first = b'{"messages": [1], "tools": [{"name": "exec", "description": "run"}], "n": 1}'
-    >>> tails.fields(first) is None
-    True
-    >>> tails.remember(first, _TOP.decode(first), ("messages",))
-    >>> later = b'{"messages": [1, 2], "tools": [{"name": "exec", "description": "run"}], "n": 1}'
-    >>> {k: bytes(v) for k, v in tails.fields(later).items()}
-    {'messages': b'[1, 2]', 'tools': b'[{"name": "exec", "description": "run"}]', 'n': b'1'}
-    >>> nested = b'{"x": {"y": 1, "tools": [{"name": "exec", "description": "run"}], "n": 1}'
-    >>> tails.fields(nested) is None  # ends alike, but the cut is not at the top level
-    True
-    """
-
-    def __init__(self, *, keep: int = 32, min_size: int = 16_384) -> None:
-        self._by_end: LRUCache[tuple[str, bytes], tuple[bytes, dict[str, Any], int]] = LRUCache(
-            maxsize=keep
-        )
-        """(tail, its fields, its `{` count) by owner and the tail's last `_END` bytes."""
-        self._min = min_size
-        """Shorter tails are not worth remembering: scanning them costs little."""
-
-    def braces(self, raw: bytes, owner: str = "") -> int:
-        """The `{` in `raw`, counting those of a remembered tail it ends with once (an agent's
-        110 KB of tools: the count of the rest costs ~30 µs where the whole took ~70)."""
-        found = self._by_end.get((owner, raw[-_END:]))
-        if found is None or len(found[0]) >= len(raw) or not raw.endswith(found[0]):
-            return raw.count(b"{")
-        tail, _, braces = found
-        return raw.count(b"{", 0, len(raw) - len(tail)) + braces
-
-    def fields(self, raw: bytes, owner: str = "") -> dict[str, Any] | None:
-        """`raw`'s top-level fields (raw values) when it ends with a remembered tail and the
-        part before is an object's members; else None."""
-        found = self._by_end.get((owner, raw[-_END:]))
-        if found is None:
-            return None
-        tail, tail_fields, _ = found
-        cut = len(raw) - len(tail)
-        if cut <= 1 or not raw.endswith(tail):
-            return None
-        try:
-            # one copy of the head (a slice, then `+`, made two: each new buffer of a large
-            # body costs page faults, ~3 µs a 4 KB page here)
-            head: dict[str, Any] = _TOP.decode(b"".join((memoryview(raw)[:cut], b"}")))
-        except (msgspec.MsgspecError, RecursionError):
-            return None  # not a member boundary, or a bad body: the long way says which
-        if not raw.isascii():
-            try:
-                _check_utf8(head, ())
-            except BadRequest:
-                return None
-        for key in tail_fields:
-            head.pop(key, None)  # a key given twice: the last one counts, as in a full scan
-        return {**head, **tail_fields}
-
-    def remember(
-        self, raw: bytes, fields: dict[str, Any], parsed: tuple[str, ...], owner: str = ""
-    ) -> None:
-        """Remember what follows the last of `parsed` in `raw` (already checked whole)."""
-        keys = list(fields)
-        last = max((keys.index(k) for k in parsed if k in fields), default=-1)
-        if last < 0 or last == len(keys) - 1:
-            return
-        after = keys[last + 1 :]
-        if sum(len(fields[k]) for k in after) < self._min:
-            return
-        value = fields[keys[last]]
-        at = raw.find(value)  # the growing field's bytes: where the tail starts after them
-        if at < 0:
-            return
-        cut = raw.find(b",", at + len(value))
-        if cut < 0 or raw[at + len(value) : cut].strip():
-            return
-        tail = raw[cut:]
-        if not _END <= len(tail) <= _MAX_TAIL:
-            return
-        try:
-            tail_fields: dict[str, Any] = _TOP.decode(b"{" + tail[1:])
-        except (msgspec.MsgspecError, RecursionError):
-            return
-        if list(tail_fields) != after:  # the cut was not where the fields say: never mind
-            return
-        # kept as bytes: `raw_field` hands out the same object every turn instead of copying
-        # 110 KB of tools a request
-        kept = {k: bytes(v) for k, v in tail_fields.items()}
-        self._by_end[(owner, tail[-_END:])] = (tail, kept, tail.count(b"{"))
-
-
-_END = 32
-"""Bytes of a body's end that look up its tail."""
-_MAX_TAIL = 512 * 1024
-"""Longer tails are not remembered (32 of them, with their fields as bytes, at most 32 MB)."""
-TAILS = Tails()
 
 
 def parse_chat_body(raw: bytes, owner: str = "") -> ChatBody:
@@ -330,7 +240,7 @@ def parse_chat_body(raw: bytes, owner: str = "") -> ChatBody:
     top = parse_object(raw, example='{"model": ..., "messages": [...]}', owner=owner)
     if "messages" not in top:
         raise BadRequest("'messages' is required: a list of chat messages", param="messages")
-    body = ChatBody(raw, top._fields, decoded=top._decoded, owner=owner)
+    body = ChatBody(raw, top._fields, decoded=top._decoded, owner=owner, history=top._history)
     if not isinstance(body.messages, list):
         raise BadRequest(
             f"'messages' must be a list of chat messages, got {type_name(body.messages)}",
@@ -351,39 +261,6 @@ def check_model(body: JsonBody) -> None:
         raise BadRequest("'model' must not be empty", param="model")
 
 
-def _check_utf8(fields: dict[str, Any], parsed: tuple[str, ...]) -> None:
-    # msgspec checks the strings it decodes, not the raw values it only skips; `messages` is
-    # checked by orjson when it parses it. Usually ASCII: a fast check, no decode. An agent
-    # sends the same large values every turn (OpenClaw's 110 KB of tools): one checked before
-    # is known by its digest (6 µs, where decoding it again took ~90 µs).
-    for key, value in fields.items():
-        if key in parsed:
-            continue  # orjson checks it as it parses; copying it here cost 30 ms at 30 MB
-        large = len(value) > _REMEMBER_VALID
-        if large:
-            digest = xxhash.xxh3_128_digest(value, _SEED)
-            if digest in _VALID:
-                continue
-        data = bytes(value)
-        if not data.isascii():
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise BadRequest(
-                    f"'{key}' is not valid UTF-8 (byte {exc.start} of its value): send JSON",
-                    param=key,
-                ) from exc
-        if large:
-            _VALID[digest] = True
-
-
-_REMEMBER_VALID = 4096
-"""Raw values over this many bytes are remembered once checked (`_VALID`)."""
-_VALID: LRUCache[bytes, bool] = LRUCache(maxsize=256)
-_SEED = secrets.randbits(64)
-"""Unknown outside this process: no one can make invalid bytes digest as valid ones did."""
-
-
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
@@ -393,29 +270,6 @@ def _finite(text: str) -> float:
     if math.isinf(value):
         raise BadRequest(_OUT_OF_RANGE)
     return value
-
-
-class _Overflow(float):
-    """A number too large for a float (`1e999`), read as infinity. orjson refuses to write it
-    (where plain infinity became `null`), so `_dumps` answers the 400 rather than change it;
-    the client's bytes carry it wherever the proxy changed nothing (`_splice`)."""
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    return _Overflow(value) if math.isinf(value) else value
-
-
-def _loads(data: memoryview) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        try:  # valid JSON orjson refuses (huge integers, 1e999)
-            return json.loads(bytes(data), parse_float=_float)
-        except RecursionError:
-            raise BadRequest(_TOO_DEEP) from None
-        except ValueError:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
 
 
 def _splice(
@@ -433,7 +287,7 @@ def _splice(
     if not (isinstance(new, list) and isinstance(old, list)):
         return _dumps(new)
     if items is None:
-        items = _ITEMS.decode(raw)
+        items = ITEMS.decode(raw)
     if len(items) != len(old):  # cannot happen: `old` was parsed from `raw`
         return _dumps(new)
     where = {id(item): i for i, item in enumerate(old)}

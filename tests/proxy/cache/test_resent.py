@@ -13,7 +13,8 @@ import pytest
 
 from caps._kept import ByIdentity, Generations
 from proxy.cache.resent import RESENT, ChangedInPlace, Resent
-from proxy.wire.body import _ITEMS, parse_chat_body
+from proxy.wire.body import parse_chat_body
+from proxy.wire.scan import ITEMS as _ITEMS
 from tests.fakes import chat_completion
 from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request, tool_call

@@ -1,0 +1,132 @@
+"""An agent's growing list read once (issue 25, `proxy/wire/history.py`): a body that extends
+what its owner sent is read as a full scan reads it, byte for byte, and anything else is
+scanned whole."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+import proxy.wire.history
+import proxy.wire.scan
+from proxy.errors import BadRequest
+from proxy.wire.body import parse_object
+from proxy.wire.history import HISTORIES
+from tests.openclaw import openclaw_request, tool_call
+
+_FRESH = itertools.count()
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(proxy.wire.history).failed == 0
+    assert doctest.testmod(proxy.wire.scan).failed == 0
+
+
+def _read(raw: bytes, owner: str) -> dict[str, Any]:
+    """What the proxy takes from `raw`: each field's bytes, the items' bytes and objects, the
+    `{` count, and the body written back with the messages changed."""
+    braces = HISTORIES.braces(raw, owner)
+    body = parse_object(raw, example="{}", owner=owner)
+    messages = body.get("messages")
+    items = body.raw_items("messages")
+    return {
+        "fields": {k: bytes(v) for k, v in body._fields.items()},
+        "items": [bytes(i) for i in items] if items is not None else None,
+        "messages": messages,
+        "braces": braces,
+        "encoded": body.encode({"messages": [*messages[:-1], {"role": "user", "content": "x"}]}),
+    }
+
+
+def _fresh(raw: bytes) -> dict[str, Any]:
+    return _read(raw, f"fresh-{next(_FRESH)}")  # an owner with no history: a full scan
+
+
+def _session() -> list[bytes]:
+    """An OpenClaw session: each request drops the last one's context message, adds a tool
+    turn and a new context message."""
+    first = openclaw_request(version="9.x", size_bytes=60_000, stream=False)
+    context = {"role": "user", "content": [{"type": "text", "text": "[context] turn 0"}]}
+    turns = [{**first, "messages": [*first["messages"], context]}]
+    for n in range(1, 6):
+        history = turns[-1]["messages"][:-1]
+        call = tool_call(f"c{n}", "read", {"path": f"f{n}.py"})
+        result = {"role": "tool", "tool_call_id": f"c{n}", "content": f"{n}" * 3000}
+        context = {"role": "user", "content": [{"type": "text", "text": f"[context] turn {n}"}]}
+        turns.append({**first, "messages": [*history, call, result, context]})
+    return [json.dumps(t, separators=(",", ":")).encode() for t in turns]
+
+
+def test_a_growing_session_is_read_as_a_full_scan_reads_it() -> None:
+    owner = "grows"
+    found = []
+    for raw in _session():
+        found.append(HISTORIES.find(raw, owner) is not None)
+        assert _read(raw, owner) == _fresh(raw)
+    assert found == [False, True, True, True, True, True]  # each extends the one before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "model",  # the bytes before the items differ
+        "spacing",  # the same messages written with spaces
+        "twice",  # a second "messages" key after the tools: the last one counts
+        "elsewhere",  # the old items' bytes inside another field
+        "edited",  # an early message changed
+    ],
+)
+def test_a_body_that_does_not_extend_the_history_is_read_whole(change: str) -> None:
+    owner = f"other-{change}"
+    first, second = _session()[:2]
+    _read(first, owner)
+    body = json.loads(second)
+    if change == "model":
+        raw = json.dumps({**body, "model": "other"}, separators=(",", ":")).encode()
+    elif change == "spacing":
+        raw = json.dumps(body).encode()
+    elif change == "twice":
+        raw = second[:-1] + b',"messages":[{"role":"user","content":"last"}]}'
+    elif change == "elsewhere":
+        old = json.loads(first)["messages"]
+        raw = json.dumps({"model": "m", "x": old, "messages": [1]}, separators=(",", ":")).encode()
+    else:
+        body["messages"][1] = {"role": "user", "content": "edited"}
+        raw = json.dumps(body, separators=(",", ":")).encode()
+    assert _read(raw, owner) == _fresh(raw)
+
+
+def test_a_bad_body_that_starts_like_the_history_gets_the_full_scans_error() -> None:
+    owner = "bad"
+    first, second = _session()[:2]
+    _read(first, owner)
+    cut = second[: len(second) - 200]  # the new items cut off: not JSON
+    with pytest.raises(BadRequest) as ours:
+        parse_object(cut, example="{}", owner=owner)
+    with pytest.raises(BadRequest) as fresh:
+        parse_object(cut, example="{}", owner="never-seen")
+    assert str(ours.value) == str(fresh.value)
+
+
+def test_one_owners_history_is_never_read_for_another() -> None:
+    first, second = _session()[:2]
+    _read(first, "alice")
+    assert HISTORIES.find(second, "alice") is not None
+    assert HISTORIES.find(second, "mallory") is None
+
+
+def test_an_item_sent_again_in_the_new_part_is_an_object_of_its_own() -> None:
+    # the last message resent as a new one: equal objects, never the same one twice
+    owner = "again"
+    first = _session()[0]
+    body = json.loads(first)
+    _read(first, owner)
+    again = {**body, "messages": [*body["messages"], body["messages"][-2]]}
+    raw = json.dumps(again, separators=(",", ":")).encode()
+    messages = parse_object(raw, example="{}", owner=owner).get("messages")
+    assert messages == again["messages"]
+    assert len({id(m) for m in messages}) == len(messages)

@@ -163,6 +163,8 @@ class Metrics:
             ["model", "case"],
             registry=into,
         )
+        self._pending: dict[Any, float] = {}
+        """What the batch's requests added to each counter (`batch_done`)."""
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         """Labelled children by metric and labels (`_child`): bounded, as models are."""
         for by in ("client", "ctxbudget"):
@@ -175,36 +177,38 @@ class Metrics:
                     counter.labels(kind, action)
 
     def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
-        """Count one finished request; `body` is its report entry (on the writer thread)."""
+        """Count one finished request; `body` is its report entry (on the writer thread).
+        The counters move when the batch is done (`batch_done`)."""
+        add = self._add
         wire = r.wire if r.wire in FORMATS else "other"
         model = self._model(r.model)
-        self._child(self.requests, model, wire, f"{r.status // 100}xx").inc()
+        add(self._child(self.requests, model, wire, f"{r.status // 100}xx"), 1)
         action = "clamped" if r.enabled else "would-clamp"
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for s in body["segments"]:
             if s["action"] == action and s["kind"] in SEGMENT_KINDS:
                 by_kind.setdefault(s["kind"], []).append(s)
         for kind, acted in by_kind.items():
-            self._child(self.segments, kind, action).inc(len(acted))
-            self._child(self.chars, kind, action).inc(max(0, sum(s["saved"] for s in acted)))
+            add(self._child(self.segments, kind, action), len(acted))
+            add(self._child(self.chars, kind, action), max(0, sum(s["saved"] for s in acted)))
             saved_tokens = max(0, sum(s["savedTokens"] for s in acted))
-            self._child(self.tokens, kind, action).inc(saved_tokens)
+            add(self._child(self.tokens, kind, action), saved_tokens)
             if r.input_price is not None:
                 usd = sum(s["savedUsd"] or 0 for s in acted)
-                self._child(self.gross, kind, action).inc(max(0.0, usd))
+                add(self._child(self.gross, kind, action), max(0.0, usd))
         if body.get("clientCacheBust"):
-            self._child(self.busts, "client").inc()
+            add(self._child(self.busts, "client"), 1)
         if body.get("cacheBust"):
-            self._child(self.busts, "ctxbudget").inc()
+            add(self._child(self.busts, "ctxbudget"), 1)
         usage = body.get("usage")
         if usage:
             for key, name in _USAGE_KEYS:
-                self._child(self.usage, model, name).inc(usage[key])
+                add(self._child(self.usage, model, name), usage[key])
         if body.get("costUsd") is not None:
-            self._child(self.cost, model, "actual").inc(max(0.0, body["costUsd"]))
+            add(self._child(self.cost, model, "actual"), max(0.0, body["costUsd"]))
             without = max(0.0, body["withoutCtxbudgetUsd"])
-            self._child(self.cost, model, "without_ctxbudget").inc(without)
-            self._child(self.money, model).inc(body["netSavedUsd"])
+            add(self._child(self.cost, model, "without_ctxbudget"), without)
+            add(self._child(self.money, model), body["netSavedUsd"])
         marks = r.marks
         if "start" in marks and "upstream_start" in marks:
             self.added.observe(max(0, marks["upstream_start"] - marks["start"]) / 1e9)
@@ -214,6 +218,16 @@ class Metrics:
             self._child(self.recall, profile if profile in PROFILES else "other").observe(
                 max(0, marks["recall_end"] - marks["recall_start"]) / 1e9
             )
+
+    def _add(self, child: Any, amount: float) -> None:
+        self._pending[child] = self._pending.get(child, 0) + amount
+
+    def batch_done(self) -> None:
+        """Move the counters by what the batch's requests added: once a counter a batch, not
+        once a request (each `inc` takes a lock; ~20 a request)."""
+        pending, self._pending = self._pending, {}
+        for child, amount in pending.items():
+            child.inc(amount)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, kept: prometheus_client checks and looks the labels up

@@ -243,7 +243,8 @@ since version 1; PostgreSQL starts from the baseline of version 5, then walks on
 
 
 class Sink(Protocol):
-    """Something else that wants each finished request (telemetry)."""
+    """Something else that wants each finished request (telemetry). It may also have a
+    `batch_done()`, called after the records of each batch (metrics count then)."""
 
     def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
         """Take one request and its report entry (on the report's writer thread)."""
@@ -514,6 +515,13 @@ class ReportStore:
                     log.exception("%s could not take request %s", type(sink).__name__, record.id)
             self._pending.append(entry)
             self._pending_bytes += len(entry.text)
+        for sink in self.sinks:
+            done = getattr(sink, "batch_done", None)
+            if done is not None:
+                try:
+                    done()
+                except Exception:
+                    log.exception("%s could not finish a batch", type(sink).__name__)
         dropped = 0
         while self._pending_bytes > PENDING_BYTES and len(self._pending) > 1:
             gone = self._pending.popleft()

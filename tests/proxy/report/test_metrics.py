@@ -234,6 +234,7 @@ for i in range(int(sys.argv[1])):
                       marks={"start": 0, "upstream_start": 2_000_000})
     m.record(r, {"segments": segs, "costUsd": 1.0, "withoutCtxbudgetUsd": 0.75,
                  "netSavedUsd": -0.25})
+m.batch_done()
 if len(sys.argv) > 2:
     sys.stdout.write(m.render("")[0].decode())
 """

@@ -14,6 +14,7 @@ in place. `CTXBUDGET_CHECK_RESENT=1` computes every hit again and fails if it di
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -130,9 +131,26 @@ class ByIdentity:
             self._memo.put((id(obj), args), (obj, result), weight=weight)
 
 
+def footprint(obj: Any, limit: int = 20_000) -> int | None:
+    """About the bytes `obj` keeps alive (its strings, lists and dicts, walked); None past
+    `limit` of them (not worth keeping: an entry must not hold more than it says)."""
+    total = 0
+    stack = [obj]
+    for _ in range(limit):
+        if not stack:
+            return total
+        item = stack.pop()
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None if stack else total
+
+
 def message_weight(message: Any, result: Any) -> int | None:
-    """About the bytes a message and what a clamp made of it hold (its texts, twice); None
-    under 1 KB of text: cheap to clamp again, and a new object every turn anyway."""
+    """What a message and what a clamp made of it keep alive; None under 1 KB of text (cheap
+    to clamp again, and a new object every turn anyway) or past `footprint`'s limit."""
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(content, str):
         size = len(content)
@@ -140,10 +158,16 @@ def message_weight(message: Any, result: Any) -> int | None:
         size = sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
     else:
         return None
-    return 2 * size + 400 if size >= 1024 else None
+    if size < 1024:
+        return None
+    return _sum(footprint(message), footprint(result))
 
 
 def bytes_weight(obj: Any, data: bytes) -> int | None:
-    """For a result that is an object's JSON: the JSON and the object, about twice it; None
+    """For a result that is an object's JSON: the JSON and what the object keeps alive; None
     under 1 KB."""
-    return 2 * len(data) + 400 if len(data) >= 1024 else None
+    return _sum(footprint(obj), len(data)) if len(data) >= 1024 else None
+
+
+def _sum(*weights: int | None) -> int | None:
+    return None if None in weights else sum(w for w in weights if w is not None)

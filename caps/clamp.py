@@ -14,12 +14,12 @@ results in `tool` messages (`caps.toolresults`).
 
 from __future__ import annotations
 
-import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from caps import prune
-from caps._kept import ByIdentity, message_weight
+from caps._kept import ByIdentity, Generations, message_weight
 from caps._text import utf16_len
 from caps.bootstrap import clamp_system_text
 from caps.instructions import clamp_instructions
@@ -154,18 +154,27 @@ def _prunable(messages: list[Any], policy: PrunePolicy) -> list[Segment]:
     it (the caller decides whether it does)."""
     out = []
     for found in prune.prunable(messages, policy):
-        segment = _prunable_segment(found.text, found.tool, found.call_id, found.chars, policy)
+        key = (found.text, found.tool, found.call_id, policy)
+        kept = _PRUNABLE.get(key)
+        if kept is None:
+            kept = (_prunable_segment(found.text, found.tool, found.call_id, found.chars, policy),)
+            # what it keeps alive: the text (the key), the segment's own two texts
+            _PRUNABLE.put(key, kept, weight=3 * sys.getsizeof(found.text) + 400)
+        (segment,) = kept
         if segment is not None:
             out.append(evolve(segment, message_index=found.message_index))
     return out
 
 
-@functools.lru_cache(maxsize=256)
+_PRUNABLE: Generations[tuple[Any, ...], tuple[Segment | None]] = Generations(8 << 20)
+"""Every request of a long session finds the same old results prunable (the text's hash is
+kept on the string, which the next request holds again): their segments, by what they
+depend on, at most 8 MB."""
+
+
 def _prunable_segment(
     text: str, tool: str | None, call_id: str, chars: int, policy: PrunePolicy
 ) -> Segment | None:
-    # Every request of a long session finds the same old results prunable: remember them
-    # (the text's hash is kept on the string, which the next request holds again).
     pruned = prune.pruned_text(text, tool, call_id, policy)
     if pruned is None:
         return None

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from caps import _json, snippets, tooloutput, webfetch
-from caps._kept import ByIdentity, message_weight
+from caps._kept import ByIdentity, footprint, message_weight
 from caps._text import utf16_len
 from caps.types import Caps, Message, Segment, SegmentKind, ToolNames, evolve
 
@@ -143,12 +143,8 @@ def _message_calls(message: Message) -> tuple[tuple[str, str, Any], ...]:
 
 
 def _calls_weight(message: Message, found: tuple[tuple[str, str, Any], ...]) -> int | None:
-    """About the bytes a message's calls hold, parsed and not (its arguments, thrice)."""
-    if not found:
-        return None
-    calls = [c for c in message["tool_calls"] if isinstance(c, dict)]
-    sizes = (c["function"].get("arguments") for c in calls if isinstance(c.get("function"), dict))
-    return 400 + 3 * sum(len(a) for a in sizes if isinstance(a, str))
+    """What a message and its calls keep alive."""
+    return footprint((message, found)) if found else None
 
 
 _CALLS = ByIdentity(8 << 20, _calls_weight)

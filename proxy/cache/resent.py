@@ -43,8 +43,7 @@ class Resent:
         check: bool = False,
     ) -> None:
         self._kept: Generations[tuple[str, bytes], Any] = Generations(max_bytes)
-        """Items by owner and digest, each weighing twice its bytes (a parsed text takes up
-        to 4 bytes a character; most are ASCII, one) plus ~400."""
+        """Items by owner and digest, each weighing what its objects take (`_weight`)."""
         self.min_item = min_item
         """Smaller items are not kept (`{"role": "user", "content": "ok"}`): parsing one
         takes less than a lookup, and nothing downstream keeps anything of it."""
@@ -86,7 +85,7 @@ class Resent:
                     out.append(value)
                     continue
             value = loads(view)
-            self._kept.put(key, value, weight=2 * len(view) + 400)
+            self._kept.put(key, value, weight=_weight(item))
             if used is not None:
                 used.add(id(value))
             out.append(value)
@@ -105,6 +104,13 @@ class Resent:
 
     def clear(self) -> None:
         self._kept.clear()
+
+
+def _weight(item: Any) -> int:
+    """About the bytes an item's objects take: twice its text (a parsed character takes up to
+    4 bytes; most are ASCII, one) and ~100 a list or object (`{}` parses to a 64-byte dict)."""
+    data = bytes(item) if not isinstance(item, bytes) else item
+    return 2 * len(data) + 100 * (data.count(b"{") + data.count(b"[")) + 400
 
 
 RESENT = Resent(check=os.environ.get("CTXBUDGET_CHECK_RESENT") == "1")

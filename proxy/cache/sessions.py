@@ -254,7 +254,7 @@ def _sent_serial(client: Any, sent: Any, owner: str) -> tuple[bytes, bytes]:
 
 
 def _client_weight(client: Any, found: tuple[bytes, bytes]) -> int | None:
-    return 2 * len(found[0]) + 400
+    return bytes_weight(client, found[0]) if len(found[0]) >= 128 else None
 
 
 _CLIENT_KEPT = ByIdentity(16 << 20, _client_weight)

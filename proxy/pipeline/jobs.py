@@ -209,7 +209,9 @@ def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
 
 
 def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
-    request = _wire(job.wire).parse(body, owner=job.owner)
+    # the body as the proxy changed it: what is kept of it (`resent`, `history`) is kept
+    # apart from what the client sent, which it would push out (no owner has a NUL)
+    request = _wire(job.wire).parse(body, owner=job.owner + "\x00changed")
     start = request.blocks() if job.blocks else []
     before = start
     pruned: list[Segment] = []

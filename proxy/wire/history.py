@@ -47,15 +47,16 @@ from proxy.wire.scan import ITEMS, TAILS, TOP
 
 class _History(NamedTuple):
     raw: bytes
-    """The body it came in."""
+    """The body it came in (nothing else of it is kept: no item holds another buffer)."""
     key: str
     start: int
-    """Where its first item starts in `raw` (after the `[`)."""
+    """Where its list's items start in `raw` (after the `[`)."""
+    starts: list[int]
+    """Where each item starts in `raw`."""
     ends: list[int]
-    """Where each item ends in `raw`."""
+    """Where each item ends."""
     braces: list[int]
     """The `{` from `start` to each item's end."""
-    items: list[Any]
     parsed: list[Any]
 
 
@@ -125,16 +126,16 @@ class Histories:
         if found is not None and found.key == key:
             # the same head: the list starts where it did, its old items end where they did
             h, kept = found.history, len(found.parsed)
-            start, ends, braces = h.start, h.ends[:kept], h.braces[:kept]
+            start, starts, ends, braces = h.start, h.starts[:kept], h.ends[:kept], h.braces[:kept]
         else:
             data = bytes(value)
             at = raw.find(data)
             if at < 0 or raw.find(data, at + 1) >= 0:
                 return  # not found once and only once: where it is stays unknown
-            start, ends, braces = at + 1, [], []
-        if not _locate(raw, start, items, ends, braces):
+            start, starts, ends, braces = at + 1, [], [], []
+        if not _locate(raw, start, items, starts, ends, braces):
             return
-        new = _History(raw, key, start, ends, braces, list(items), list(parsed))
+        new = _History(raw, key, start, starts, ends, braces, list(parsed))
         kept_before = self._by_owner.get(owner, ())
         others = [h for h in kept_before if found is None or h is not found.history]
         entry = [new, *others][: self._per_owner]
@@ -143,10 +144,16 @@ class Histories:
 
 
 def _locate(
-    raw: bytes, start: int, items: Sequence[Any], ends: list[int], braces: list[int]
+    raw: bytes,
+    start: int,
+    items: Sequence[Any],
+    starts: list[int],
+    ends: list[int],
+    braces: list[int],
 ) -> bool:
-    """Extend `ends` and `braces` (of the first `len(ends)` items) to all `items` of the list
-    starting at `start` in `raw`; False when an item is not where it should be."""
+    """Extend `starts`, `ends` and `braces` (of the first `len(ends)` items) to all `items`
+    of the list whose items start at `start` in `raw`; False when an item is not where it
+    should be."""
     at = ends[-1] if ends else start
     total = braces[-1] if braces else 0
     for item in items[len(ends) :]:
@@ -156,6 +163,7 @@ def _locate(
             return False
         end = at + len(item)
         total += raw.count(b"{", at, end)
+        starts.append(at)
         ends.append(end)
         braces.append(total)
         at = end
@@ -166,7 +174,7 @@ _BETWEEN = (b",", b" ", b"\n", b"\r", b"\t")
 
 
 def _weight(history: _History) -> int:
-    return len(history.raw) + 400 * len(history.items)
+    return len(history.raw) + 100 * len(history.ends)  # the objects are `resent`'s
 
 
 def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
@@ -189,7 +197,11 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
         return None  # the full scan says what is wrong
     fields: dict[str, Any] = dict(found_fields)
     fields[history.key] = view[start - 1 : end + len(value) - len(_OPEN)]
-    items = history.items[:kept] + new
+    # the old items as slices of this body (the same bytes where they were in the last)
+    items: list[Any] = [
+        view[a:b] for a, b in zip(history.starts[:kept], history.ends[:kept], strict=True)
+    ]
+    items += new
     return Found(history.key, fields, items, history.parsed[:kept], history)
 
 

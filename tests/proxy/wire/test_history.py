@@ -130,3 +130,43 @@ def test_an_item_sent_again_in_the_new_part_is_an_object_of_its_own() -> None:
     messages = parse_object(raw, example="{}", owner=owner).get("messages")
     assert messages == again["messages"]
     assert len({id(m) for m in messages}) == len(messages)
+
+
+def test_what_the_history_keeps_is_its_bodies_and_nothing_they_were_cut_from() -> None:
+    # tools before the messages: `Tails` does not skip them, each stand-in is a whole copy of
+    # the body; kept items must not hold one each (they held ~100 KB a turn, never freed)
+    import gc
+    import tracemalloc
+
+    owner = "pinned"
+    messages: list[dict[str, str]] = [{"role": "user", "content": "x" * 9000}]
+    tracemalloc.start()
+    try:
+        for turn in range(1, 101):
+            messages.append({"role": "assistant", "content": f"turn {turn}"})
+            raw = json.dumps({"tools": "h" * 100_000, "messages": messages}).encode()
+            parse_object(raw, example="{}", owner=owner).get("messages")
+        gc.collect()
+        alive = sum(
+            stat.size
+            for stat in tracemalloc.take_snapshot().statistics("filename")
+            if stat.traceback[0].filename.endswith("history.py")
+        )
+    finally:
+        tracemalloc.stop()
+    assert HISTORIES.find(raw, owner) is not None
+    assert alive < 1_000_000  # the last stand-in at most (it was ~10 MB after 100 turns)
+
+
+def test_what_is_kept_weighs_at_least_what_it_keeps_alive() -> None:
+    # a client must not hold more of the process than the bounds say by sending items that
+    # parse large (`{}` is 2 bytes and a 64-byte dict) or messages whose text is small
+    from caps._kept import footprint, message_weight
+    from proxy.cache.resent import _weight
+
+    item = json.dumps({"x": [{} for _ in range(10_000)]}).encode()
+    assert _weight(item) >= (footprint(json.loads(item)) or 0)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}
+    message = {"role": "system", "content": [{"type": "text", "text": "t" * 1500}, image]}
+    assert (message_weight(message, message) or 0) >= 100_000
+    assert footprint([{}] * 30_000) is None  # past the walk's limit: not kept at all

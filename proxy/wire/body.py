@@ -210,6 +210,10 @@ def parse_object(
         decoded = False
     except RecursionError:
         raise BadRequest(TOO_DEEP) from None
+    except UnicodeDecodeError as exc:  # msgspec checks keys as it reads them
+        raise BadRequest(
+            f"request body is not valid UTF-8 (byte {exc.start} of a key): send JSON"
+        ) from None
     except msgspec.ValidationError:
         raise BadRequest(
             f"request body must be a JSON object, got {_kind(raw)}: send {example}"

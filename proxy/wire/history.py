@@ -193,7 +193,7 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
         if value is None or bytes(memoryview(value)[: len(_OPEN)]) != _OPEN:
             return None
         new = ITEMS.decode(value)[1:]
-    except (msgspec.MsgspecError, RecursionError):
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         return None  # the full scan says what is wrong
     fields: dict[str, Any] = dict(found_fields)
     fields[history.key] = view[start - 1 : end + len(value) - len(_OPEN)]

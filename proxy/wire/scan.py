@@ -87,7 +87,7 @@ class Tails:
             # one copy of the head (a slice, then `+`, made two: each new buffer of a large
             # body costs page faults, ~3 µs a 4 KB page here)
             head: dict[str, Any] = TOP.decode(b"".join((memoryview(raw)[:cut], b"}")))
-        except (msgspec.MsgspecError, RecursionError):
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
             return None  # not a member boundary, or a bad body: the long way says which
         if not raw.isascii():
             try:
@@ -121,7 +121,7 @@ class Tails:
             return
         try:
             tail_fields: dict[str, Any] = TOP.decode(b"{" + tail[1:])
-        except (msgspec.MsgspecError, RecursionError):
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
             return
         if list(tail_fields) != after:  # the cut was not where the fields say: never mind
             return

@@ -160,3 +160,9 @@ def test_a_number_no_float_holds_in_a_changed_message_is_a_400_not_null() -> Non
         body.encode([{**body.messages[0], "content": "x"}])
     unchanged = body.encode([*body.messages, {"role": "user", "content": "x"}])
     assert b'[{"role": "user", "n": [1e999, 2]},{"role":"user"' in unchanged
+
+
+def test_invalid_utf8_in_a_key_is_a_400_not_a_500() -> None:
+    for raw in (b'{"model":"m","\xff":1,"messages":[]}', b'{"model":"m","messages":[{"\xfe":1}]}'):
+        with pytest.raises(BadRequest, match="UTF-8"):
+            parse_chat_body(raw)

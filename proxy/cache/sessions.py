@@ -55,7 +55,7 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from caps._kept import ByIdentity, bytes_weight
+from caps._kept import ByIdentity, bytes_weight, footprint
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
@@ -254,7 +254,11 @@ def _sent_serial(client: Any, sent: Any, owner: str) -> tuple[bytes, bytes]:
 
 
 def _client_weight(client: Any, found: tuple[bytes, bytes]) -> int | None:
-    return bytes_weight(client, found[0]) if len(found[0]) >= 128 else None
+    # smaller items are new objects every turn (`RESENT.min_item`): not worth keeping
+    if len(found[0]) < 128:
+        return None
+    weight = footprint(client)
+    return None if weight is None else weight + len(found[0]) + 200
 
 
 _CLIENT_KEPT = ByIdentity(16 << 20, _client_weight)

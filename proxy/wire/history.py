@@ -184,9 +184,11 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
         return None
     start, end = history.start, history.ends[kept - 1]
     view = memoryview(raw)
-    stand_in = b"".join((view[:start], _STAND_IN, view[end:]))
     try:
-        found_fields = TAILS.fields(stand_in, owner) or TOP.decode(stand_in)
+        # the part before the tools (`Tails`) with the stand-in, or the whole body with it
+        found_fields = TAILS.fields(raw, owner, stand_in=(start, end, _STAND_IN))
+        if found_fields is None:
+            found_fields = TOP.decode(b"".join((view[:start], _STAND_IN, view[end:])))
         value = found_fields.get(history.key)
         # the field's value (the last one, were the key given twice) is where the stand-in
         # is: no client can write the stand-in elsewhere

@@ -73,9 +73,12 @@ class Tails:
         tail, _, braces = found
         return raw.count(b"{", start, len(raw) - len(tail)) + braces
 
-    def fields(self, raw: bytes, owner: str = "") -> dict[str, Any] | None:
+    def fields(
+        self, raw: bytes, owner: str = "", *, stand_in: tuple[int, int, bytes] | None = None
+    ) -> dict[str, Any] | None:
         """`raw`'s top-level fields (raw values) when it ends with a remembered tail and the
-        part before is an object's members; else None."""
+        part before is an object's members; else None. `stand_in` (start, end, bytes): read
+        `raw` with `raw[start:end]` replaced by those bytes (`history`: the old items)."""
         found = self._by_end.get((owner, raw[-_END:]))
         if found is None:
             return None
@@ -83,10 +86,18 @@ class Tails:
         cut = len(raw) - len(tail)
         if cut <= 1 or not raw.endswith(tail):
             return None
+        view = memoryview(raw)
+        if stand_in is None:
+            pieces: tuple[Any, ...] = (view[:cut], b"}")
+        elif stand_in[1] <= cut:
+            start, end, replacement = stand_in
+            pieces = (view[:start], replacement, view[end:cut], b"}")
+        else:
+            return None
         try:
             # one copy of the head (a slice, then `+`, made two: each new buffer of a large
             # body costs page faults, ~3 µs a 4 KB page here)
-            head: dict[str, Any] = TOP.decode(b"".join((memoryview(raw)[:cut], b"}")))
+            head: dict[str, Any] = TOP.decode(b"".join(pieces))
         except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
             return None  # not a member boundary, or a bad body: the long way says which
         if not raw.isascii():

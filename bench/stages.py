@@ -23,7 +23,8 @@ remains is what ctxbudget itself adds.
     .venv/bin/python bench/stages.py --functions  # and each stage function's CPU
     .venv/bin/python bench/stages.py --session openclaw-chat  # a recorded session instead
 
-With --session, a recorded agent session (`bench/sessions/`, chat completions) is replayed
+With --session, a recorded agent session (`bench/sessions/`: OpenClaw in each format,
+Claude Code, Codex) is replayed
 in order instead of one request again and again: each request resends the one before it
 plus a turn, as the agent sent them. Each replay runs in a fresh process (nothing kept from
 an earlier replay), ours and the floor's interleaved, 3 processes by default (--rounds).
@@ -55,18 +56,10 @@ sys.path.insert(0, str(ROOT))
 
 from proxy.app import create_app  # noqa: E402
 from proxy.config.schema import ConfigSource  # noqa: E402
-from tests.fakes import FakeUpstream, chat_completion  # noqa: E402
+from tests.fakes import REPLIES, FakeUpstream  # noqa: E402
 from tests.openclaw import load_fixtures, openclaw_request  # noqa: E402
 from tests.replay import SESSIONS, load  # noqa: E402
 
-REPLY = {
-    **chat_completion(model="gpt-4o"),
-    "usage": {
-        "prompt_tokens": 40_000,
-        "completion_tokens": 5,
-        "prompt_tokens_details": {"cached_tokens": 38_000},
-    },
-}
 STAGES = (
     ("read + parse", "start", "parsed"),
     ("clamp", "parsed", "clamped"),
@@ -89,11 +82,11 @@ def capture() -> tuple[str, bytes]:
 
 
 def floor_app(upstream: FakeUpstream) -> Starlette:
-    async def chat(request: Request) -> Response:
+    async def forward(request: Request) -> Response:
         body = await request.body()
         reply = await upstream.request(
             "POST",
-            "http://upstream.test/v1/chat/completions",
+            f"http://upstream.test{request.url.path}",
             body=body,
             headers={"content-type": "application/json"},
             connect_timeout=5,
@@ -101,7 +94,8 @@ def floor_app(upstream: FakeUpstream) -> Starlette:
         )
         return Response(await reply.read(), status_code=reply.status)
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    paths = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+    return Starlette(routes=[Route(path, forward, methods=["POST"]) for path in paths])
 
 
 class Marks:
@@ -195,38 +189,37 @@ def time_functions(spent: dict[str, int]) -> None:
                     setattr(module, name, wrapped)
 
 
-def session_bodies(name: str) -> list[bytes]:
-    """A recorded chat session's request bodies, in order, answered whole (not streamed)."""
+def session_bodies(name: str) -> tuple[str, list[bytes]]:
+    """A recorded session's route and request bodies, in order, answered whole (not
+    streamed)."""
     session = load(SESSIONS / f"{name}.jsonl.xz")
     bodies = []
     for recorded in session.requests:
-        if recorded.path != "/v1/chat/completions":
-            raise SystemExit(f"{name} is not a chat completions session")
         body = {**recorded.json, "stream": False}
         body.pop("stream_options", None)
         bodies.append(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
-    return bodies
+    return session.requests[0].path, bodies
 
 
 async def replay_once(
-    app: Any, floor: Any, ours_up: Any, floor_up: Any, bodies: list[bytes]
+    app: Any, floor: Any, ours_up: Any, floor_up: Any, route: str, bodies: list[bytes]
 ) -> None:
     """One replay of `bodies` through each side, printed as `ours floor` CPU seconds."""
-    ours = await run_each(app, ours_up, bodies)
-    bare = await run_each(floor, floor_up, bodies)
+    ours = await run_each(app, ours_up, bodies, route)
+    bare = await run_each(floor, floor_up, bodies, route)
     print(f"{ours:.6f} {bare:.6f}")
 
 
-async def run_each(app: Any, upstream: FakeUpstream, bodies: list[bytes]) -> float:
+async def run_each(
+    app: Any, upstream: FakeUpstream, bodies: list[bytes], route: str = "/v1/chat/completions"
+) -> float:
     """CPU seconds for `bodies`, one request each, in order (the report flushed at the end)."""
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         start = time.process_time()
         for body in bodies:
-            upstream.answer_json(REPLY)
-            r = await client.post(
-                "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
-            )
+            upstream.answer_json(REPLIES[route])
+            r = await client.post(route, content=body, headers={"content-type": "application/json"})
             if r.status_code != 200:
                 raise SystemExit(f"{r.status_code}: {r.text[:300]}")
             # the canned upstream keeps what it was sent: a new 186 KB body a request grew
@@ -244,7 +237,7 @@ def sessions_main(name: str, rounds: int) -> None:
     """`--session`: `rounds` fresh processes, each replaying the session once."""
     import subprocess
 
-    n = len(session_bodies(name))
+    n = len(session_bodies(name)[1])
     diffs = []
     for _ in range(rounds):
         out = subprocess.run(
@@ -301,8 +294,13 @@ async def main() -> None:
         await run(app, ours_upstream, raw, 50)  # warm: caches, litellm's price map, SQLite
         await run(floor, floor_upstream, raw, 50)
         if args.session_once:
-            bodies = session_bodies(args.session_once)
-            return await replay_once(app, floor, ours_upstream, floor_upstream, bodies)
+            route, bodies = session_bodies(args.session_once)
+            for encoding in ("o200k_base", "cl100k_base"):  # loaded once a process (~0.6 s)
+                app.state.proxy.tokens.count("warm", encoding)
+            import proxy.tokens as _t
+
+            print("loaded", list(_t._encodings), file=sys.stderr)
+            return await replay_once(app, floor, ours_upstream, floor_upstream, route, bodies)
         ours, bare, writer = [], [], []
         for _ in range(rounds):
             before = writer_cpu()

@@ -167,3 +167,52 @@ class FakeUpstream:
         reply = FakeReply(status, dict(reply_headers), list(chunks), broken)
         self.replies.append(reply)
         return reply
+
+
+REPLIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {
+        **chat_completion(model="gpt-4o"),
+        "usage": {
+            "prompt_tokens": 40_000,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 38_000},
+        },
+    },
+    "/v1/messages": {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": "hello"}],
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 2_000,
+            "output_tokens": 5,
+            "cache_read_input_tokens": 38_000,
+            "cache_creation_input_tokens": 0,
+        },
+    },
+    "/v1/responses": {
+        "id": "resp_1",
+        "object": "response",
+        "status": "completed",
+        "model": "gpt-4.1",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "hello", "annotations": []}],
+            }
+        ],
+        "usage": {
+            "input_tokens": 40_000,
+            "output_tokens": 5,
+            "total_tokens": 40_005,
+            "input_tokens_details": {"cached_tokens": 38_000},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    },
+}
+"""A canned answer in each format, with usage (the benchmarks' upstream)."""

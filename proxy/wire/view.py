@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames
+from caps._kept import Generations, footprint
 from caps.types import evolve
 from proxy.cache.sessions import Block
 
@@ -42,7 +43,7 @@ class ChatView:
 
     def system(self, text: str, place: Place) -> None:
         """A system text (bootstrap files are looked for in it)."""
-        self.messages.append({"role": "system", "content": text})
+        self.messages.append(_kept(("system", id(text)), (text,), _system, text))
         self.places.append(place)
 
     def first_user(self, texts: Sequence[tuple[int, str]], place: Place) -> None:
@@ -51,30 +52,21 @@ class ChatView:
         agents' own wrappers in it are ever clamped (`caps.clamp`), never the user's words."""
         if not texts:
             return
-        if len(texts) == 1 and texts[0][0] < 0:
-            content: Any = texts[0][1]
-        else:
-            content = [{"type": "text", "text": text} for _, text in texts]
-        self.messages.append({"role": "user", "content": content})
+        held = tuple(text for _, text in texts)
+        key = ("user", tuple(i for i, _ in texts), tuple(map(id, held)))
+        self.messages.append(_kept(key, held, _first_user, texts))
         self.places.append((*place, tuple(i for i, _ in texts)))
 
     def calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
         """Tool calls as `(call id, tool name, arguments as JSON text)`: names the results."""
         if calls:
-            self.messages.append(
-                {
-                    "role": "assistant",
-                    "tool_calls": [
-                        {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
-                        for i, n, a in calls
-                    ],
-                }
-            )
+            self.messages.append(_kept(("calls", tuple(calls)), (), _calls, calls))
             self.places.append(None)
 
     def result(self, call_id: str, content: Any, place: Place) -> None:
         """A tool result: a string, or a list of parts whose `text` is what may be clamped."""
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        key = ("tool", call_id, id(content))
+        self.messages.append(_kept(key, (content,), _result, call_id, content))
         self.places.append(place)
 
     def clamp(
@@ -100,6 +92,51 @@ class ChatView:
         return int(place[1]) if place is not None else -1
 
 
+_VIEWS: Generations[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = Generations(8 << 20)
+"""View messages by what they were made of (by identity: the texts an agent resends are the
+same objects every turn, `resent`), so the clamps find them again (`caps._kept`): at most
+8 MB."""
+
+
+def _kept(key: tuple[Any, ...], held: tuple[Any, ...], make: Any, *args: Any) -> dict[str, Any]:
+    """`make(*args)`, or the message it made before from the very objects `held`."""
+    try:
+        found = _VIEWS.get(key)
+    except TypeError:  # a client's id that is not a string: made afresh (the clamp says more)
+        return make(*args)  # type: ignore[no-any-return]
+    if found is not None and all(a is b for a, b in zip(found[0], held, strict=True)):
+        return found[1]
+    message: dict[str, Any] = make(*args)
+    weight = footprint(held)
+    if weight is not None:
+        _VIEWS.put(key, (held, message), weight=weight + 600)
+    return message
+
+
+def _system(text: str) -> dict[str, Any]:
+    return {"role": "system", "content": text}
+
+
+def _first_user(texts: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    if len(texts) == 1 and texts[0][0] < 0:
+        return {"role": "user", "content": texts[0][1]}
+    return {"role": "user", "content": [{"type": "text", "text": text} for _, text in texts]}
+
+
+def _calls(calls: Sequence[tuple[str, str, str]]) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, n, a in calls
+        ],
+    }
+
+
+def _result(call_id: str, content: Any) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
 def arguments_json(value: Any) -> str:
     """A tool call's input as the JSON text a chat `tool_calls` entry carries (what names a
     bridged tool and gives a fetch its URL); "" when it cannot be written (orjson stops at
@@ -114,10 +151,32 @@ def arguments_json(value: Any) -> str:
 
 
 def set_item(items: list[Any], index: int, key: str, value: Any) -> list[Any]:
-    """A copy of `items` whose `items[index]` is a copy with `key` set to `value`."""
+    """A copy of `items` whose `items[index]` is a copy with `key` set to `value` (the same
+    copy as last turn for the same item and value: `_copy`)."""
     out = list(items)
-    out[index] = {**items[index], key: value}
+    out[index] = _copy(items[index], key, value)
     return out
+
+
+def _copy(item: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """`{**item, key: value}`, kept by the identity of both: an agent resends the same item
+    and the clamps give the same value every turn, so the copy is the same object too, and
+    its JSON is written once (`body._DUMPED`, `sessions._SERIAL_KEPT`)."""
+    held = (item, value)
+    found = _COPIES.get((id(item), key, id(value)))
+    if found is not None and found[0][0] is item and found[0][1] is value:
+        return found[1]
+    copy = {**item, key: value}
+    weight = footprint(held)
+    if weight is not None:
+        _COPIES.put((id(item), key, id(value)), (held, copy), weight=weight + 400)
+    return copy
+
+
+_COPIES: Generations[tuple[int, str, int], tuple[tuple[Any, Any], dict[str, Any]]] = Generations(
+    8 << 20
+)
+"""`_copy`'s copies: at most 8 MB."""
 
 
 def set_texts(
@@ -136,8 +195,25 @@ def set_texts(
 def set_part(items: list[Any], index: int, part: int, key: str, value: Any) -> list[Any]:
     """A copy of `items` where `items[index]["content"][part][key]` is `value` (copies on the
     way down; everything else shared)."""
-    parts = set_item(items[index]["content"], part, key, value)
-    return set_item(items, index, "content", parts)
+    parts = items[index]["content"]
+    new_part = _copy(parts[part], key, value)
+    # the parts list kept like the copies: the same list for the same parts and new part
+    found = _PARTS.get((id(parts), part, id(new_part)))
+    if found is not None and found[0][0] is parts and found[0][1] is new_part:
+        new_parts = found[1]
+    else:
+        new_parts = list(parts)
+        new_parts[part] = new_part
+        weight = footprint(parts)
+        if weight is not None:
+            _PARTS.put(
+                (id(parts), part, id(new_part)), ((parts, new_part), new_parts), weight=weight
+            )
+    return set_item(items, index, "content", new_parts)
+
+
+_PARTS: Generations[tuple[int, int, int], tuple[tuple[Any, Any], list[Any]]] = Generations(4 << 20)
+"""`set_part`'s lists of parts: at most 4 MB."""
 
 
 def with_text(items: list[Any], index: int, text: str, part_type: str) -> list[Any]:

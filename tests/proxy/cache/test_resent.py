@@ -15,7 +15,7 @@ from caps._kept import ByIdentity, Generations
 from proxy.cache.resent import RESENT, ChangedInPlace, Resent
 from proxy.wire.body import parse_chat_body
 from proxy.wire.scan import ITEMS as _ITEMS
-from tests.fakes import chat_completion
+from tests.fakes import REPLIES, chat_completion
 from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request, tool_call
 
@@ -159,3 +159,35 @@ def test_the_generations_keep_what_is_used_within_their_bound() -> None:
     assert kept.get(1) is None  # not used since: gone
     kept.put(-1, "too large", weight=600)  # over half the bound: never kept
     assert kept.get(-1) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["openclaw-chat", "openclaw-messages", "openclaw-responses", "claude-code", "codex"]
+)
+def test_a_recorded_session_is_forwarded_as_without_the_reuse(tmp_path: Path, name: str) -> None:
+    """Each agent's recorded session (`bench/sessions/`), through the app with the budget on:
+    every request forwarded byte for byte as when nothing of the earlier requests is reused
+    (each request from an owner of its own: nothing kept is theirs)."""
+    from tests.replay import SESSIONS, load
+
+    session = load(SESSIONS / f"{name}.jsonl.xz")
+    requests = session.requests[:14]
+    keys = ",".join(f"o{i}=key-{i}" for i in range(len(requests) + 1))
+    budget = {"contextBudget": {"enabled": True, "toolOutputMaxChars": 4000}}
+    config = config_for(tmp_path, agents={"defaults": budget}, proxy={"keysEnv": "KEYS"})
+
+    def forwarded(key_of: Any) -> list[bytes]:
+        with proxy_app(tmp_path, config, env={"KEYS": keys}) as (client, fake):
+            for i, recorded in enumerate(requests):
+                body = {**recorded.json, "stream": False}
+                body.pop("stream_options", None)
+                fake.answer_json(REPLIES[recorded.path])
+                headers = {"authorization": f"Bearer {key_of(i)}", "x-api-key": key_of(i)}
+                r = client.post(recorded.target, json=body, headers=headers)
+                assert r.status_code == 200, r.text
+            return [s.body for s in fake.sent]
+
+    reused = forwarded(lambda i: "key-0")
+    afresh = forwarded(lambda i: f"key-{i + 1}")
+    assert reused == afresh
+    assert any(len(a) < len(r.body) for a, r in zip(reused, requests, strict=True))  # clamped

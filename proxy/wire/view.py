@@ -232,13 +232,50 @@ def paired(
     label: str, client: list[Any], forwarded: list[Any], sent: Sequence[Any] | None = None
 ) -> list[Block]:
     """One block per item, as sent and as forwarded (`label[i]`); `sent`, each client item's
-    bytes as the client sent them (`JsonBody.raw_items`), when known."""
+    bytes as the client sent them (`JsonBody.raw_items`), when known. A request asks for its
+    blocks up to three times (the session's key, before recall, after it): the same lists
+    give the same blocks, made once."""
+    global _LAST
+    last = _LAST
+    if (
+        last is not None
+        and last[0] == label
+        and last[1] is client
+        and last[2] is forwarded
+        and last[3] is sent
+    ):
+        return list(last[4])
+    given = sent
     if sent is None or len(sent) != len(client):
         sent = [None] * len(client)
+    labels = _labels(label, len(client))
     if len(client) != len(forwarded):  # nothing adds or removes items; be safe if it does
-        items = zip(client, sent, strict=True)
-        return [Block(f"{label}[{i}]", c, c, s) for i, (c, s) in enumerate(items)]
-    return [
-        Block(f"{label}[{i}]", c, f, s)
-        for i, (c, f, s) in enumerate(zip(client, forwarded, sent, strict=True))
-    ]
+        items = zip(labels, client, sent, strict=False)
+        blocks = [Block(name, c, c, s) for name, c, s in items]
+    else:
+        items4 = zip(labels, client, forwarded, sent, strict=False)
+        blocks = [Block(name, c, f, s) for name, c, f, s in items4]
+    _LAST = (label, client, forwarded, given, blocks)
+    return list(blocks)
+
+
+_LAST: tuple[str, Any, Any, Any, list[Block]] | None = None
+"""The last `paired` call's lists and blocks."""
+
+
+def _labels(label: str, n: int) -> list[str]:
+    """`label[0]` … `label[n-1]`, made once (a long session's 100 labels every request)."""
+    known = _LABELS.setdefault(label, [])
+    while len(known) < min(n, _MAX_LABELS):
+        known.append(f"{label}[{len(known)}]")
+    if n <= len(known):
+        return known
+    return known + [f"{label}[{i}]" for i in range(len(known), n)]
+
+
+_MAX_LABELS = 4096
+"""Labels kept per list name: a longer list's others are made each time."""
+
+
+_LABELS: dict[str, list[str]] = {}
+"""Labels by list name (`_labels`): as many as the longest list seen."""

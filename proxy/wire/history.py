@@ -119,10 +119,12 @@ class Histories:
     ) -> None:
         """Remember `raw`'s list `key` (its raw `value`, `items` and their objects) as one
         `owner` sent; a short list is not kept."""
-        if len(value) < self._min or not items:
-            return
         last = self._last
         found = last[2] if last is not None and last[0] is raw and last[1] == owner else None
+        if last is not None and last[0] is raw:
+            self._last = None  # read: the body (up to 1 MiB, 30 in the worker) is not kept
+        if len(value) < self._min or not items:
+            return
         if found is not None and found.key == key:
             # the same head: the list starts where it did, its old items end where they did
             h, kept = found.history, len(found.parsed)

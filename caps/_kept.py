@@ -142,6 +142,7 @@ def footprint(obj: Any, limit: int = 20_000) -> int | None:
         item = stack.pop()
         total += sys.getsizeof(item)
         if isinstance(item, dict):
+            stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)

@@ -122,6 +122,7 @@ class ResponsesRequest(InProcessRequest):
         self.continues: str | None = body.get("previous_response_id")
         self._turn: tuple[UserTurn | None] | None = None
         self.note: str | None = None
+        self._blocks: tuple[Any, Any, list[Block]] | None = None
 
     @property
     def changed(self) -> bool:
@@ -154,7 +155,7 @@ class ResponsesRequest(InProcessRequest):
         return "".join(texts)
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
-        view = ChatView()
+        view = ChatView(owner=self.owner)
         if isinstance(self.instructions, str):
             view.system(self.instructions, ("instructions", -1))
         items = self._items()
@@ -264,14 +265,20 @@ class ResponsesRequest(InProcessRequest):
         return self._body.get(key)
 
     def blocks(self) -> list[Block]:
+        known = self._blocks  # made again only when what they show changed (`chat.py`)
+        if known is not None and known[0] is self.input and known[1] is self.instructions:
+            return list(known[2])
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._instructions is not None:
             head.append(Block("instructions", self._instructions, self.instructions))
         if isinstance(self._input, list) and isinstance(self.input, list):
             sent = self._body.raw_items("input")
-            return head + paired("input", self._input, self.input, sent)
-        return [*head, Block("input", self._input, self.input)]
+            blocks = head + paired("input", self._input, self.input, sent)
+        else:
+            blocks = [*head, Block("input", self._input, self.input)]
+        self._blocks = (self.input, self.instructions, blocks)
+        return list(blocks)
 
     def place_memory(self, index: int, text: str) -> None:
         blocks = self.blocks()

@@ -40,6 +40,9 @@ class ChatView:
 
     messages: list[dict[str, Any]] = field(default_factory=list)
     places: list[Place | None] = field(default_factory=list)
+    owner: str = ""
+    """Whose request it is: what is kept by value (tool calls) is kept per owner, so one
+    owner's timing tells nothing of another's."""
 
     def system(self, text: str, place: Place) -> None:
         """A system text (bootstrap files are looked for in it)."""
@@ -60,7 +63,7 @@ class ChatView:
     def calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
         """Tool calls as `(call id, tool name, arguments as JSON text)`: names the results."""
         if calls:
-            self.messages.append(_kept(("calls", tuple(calls)), (), _calls, calls))
+            self.messages.append(_kept(("calls", self.owner, tuple(calls)), (), _calls, calls))
             self.places.append(None)
 
     def result(self, call_id: str, content: Any, place: Place) -> None:
@@ -107,9 +110,9 @@ def _kept(key: tuple[Any, ...], held: tuple[Any, ...], make: Any, *args: Any) ->
     if found is not None and all(a is b for a, b in zip(found[0], held, strict=True)):
         return found[1]
     message: dict[str, Any] = make(*args)
-    weight = footprint(held)
+    weight = footprint((key, held, message))  # all it keeps alive, shared texts twice
     if weight is not None:
-        _VIEWS.put(key, (held, message), weight=weight + 600)
+        _VIEWS.put(key, (held, message), weight=weight)
     return message
 
 
@@ -167,9 +170,9 @@ def _copy(item: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     if found is not None and found[0][0] is item and found[0][1] is value:
         return found[1]
     copy = {**item, key: value}
-    weight = footprint(held)
+    weight = footprint((held, copy))
     if weight is not None:
-        _COPIES.put((id(item), key, id(value)), (held, copy), weight=weight + 400)
+        _COPIES.put((id(item), key, id(value)), (held, copy), weight=weight)
     return copy
 
 
@@ -204,7 +207,7 @@ def set_part(items: list[Any], index: int, part: int, key: str, value: Any) -> l
     else:
         new_parts = list(parts)
         new_parts[part] = new_part
-        weight = footprint(parts)
+        weight = footprint((parts, new_part, new_parts))
         if weight is not None:
             _PARTS.put(
                 (id(parts), part, id(new_part)), ((parts, new_part), new_parts), weight=weight
@@ -232,35 +235,15 @@ def paired(
     label: str, client: list[Any], forwarded: list[Any], sent: Sequence[Any] | None = None
 ) -> list[Block]:
     """One block per item, as sent and as forwarded (`label[i]`); `sent`, each client item's
-    bytes as the client sent them (`JsonBody.raw_items`), when known. A request asks for its
-    blocks up to three times (the session's key, before recall, after it): the same lists
-    give the same blocks, made once."""
-    global _LAST
-    last = _LAST
-    if (
-        last is not None
-        and last[0] == label
-        and last[1] is client
-        and last[2] is forwarded
-        and last[3] is sent
-    ):
-        return list(last[4])
-    given = sent
+    bytes as the client sent them (`JsonBody.raw_items`), when known."""
     if sent is None or len(sent) != len(client):
         sent = [None] * len(client)
     labels = _labels(label, len(client))
     if len(client) != len(forwarded):  # nothing adds or removes items; be safe if it does
         items = zip(labels, client, sent, strict=False)
-        blocks = [Block(name, c, c, s) for name, c, s in items]
-    else:
-        items4 = zip(labels, client, forwarded, sent, strict=False)
-        blocks = [Block(name, c, f, s) for name, c, f, s in items4]
-    _LAST = (label, client, forwarded, given, blocks)
-    return list(blocks)
-
-
-_LAST: tuple[str, Any, Any, Any, list[Block]] | None = None
-"""The last `paired` call's lists and blocks."""
+        return [Block(name, c, c, s) for name, c, s in items]
+    items4 = zip(labels, client, forwarded, sent, strict=False)
+    return [Block(name, c, f, s) for name, c, f, s in items4]
 
 
 def _labels(label: str, n: int) -> list[str]:

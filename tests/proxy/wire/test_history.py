@@ -170,3 +170,39 @@ def test_what_is_kept_weighs_at_least_what_it_keeps_alive() -> None:
     message = {"role": "system", "content": [{"type": "text", "text": "t" * 1500}, image]}
     assert (message_weight(message, message) or 0) >= 100_000
     assert footprint([{}] * 30_000) is None  # past the walk's limit: not kept at all
+
+
+def test_the_view_caches_weigh_what_they_keep_and_keep_calls_per_owner() -> None:
+    # the second review: a call's arguments (Claude Code's Write carries whole files), a
+    # large key, many tiny parts were kept while weighing a few hundred bytes each
+    from caps._kept import footprint
+    from proxy.wire import view
+
+    assert (footprint({"k" * 2**20: 1}) or 0) >= 2**20
+    before = view._VIEWS.weight
+    big = json.dumps({"file_path": "a.py", "content": "x" * 100_000})
+    mine, theirs = view.ChatView(owner="a"), view.ChatView(owner="b")
+    mine.calls([("c1", "Write", big)])
+    theirs.calls([("c1", "Write", big)])
+    assert view._VIEWS.weight - before >= 2 * 100_000
+    assert mine.messages[0] == theirs.messages[0]
+    assert mine.messages[0] is not theirs.messages[0]  # nothing one owner sent serves another
+    parts = [(i, "t") for i in range(15_000)]
+    view.ChatView(owner="a").first_user(parts, ("user", 0))
+    assert view._VIEWS.weight - before >= (footprint([{"type": "text", "text": "t"}] * 15_000) or 0)
+
+
+def test_a_requests_blocks_do_not_outlive_it() -> None:
+    # a module-level cache of the last request's blocks held its lists (in the offload
+    # worker: a 30 MB body's) until the next request came
+    import gc
+
+    from proxy.wire.chat import ChatCompletions
+
+    raw = _session()[0]
+    request = ChatCompletions().parse(raw, owner="outlive")
+    messages = request._body.messages
+    assert request.blocks() == request.blocks()
+    del request
+    gc.collect()
+    assert [r for r in gc.get_referrers(messages) if isinstance(r, tuple)] == []

@@ -45,6 +45,7 @@ class Generations(Generic[K, T]):
     """
 
     def __init__(self, max_weight: int) -> None:
+        _ALL.append(self)
         self.max_weight = max_weight
         self._half = max_weight // 2
         self._new: dict[K, tuple[T, int]] = {}
@@ -85,6 +86,53 @@ class Generations(Generic[K, T]):
         self._new.clear()
         self._old.clear()
         self._weight = 0
+
+
+_ALL: list[Generations[Any, Any]] = []
+"""Every `Generations` made (module-level caches only: `clear_all`)."""
+
+
+def clear_all() -> None:
+    """Empty every `Generations` (the offload worker, past its memory bound)."""
+    for kept in _ALL:
+        kept.clear()
+
+
+def weighed(max_weight: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """`functools.lru_cache` for a pure function of hashable values, bounded by what it keeps
+    (each entry: its string and bytes arguments, three times: they, the result's texts and a
+    segment's `original`, ~1 KB of the rest) rather than by a count of entries of any size.
+
+    >>> @weighed(20_000)
+    ... def upper(text: str) -> str:
+    ...     return text.upper()
+    >>> upper("a" * 1000) is upper("a" * 1000)  # kept
+    True
+    >>> upper("b" * 4000) is upper("b" * 4000)  # over half the bound: made each time
+    False
+    """
+
+    def wrap(function: Callable[..., T]) -> Callable[..., T]:
+        kept: Generations[tuple[Any, ...], tuple[T]] = Generations(max_weight)
+
+        def cached(*args: Any) -> T:
+            found = kept.get(args)
+            if found is None:
+                found = (function(*args),)
+                weight = 1024 + 3 * sum(
+                    len(a) for a in args if isinstance(a, str | bytes | bytearray)
+                )
+                kept.put(args, found, weight=weight)
+            return found[0]
+
+        cached.kept = kept  # type: ignore[attr-defined]
+        cached.cache_clear = kept.clear  # type: ignore[attr-defined]
+        cached.__wrapped__ = function  # type: ignore[attr-defined]
+        cached.__doc__ = function.__doc__
+        cached.__name__ = function.__name__
+        return cached
+
+    return wrap
 
 
 class ByIdentity:

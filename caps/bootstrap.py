@@ -45,11 +45,11 @@ True
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator
 
 from caps._cut import head_tail
+from caps._kept import weighed
 from caps._text import utf16_len
 from caps.types import Segment
 
@@ -96,7 +96,7 @@ def clamp_system_text(text: str, cap: int | None) -> tuple[str, list[Segment]]:
     return (text if new == text else new), list(segments)
 
 
-@functools.lru_cache(maxsize=64)
+@weighed(16 << 20)
 def _clamp_cached(text: str, cap: int | None) -> tuple[str, tuple[Segment, ...]]:
     # An agent sends the same system prompt on every turn of a session: hashing it (~25 µs
     # for 50 KB) is several times cheaper than finding and measuring its files again.
@@ -127,7 +127,7 @@ def _clamp(text: str, cap: int | None) -> tuple[str, list[Segment]]:
     return "".join(pieces), segments
 
 
-@functools.lru_cache(maxsize=256)
+@weighed(8 << 20)
 def clamp_body(body: str, cap: int, name: str) -> str:
     """Cut `body` to at most `cap` UTF-16 units as head + marker + tail.
 

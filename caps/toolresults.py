@@ -20,12 +20,11 @@ output: its tool could be one of those.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from typing import Any
 
 from caps import _json, snippets, tooloutput, webfetch
-from caps._kept import ByIdentity, footprint, message_weight
+from caps._kept import ByIdentity, footprint, message_weight, weighed
 from caps._text import utf16_len
 from caps.types import Caps, Message, Segment, SegmentKind, ToolNames, evolve
 
@@ -94,7 +93,7 @@ def _clamp_one(text: str, key: _Key, caps: Caps, tools: ToolNames, segments: lis
     return text if new is text or new == text else new
 
 
-@functools.lru_cache(maxsize=256)
+@weighed(16 << 20)
 def _clamp_cached(
     text: str, key: _Key, caps: Caps, tools: ToolNames
 ) -> tuple[str, tuple[Segment, ...]]:

@@ -22,11 +22,12 @@ Claude Code names MCP tools `mcp__<server>__<tool>`; its built-in tools are neve
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from caps._kept import weighed
 
 MCP_PREFIX = "mcp__"
 
@@ -54,7 +55,7 @@ def inline_mcp_tools(raw_tools: Any) -> InlineTools | None:
     return _from_list(raw_tools)
 
 
-@functools.lru_cache(maxsize=64)
+@weighed(8 << 20)
 def _inline(raw: bytes) -> InlineTools | None:
     # Claude Code sends the same tools on every request of a session: parse them once
     try:

@@ -140,11 +140,15 @@ def _resident() -> int:
 
 
 def _clear_caps_caches() -> None:
-    from caps import bootstrap, toolresults
+    """Past the worker's memory bound: everything kept from earlier jobs goes (the clamps'
+    caches, what was kept of resent items and lists, what was kept by identity)."""
+    from caps._kept import clear_all
+    from proxy.cache.resent import RESENT
+    from proxy.wire.history import HISTORIES
 
-    bootstrap._clamp_cached.cache_clear()
-    bootstrap.clamp_body.cache_clear()
-    toolresults._clamp_cached.cache_clear()
+    clear_all()  # the caps caches are `weighed` ones: `Generations` too
+    RESENT.clear()
+    HISTORIES.clear()
 
 
 def ask(question: str) -> Any:

@@ -91,6 +91,10 @@ class Histories:
         self._last: tuple[bytes, str, Found | None] | None = None
         """The last `find` (the offload check and the parse ask about the same body)."""
 
+    def clear(self) -> None:
+        self._by_owner.clear()
+        self._last = None
+
     def braces(self, raw: bytes, owner: str = "") -> int:
         """The `{` in `raw`, those of the old items counted once (and the tools: `Tails`)."""
         found = self.find(raw, owner) if owner in self._by_owner else None

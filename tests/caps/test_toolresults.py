@@ -284,3 +284,31 @@ def test_json_nested_too_deeply_to_rewrite_is_kept(depth: int) -> None:
     out, [segment] = clamp_tool_results(_turn("web_fetch", nested), CAPS, TOOLS)
     assert out[2]["content"] is nested
     assert segment.action == "kept" and segment.after == segment.before
+
+
+def test_what_the_clamps_keep_is_bounded_by_its_size_not_a_count() -> None:
+    # a cache of 256 entries of any size held 256 results: with ~1 MB tool outputs, 256 MB
+    # of a process (30 MB each in the offload worker); now a bound in bytes (16 MB)
+    import gc
+    import tracemalloc
+
+    from caps import Caps, ToolNames, clamp_request
+
+    caps = Caps(tool_output_max_chars=16_000)
+    tracemalloc.start()
+    try:
+        for n in range(60):
+            output = f"{n} " + "line of build output\n" * 50_000  # ~1 MB, a new one each time
+            request = {
+                "messages": [
+                    tool_call(f"c{n}", "exec", {"command": "make"}),
+                    {"role": "tool", "tool_call_id": f"c{n}", "content": output},
+                ]
+            }
+            assert clamp_request(request, caps, tools=ToolNames()).changed
+            del output, request
+        gc.collect()
+        alive, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert alive < 40 << 20  # ~60 MB before

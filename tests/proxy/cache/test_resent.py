@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from caps import Caps, ToolNames
 from caps._kept import ByIdentity, Generations
 from proxy.cache.resent import RESENT, ChangedInPlace, Resent
 from proxy.wire.body import parse_chat_body
@@ -191,3 +192,18 @@ def test_a_recorded_session_is_forwarded_as_without_the_reuse(tmp_path: Path, na
     afresh = forwarded(lambda i: f"key-{i + 1}")
     assert reused == afresh
     assert any(len(a) < len(r.body) for a, r in zip(reused, requests, strict=True))  # clamped
+
+
+def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> None:
+    from caps import toolresults
+    from proxy.pipeline.worker import _clear_caps_caches
+    from proxy.wire.history import HISTORIES
+
+    raw = json.dumps(openclaw_request(version="9.x", size_bytes=60_000)).encode()
+    assert parse_chat_body(raw, "worker-owner").messages
+    toolresults._clamp_cached("x" * 5000, ("exec", "c1", None), Caps(), ToolNames())
+    assert RESENT._kept.weight > 0 and HISTORIES.find(raw, "worker-owner") is not None
+    _clear_caps_caches()
+    assert RESENT._kept.weight == 0 and HISTORIES.find(raw, "worker-owner") is None
+    assert toolresults._clamp_cached.kept.weight == 0  # type: ignore[attr-defined]
+    assert toolresults._MESSAGES._memo.weight == 0

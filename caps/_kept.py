@@ -166,17 +166,47 @@ class ByIdentity:
             self._memo.put(key, (obj, result), weight=weight)
         return result
 
-    def find(self, obj: Any, *args: Hashable) -> Any:
-        """What `keep` kept for this very `obj` and equal `args`, or None (not checked: for
-        results whose making needs more than `obj`, which must then be all they depend on)."""
-        found = self._memo.get((id(obj), args))
-        return found[1] if found is not None and found[0] is obj else None
 
-    def keep(self, result: Any, obj: Any, *args: Hashable) -> None:
-        """Keep `result` for `obj` and `args` (see `find`)."""
-        weight = self._weigh(obj, result)
+class OfObjects:
+    """What was made of several objects, kept by their identities (and hashable extras): the
+    view messages and write-back copies of `proxy/wire/view.py`, made of items an agent
+    resends. Each entry keeps its objects (their ids name no other while it lives) and weighs
+    all it keeps alive (`footprint`)."""
+
+    def __init__(self, max_weight: int, *, check: bool = _CHECK) -> None:
+        self.check = check
+        self._memo: Generations[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = Generations(
+            max_weight
+        )
+
+    @property
+    def weight(self) -> int:
+        """What it keeps, by its entries' weights."""
+        return self._memo.weight
+
+    def get(
+        self, held: tuple[Any, ...], extra: tuple[Any, ...], make: Callable[..., T], *args: Any
+    ) -> T:
+        """`make(*args)`, made of the objects `held` (and `extra`, by value), or what it gave
+        for these very objects before."""
+        key = (*extra, *map(id, held))
+        try:
+            found = self._memo.get(key)
+        except TypeError:  # an extra that is not hashable (a client's odd id): made afresh
+            return make(*args)
+        if found is not None and all(a is b for a, b in zip(found[0], held, strict=True)):
+            if self.check and make(*args) != found[1]:
+                raise ChangedInPlace(
+                    "an object kept by identity was changed in place: whatever changed it "
+                    "must copy it instead (caps/_kept.py)"
+                )
+            result: T = found[1]
+            return result
+        result = make(*args)
+        weight = footprint((key, held, result))
         if weight is not None:
-            self._memo.put((id(obj), args), (obj, result), weight=weight)
+            self._memo.put(key, (held, result), weight=weight)
+        return result
 
 
 def footprint(obj: Any, limit: int = 20_000) -> int | None:
@@ -212,10 +242,10 @@ def message_weight(message: Any, result: Any) -> int | None:
     return _sum(footprint(message), footprint(result))
 
 
-def bytes_weight(obj: Any, data: bytes) -> int | None:
+def bytes_weight(obj: Any, data: bytes, min_size: int = 1024) -> int | None:
     """For a result that is an object's JSON: the JSON and what the object keeps alive; None
-    under 1 KB."""
-    return _sum(footprint(obj), len(data)) if len(data) >= 1024 else None
+    under `min_size` bytes of JSON."""
+    return _sum(footprint(obj), len(data)) if len(data) >= min_size else None
 
 
 def _sum(*weights: int | None) -> int | None:

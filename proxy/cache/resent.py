@@ -72,20 +72,17 @@ class Resent:
                 continue
             key = (owner, xxhash.xxh3_128_digest(view, _SEED))
             value = self._kept.get(key)
-            if value is not None:
+            if value is None:
+                value = loads(view)
+                self._kept.put(key, value, weight=_weight(item))
+            else:
                 # the same bytes twice in one request: two objects, as a whole parse gives
+                # (the kept one stays kept)
                 used = used if used is not None else {id(v) for v in out}
-                if id(value) not in used:
-                    if self.check and loads(view) != value:
-                        raise ChangedInPlace(
-                            "an item kept from an earlier request was changed in place: "
-                            "whatever changed it must copy it instead (proxy/cache/resent.py)"
-                        )
-                    used.add(id(value))
-                    out.append(value)
-                    continue
-            value = loads(view)
-            self._kept.put(key, value, weight=_weight(item))
+                if id(value) in used:
+                    value = loads(view)
+                elif self.check:
+                    self.verify((view,), (value,), loads)
             if used is not None:
                 used.add(id(value))
             out.append(value)
@@ -99,7 +96,7 @@ class Resent:
             if loads(memoryview(item)) != value:
                 raise ChangedInPlace(
                     "an item kept from an earlier request was changed in place: whatever "
-                    "changed it must copy it instead (proxy/wire/history.py)"
+                    "changed it must copy it instead (proxy/cache/resent.py)"
                 )
 
     def clear(self) -> None:

@@ -55,7 +55,7 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from caps._kept import ByIdentity, bytes_weight, footprint
+from caps._kept import ByIdentity, bytes_weight
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
@@ -233,11 +233,10 @@ def _client_serial(block: Block, owner: str) -> tuple[bytes | Digested, bytes]:
     if not isinstance(block.client, dict):
         return _sent_serial(block.client, block.sent, owner)
     # an item parsed once (`resent`): the same object is the same bytes sent
-    found: tuple[bytes, bytes] | None = _CLIENT_KEPT.find(block.client, owner)
-    if found is None:
-        found = _sent_serial(block.client, block.sent, owner)
-        _CLIENT_KEPT.keep(found, block.client, owner)
-    return found
+    sent = block.sent
+    return _CLIENT_KEPT.get(
+        lambda client, who: _sent_serial(client, sent, who), block.client, owner
+    )
 
 
 def _sent_serial(client: Any, sent: Any, owner: str) -> tuple[bytes, bytes]:
@@ -255,10 +254,7 @@ def _sent_serial(client: Any, sent: Any, owner: str) -> tuple[bytes, bytes]:
 
 def _client_weight(client: Any, found: tuple[bytes, bytes]) -> int | None:
     # smaller items are new objects every turn (`RESENT.min_item`): not worth keeping
-    if len(found[0]) < 128:
-        return None
-    weight = footprint(client)
-    return None if weight is None else weight + len(found[0]) + 200
+    return bytes_weight(client, found[0], min_size=128)
 
 
 _CLIENT_KEPT = ByIdentity(16 << 20, _client_weight)

@@ -43,7 +43,6 @@ class ChatCompletionsRequest(InProcessRequest):
         self._turn: tuple[UserTurn | None] | None = None
         self._options: dict[str, Any] | None = None
         """`stream_options` as forwarded, when the proxy changed them."""
-        self._blocks: tuple[list[Any], list[Block]] | None = None
 
     @property
     def changed(self) -> bool:
@@ -95,16 +94,13 @@ class ChatCompletionsRequest(InProcessRequest):
         self.messages = inject(self.messages, list(lines), placement)
 
     def blocks(self) -> list[Block]:
-        # asked up to three times a request (the session's key, before recall, after it):
-        # made again only when the messages changed (a new list: nothing changes one in place)
-        if self._blocks is not None and self._blocks[0] is self.messages:
-            return list(self._blocks[1])
+        return self._blocks_of((self.messages,), self._make_blocks)
+
+    def _make_blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
         sent = self._body.raw_items("messages")
-        blocks = head + paired("messages", self._body.messages, self.messages, sent)
-        self._blocks = (self.messages, blocks)
-        return list(blocks)
+        return head + paired("messages", self._body.messages, self.messages, sent)
 
     def place_memory(self, index: int, text: str) -> None:
         at = index - (self._body.raw_field("tools") is not None)

@@ -72,7 +72,6 @@ class MessagesRequest(InProcessRequest):
         self.model: str | None = model
         self.stream: bool = not counting and body.get("stream") is True
         self._turn: tuple[UserTurn | None] | None = None
-        self._blocks: tuple[Any, Any, list[Block]] | None = None
 
     @property
     def changed(self) -> bool:
@@ -169,17 +168,15 @@ class MessagesRequest(InProcessRequest):
         return inline_mcp_tools(self._body.raw_field("tools"))
 
     def blocks(self) -> list[Block]:
-        known = self._blocks  # made again only when what they show changed (`chat.py`)
-        if known is not None and known[0] is self.messages and known[1] is self.system:
-            return list(known[2])
+        return self._blocks_of((self.messages, self.system), self._make_blocks)
+
+    def _make_blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._system is not None:
             head.append(Block("system", self._system, self.system))
         sent = self._body.raw_items("messages")
-        blocks = head + paired("messages", self._messages, self.messages, sent)
-        self._blocks = (self.messages, self.system, blocks)
-        return list(blocks)
+        return head + paired("messages", self._messages, self.messages, sent)
 
     def place_memory(self, index: int, text: str) -> None:
         blocks = self.blocks()

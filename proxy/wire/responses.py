@@ -122,7 +122,6 @@ class ResponsesRequest(InProcessRequest):
         self.continues: str | None = body.get("previous_response_id")
         self._turn: tuple[UserTurn | None] | None = None
         self.note: str | None = None
-        self._blocks: tuple[Any, Any, list[Block]] | None = None
 
     @property
     def changed(self) -> bool:
@@ -265,20 +264,17 @@ class ResponsesRequest(InProcessRequest):
         return self._body.get(key)
 
     def blocks(self) -> list[Block]:
-        known = self._blocks  # made again only when what they show changed (`chat.py`)
-        if known is not None and known[0] is self.input and known[1] is self.instructions:
-            return list(known[2])
+        return self._blocks_of((self.input, self.instructions), self._make_blocks)
+
+    def _make_blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._instructions is not None:
             head.append(Block("instructions", self._instructions, self.instructions))
         if isinstance(self._input, list) and isinstance(self.input, list):
             sent = self._body.raw_items("input")
-            blocks = head + paired("input", self._input, self.input, sent)
-        else:
-            blocks = [*head, Block("input", self._input, self.input)]
-        self._blocks = (self.input, self.instructions, blocks)
-        return list(blocks)
+            return head + paired("input", self._input, self.input, sent)
+        return [*head, Block("input", self._input, self.input)]
 
     def place_memory(self, index: int, text: str) -> None:
         blocks = self.blocks()

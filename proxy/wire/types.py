@@ -15,7 +15,7 @@ Adding a format is one module implementing both, and its tests.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -159,6 +159,17 @@ class InProcessRequest:
 
     def blocks(self) -> list[Block]:
         raise NotImplementedError
+
+    def _blocks_of(self, sources: tuple[Any, ...], make: Callable[[], list[Block]]) -> list[Block]:
+        """`make()`, made again only when one of `sources` (what the blocks show) is another
+        object since the last call: a request asks for its blocks up to three times (the
+        session's key, before recall, after it), and nothing changes a list in place."""
+        known: tuple[tuple[Any, ...], list[Block]] | None = self.__dict__.get("_known_blocks")
+        if known is not None and all(a is b for a, b in zip(known[0], sources, strict=True)):
+            return list(known[1])
+        blocks = make()
+        self._known_blocks = (sources, blocks)
+        return list(blocks)
 
     def inline_tools(self) -> InlineTools | None:
         return None

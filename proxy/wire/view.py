@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from caps import Caps, Clamp, Segment, ToolNames
-from caps._kept import Generations, footprint
+from caps._kept import OfObjects
 from caps.types import evolve
 from proxy.cache.sessions import Block
 
@@ -46,7 +46,7 @@ class ChatView:
 
     def system(self, text: str, place: Place) -> None:
         """A system text (bootstrap files are looked for in it)."""
-        self.messages.append(_kept(("system", id(text)), (text,), _system, text))
+        self.messages.append(_VIEWS.get((text,), ("system",), _system, text))
         self.places.append(place)
 
     def first_user(self, texts: Sequence[tuple[int, str]], place: Place) -> None:
@@ -56,20 +56,19 @@ class ChatView:
         if not texts:
             return
         held = tuple(text for _, text in texts)
-        key = ("user", tuple(i for i, _ in texts), tuple(map(id, held)))
-        self.messages.append(_kept(key, held, _first_user, texts))
+        key = ("user", tuple(i for i, _ in texts))
+        self.messages.append(_VIEWS.get(held, key, _first_user, texts))
         self.places.append((*place, tuple(i for i, _ in texts)))
 
     def calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
         """Tool calls as `(call id, tool name, arguments as JSON text)`: names the results."""
         if calls:
-            self.messages.append(_kept(("calls", self.owner, tuple(calls)), (), _calls, calls))
+            self.messages.append(_VIEWS.get((), ("calls", self.owner, tuple(calls)), _calls, calls))
             self.places.append(None)
 
     def result(self, call_id: str, content: Any, place: Place) -> None:
         """A tool result: a string, or a list of parts whose `text` is what may be clamped."""
-        key = ("tool", call_id, id(content))
-        self.messages.append(_kept(key, (content,), _result, call_id, content))
+        self.messages.append(_VIEWS.get((content,), ("tool", call_id), _result, call_id, content))
         self.places.append(place)
 
     def clamp(
@@ -95,25 +94,9 @@ class ChatView:
         return int(place[1]) if place is not None else -1
 
 
-_VIEWS: Generations[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = Generations(8 << 20)
-"""View messages by what they were made of (by identity: the texts an agent resends are the
-same objects every turn, `resent`), so the clamps find them again (`caps._kept`): at most
-8 MB."""
-
-
-def _kept(key: tuple[Any, ...], held: tuple[Any, ...], make: Any, *args: Any) -> dict[str, Any]:
-    """`make(*args)`, or the message it made before from the very objects `held`."""
-    try:
-        found = _VIEWS.get(key)
-    except TypeError:  # a client's id that is not a string: made afresh (the clamp says more)
-        return make(*args)  # type: ignore[no-any-return]
-    if found is not None and all(a is b for a, b in zip(found[0], held, strict=True)):
-        return found[1]
-    message: dict[str, Any] = make(*args)
-    weight = footprint((key, held, message))  # all it keeps alive, shared texts twice
-    if weight is not None:
-        _VIEWS.put(key, (held, message), weight=weight)
-    return message
+_VIEWS = OfObjects(8 << 20)
+"""View messages by what they were made of (the texts an agent resends are the same objects
+every turn, `resent`), so the clamps find them again (`caps._kept`): at most 8 MB."""
 
 
 def _system(text: str) -> dict[str, Any]:
@@ -165,21 +148,15 @@ def _copy(item: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """`{**item, key: value}`, kept by the identity of both: an agent resends the same item
     and the clamps give the same value every turn, so the copy is the same object too, and
     its JSON is written once (`body._DUMPED`, `sessions._SERIAL_KEPT`)."""
-    held = (item, value)
-    found = _COPIES.get((id(item), key, id(value)))
-    if found is not None and found[0][0] is item and found[0][1] is value:
-        return found[1]
-    copy = {**item, key: value}
-    weight = footprint((held, copy))
-    if weight is not None:
-        _COPIES.put((id(item), key, id(value)), (held, copy), weight=weight)
-    return copy
+    return _COPIES.get((item, value), (key,), _with, item, key, value)
 
 
-_COPIES: Generations[tuple[int, str, int], tuple[tuple[Any, Any], dict[str, Any]]] = Generations(
-    8 << 20
-)
-"""`_copy`'s copies: at most 8 MB."""
+def _with(item: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    return {**item, key: value}
+
+
+_COPIES = OfObjects(8 << 20)
+"""`_copy`'s copies, and `set_part`'s lists of parts: at most 8 MB."""
 
 
 def set_texts(
@@ -201,22 +178,14 @@ def set_part(items: list[Any], index: int, part: int, key: str, value: Any) -> l
     parts = items[index]["content"]
     new_part = _copy(parts[part], key, value)
     # the parts list kept like the copies: the same list for the same parts and new part
-    found = _PARTS.get((id(parts), part, id(new_part)))
-    if found is not None and found[0][0] is parts and found[0][1] is new_part:
-        new_parts = found[1]
-    else:
-        new_parts = list(parts)
-        new_parts[part] = new_part
-        weight = footprint((parts, new_part, new_parts))
-        if weight is not None:
-            _PARTS.put(
-                (id(parts), part, id(new_part)), ((parts, new_part), new_parts), weight=weight
-            )
+    new_parts = _COPIES.get((parts, new_part), ("parts", part), _replaced, parts, part, new_part)
     return set_item(items, index, "content", new_parts)
 
 
-_PARTS: Generations[tuple[int, int, int], tuple[tuple[Any, Any], list[Any]]] = Generations(4 << 20)
-"""`set_part`'s lists of parts: at most 4 MB."""
+def _replaced(items: list[Any], index: int, item: Any) -> list[Any]:
+    out = list(items)
+    out[index] = item
+    return out
 
 
 def with_text(items: list[Any], index: int, text: str, part_type: str) -> list[Any]:

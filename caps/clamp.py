@@ -20,7 +20,6 @@ from typing import Any
 
 from caps import prune
 from caps._kept import ByIdentity, Generations, message_weight
-from caps._text import utf16_len
 from caps.bootstrap import clamp_system_text
 from caps.instructions import clamp_instructions
 from caps.summariser import clamp_page
@@ -178,15 +177,4 @@ def _prunable_segment(
     pruned = prune.pruned_text(text, tool, call_id, policy)
     if pruned is None:
         return None
-    return Segment(
-        kind="pruned",
-        label=f"{tool or 'tool'} {call_id}",
-        before=chars,
-        after=utf16_len(pruned),
-        action="prunable",
-        cap=None,
-        tool=tool,
-        call_id=call_id,
-        original=text,
-        clamped=pruned,
-    )
+    return prune.segment(text, pruned, tool, call_id, action="prunable", chars=chars)

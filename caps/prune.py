@@ -47,7 +47,7 @@ from typing import Any
 
 from caps._text import utf16_head, utf16_len, utf16_tail
 from caps.toolresults import tool_calls
-from caps.types import Message, PrunePolicy, Segment
+from caps.types import Action, Message, PrunePolicy, Segment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,27 +136,44 @@ def apply(
             new = pruned_text(text, tool, call_id, policy)
         if new is None:
             continue
+        note = "pruned now" if call_id in fresh else "pruned earlier"
         segments.append(
-            Segment(
-                kind="pruned",
-                label=f"{tool or 'tool'} {call_id}",
-                before=utf16_len(text),
-                after=utf16_len(new),
-                action="clamped",
-                cap=None,
-                message_index=index,
-                tool=tool,
-                call_id=call_id,
-                note="pruned now" if call_id in fresh else "pruned earlier",
-                original=text,
-                clamped=new,
-            )
+            segment(text, new, tool, call_id, action="clamped", message_index=index, note=note)
         )
         if text == new:
             continue
         out = out if out is not None else list(messages)
         out[index] = {**message, "content": new}
     return (out if out is not None else messages), segments
+
+
+def segment(
+    text: str,
+    new: str,
+    tool: str | None,
+    call_id: str,
+    *,
+    action: Action,
+    chars: int | None = None,
+    message_index: int = -1,
+    note: str | None = None,
+) -> Segment:
+    """The `pruned` segment of a result whose `text` `new` stands for (`chars`: the text's
+    UTF-16 length, when known)."""
+    return Segment(
+        kind="pruned",
+        label=f"{tool or 'tool'} {call_id}",
+        before=utf16_len(text) if chars is None else chars,
+        after=utf16_len(new),
+        action=action,
+        cap=None,
+        message_index=message_index,
+        tool=tool,
+        call_id=call_id,
+        note=note,
+        original=text,
+        clamped=new,
+    )
 
 
 def pays(saved: int, rewritten: int, *, write: float, read: float, expected: float) -> bool:

@@ -72,6 +72,9 @@ class Found(NamedTuple):
     """The old items' objects: the first `len(parsed)` of the list."""
     history: _History
     """What it extends."""
+    checked: bool = False
+    """Whether `fields` are known to be valid UTF-8 (`Tails.fields` checked the part it
+    scanned, and the tail it kept was checked when first seen)."""
 
 
 class Histories:
@@ -193,6 +196,7 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
     try:
         # the part before the tools (`Tails`) with the stand-in, or the whole body with it
         found_fields = TAILS.fields(raw, owner, stand_in=(start, end, _STAND_IN))
+        checked = found_fields is not None
         if found_fields is None:
             found_fields = TOP.decode(b"".join((view[:start], _STAND_IN, view[end:])))
         value = found_fields.get(history.key)
@@ -210,7 +214,7 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
         view[a:b] for a, b in zip(history.starts[:kept], history.ends[:kept], strict=True)
     ]
     items += new
-    return Found(history.key, fields, items, history.parsed[:kept], history)
+    return Found(history.key, fields, items, history.parsed[:kept], history, checked)
 
 
 def _kept(raw: bytes, history: _History) -> int:

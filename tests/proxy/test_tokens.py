@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from proxy.tokens import TokenCounter, encoding_name
+from proxy.tokens import OBJECTS_WEIGHT, TokenCounter, encoding_name
 
 
 def test_tokens_are_counted_offline_with_the_models_encoding() -> None:
@@ -24,3 +24,23 @@ def test_a_huge_text_is_counted_in_pieces_to_the_same_total() -> None:
     for text in texts:
         assert len(text) > 2 * PIECE_CHARS
         assert _count(enc, text) == len(enc.encode_ordinary(text))
+
+
+def test_a_block_counted_by_identity_has_its_own_count_and_the_kept_bytes_are_bounded() -> None:
+    """`count_bytes` finds a large block it counted by the object (no hashing of its bytes
+    again): never another object's or another encoding's count, and what it keeps for that
+    stays bounded."""
+    counter, fresh = TokenCounter(), TokenCounter()
+
+    def expected(data: bytes, encoding: str) -> int:
+        return fresh.count_bytes(bytes(bytearray(data)), encoding)
+
+    blocks = [("héllo " * (1000 + 97 * i) + str(i)).encode() for i in range(40)]
+    for _ in range(2):
+        for data in blocks:
+            for encoding in ("o200k_base", "cl100k_base"):
+                assert counter.count_bytes(data, encoding) == expected(data, encoding)
+    for i in range(200):  # 200 new 100 KB blocks, each gone after its count
+        data = (f"x{i} " * 25_000).encode()
+        assert counter.count_bytes(data, "o200k_base") == expected(data, "o200k_base")
+    assert sum(len(data) for data, _ in counter._objects.values()) <= OBJECTS_WEIGHT

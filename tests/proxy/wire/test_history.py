@@ -46,10 +46,10 @@ def _fresh(raw: bytes) -> dict[str, Any]:
     return _read(raw, f"fresh-{next(_FRESH)}")  # an owner with no history: a full scan
 
 
-def _session() -> list[bytes]:
+def _session(size: int = 60_000) -> list[bytes]:
     """An OpenClaw session: each request drops the last one's context message, adds a tool
-    turn and a new context message."""
-    first = openclaw_request(version="9.x", size_bytes=60_000, stream=False)
+    turn and a new context message (`size` 120,000: its tools are resent as a tail too)."""
+    first = openclaw_request(version="9.x", size_bytes=size, stream=False)
     context = {"role": "user", "content": [{"type": "text", "text": "[context] turn 0"}]}
     turns = [{**first, "messages": [*first["messages"], context]}]
     for n in range(1, 6):
@@ -206,3 +206,34 @@ def test_a_requests_blocks_do_not_outlive_it() -> None:
     del request
     gc.collect()
     assert [r for r in gc.get_referrers(messages) if isinstance(r, tuple)] == []
+
+
+@pytest.mark.parametrize(
+    "where", ["new item", "field before", "field between", "field after", "tools"]
+)
+def test_invalid_utf8_in_a_body_that_extends_the_history_gets_the_full_scans_error(
+    where: str,
+) -> None:
+    """The history's read checks UTF-8 once, not again: a bad byte anywhere is still a 400."""
+    owner = f"utf8-{where}"
+    first, second = (r.replace(b"turn", "tür".encode()) for r in _session(120_000)[:2])
+    _read(first, owner)
+    found = HISTORIES.find(second, owner)
+    assert found is not None and found.checked  # the tools, 50 KB, are the tail it knows
+    if where == "new item":
+        raw = second.replace(b'"[context] t\xc3\xbcr 1"', b'"[context] \xff 1"')
+    elif where == "field before":
+        raw = b'{"user":"\xff",' + second[1:]
+    elif where == "field between":  # after the list, before the tail the owner resends
+        end = second.index(b',"stream":')
+        raw = second[:end] + b',"user":"\xff"' + second[end:]
+    elif where == "field after":
+        raw = second[:-1] + b',"user":"\xff"}'
+    else:
+        raw = second.replace(b'"name":"read"', b'"name":"r\xffad"', 1)
+    assert raw != second
+    with pytest.raises(BadRequest) as ours:
+        _read(raw, owner)
+    with pytest.raises(BadRequest) as fresh:
+        _fresh(raw)
+    assert str(ours.value) == str(fresh.value)

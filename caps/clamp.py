@@ -64,8 +64,8 @@ def clamp_request(
             clamp_text = _system_text
         else:
             continue
-        new_message, found = _TEXTS.get(_clamp_texts, message, clamp_text, caps)
-        segments.extend(evolve(s, message_index=index) for s in found)
+        new_message, found = _TEXTS.get(_clamp_texts_at, message, clamp_text, caps, index)
+        segments.extend(found)
         if new_message is not message:
             new_messages[index] = new_message
             changed = True
@@ -86,7 +86,18 @@ def clamp_request(
 
 
 _TEXTS = ByIdentity(8 << 20, message_weight)
-"""`_clamp_texts` by the message (the same objects every turn: `caps._kept`)."""
+"""`_clamp_texts_at` by the message (the same objects every turn, at the same index:
+`caps._kept`)."""
+
+
+def _clamp_texts_at(
+    message: Message,
+    clamp_text: Callable[[str, Caps], tuple[str, list[Segment]]],
+    caps: Caps,
+    index: int,
+) -> tuple[Message, tuple[Segment, ...]]:
+    new, found = _clamp_texts(message, clamp_text, caps)
+    return new, tuple(evolve(s, message_index=index) for s in found)
 
 
 def _system_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:

@@ -49,8 +49,8 @@ def clamp_tool_results(
             call_id if isinstance(call_id, str) else None,
             url if isinstance(url, str) else None,
         )
-        new_message, found = _MESSAGES.get(_clamp_message, message, key, caps, tools)
-        segments.extend(evolve(s, message_index=index) for s in found)
+        new_message, found = _MESSAGES.get(_clamp_message_at, message, key, caps, tools, index)
+        segments.extend(found)
         if new_message is not message:
             out = out if out is not None else list(messages)
             out[index] = new_message
@@ -80,8 +80,16 @@ def _clamp_message(
     return {**message, "content": new_content}, tuple(found)
 
 
+def _clamp_message_at(
+    message: Message, key: _Key, caps: Caps, tools: ToolNames, index: int
+) -> tuple[Message, tuple[Segment, ...]]:
+    new, found = _clamp_message(message, key, caps, tools)
+    return new, tuple(evolve(s, message_index=index) for s in found)
+
+
 _MESSAGES = ByIdentity(8 << 20, message_weight)
-"""`_clamp_message` by the message (the same objects every turn: `caps._kept`)."""
+"""`_clamp_message_at` by the message (the same objects every turn, at the same index:
+`caps._kept`)."""
 
 _Key = tuple[str | None, str | None, str | None]
 """(tool name, tool_call_id, URL argument): what a result's clamp depends on besides its text."""

@@ -225,7 +225,8 @@ class Pipeline:
         )
         money_headers(headers, call.options.enabled, segments, saved, price)
         recall.headers(headers)
-        draft = RequestRecord(
+        draft = evolve(
+            _DRAFT,
             id=call.id,
             ts=0.0,
             model=call.body.model,
@@ -463,6 +464,21 @@ class Pipeline:
         if isinstance(reply.body, bytes):
             return Response(reply.body, media_type=reply.media_type, headers=headers)
         return StreamingResponse(reply.body, media_type=reply.media_type, headers=headers)
+
+
+_DRAFT = RequestRecord(
+    id="",
+    ts=0.0,
+    model=None,
+    enabled=False,
+    stream=False,
+    status=0,
+    duration_ms=0.0,
+    segments=(),
+    encoding="",
+)
+"""What a request's record starts from (`evolve` fills a record's fields without the frozen
+dataclass's `__init__`, ~7 µs for its 40 fields; `marks`, the one made per record, is given)."""
 
 
 def request_settings(request: Request, state: ProxyState) -> Settings:

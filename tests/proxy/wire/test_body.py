@@ -166,3 +166,17 @@ def test_invalid_utf8_in_a_key_is_a_400_not_a_500() -> None:
     for raw in (b'{"model":"m","\xff":1,"messages":[]}', b'{"model":"m","messages":[{"\xfe":1}]}'):
         with pytest.raises(BadRequest, match="UTF-8"):
             parse_chat_body(raw)
+
+
+def test_a_changed_list_is_written_with_the_unchanged_items_as_sent() -> None:
+    raw = b'{"model":"m","messages":[{"role":"user","content":"1E2"},{"a":1}],"n":1}'
+    body = parse_chat_body(raw)
+    first, second = body.messages
+    new = {"role": "user", "content": "new"}
+    assert body.encode([]) == b'{"model":"m","messages":[],"n":1}'
+    one = b'{"model":"m","messages":[{"role":"user","content":"1E2"}],"n":1}'
+    assert body.encode([first]) == one
+    assert body.encode([new, second, first]) == (
+        b'{"model":"m","messages":[{"role":"user","content":"new"},{"a":1},'
+        b'{"role":"user","content":"1E2"}],"n":1}'
+    )

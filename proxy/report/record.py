@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -167,24 +168,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
             saved_tokens = r.segment_tokens[i]
         else:
             saved_tokens = tokens.saved(s, r.encoding)
-        segments.append(
-            {
-                "kind": s.kind,
-                "label": s.label,
-                "before": s.before,
-                "after": s.after,
-                "saved": s.saved,
-                "savedTokens": saved_tokens,
-                "savedUsd": usd(saved_tokens, r.input_price),
-                "action": s.action,
-                "cap": s.cap,
-                "messageIndex": s.message_index,
-                "tool": s.tool,
-                "callId": s.call_id,
-                "url": s.url,
-                "note": s.note,
-            }
-        )
+        segments.append(_SEGMENTS.get(s, saved_tokens, r.input_price))
     acted = [s for s in segments if s["action"] == "clamped"]
     would = [s for s in segments if s["action"] == "would-clamp"]
     saved_tokens = sum(s["savedTokens"] for s in acted)
@@ -225,6 +209,59 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         **(r.billed if r.billed is not None else billing(r, tokens)),
     }
     return body
+
+
+def _segment_entry(s: Segment, saved_tokens: int, price: float | None) -> dict[str, Any]:
+    return {
+        "kind": s.kind,
+        "label": s.label,
+        "before": s.before,
+        "after": s.after,
+        "saved": s.saved,
+        "savedTokens": saved_tokens,
+        "savedUsd": usd(saved_tokens, price),
+        "action": s.action,
+        "cap": s.cap,
+        "messageIndex": s.message_index,
+        "tool": s.tool,
+        "callId": s.call_id,
+        "url": s.url,
+        "note": s.note,
+    }
+
+
+class _SegmentEntries:
+    """A segment's entry by the segment itself: a session's requests carry the very same
+    segments turn after turn (the clamps keep them by message: `caps._kept`), and making
+    their entries again was a third of a record's cost on the writer thread. The entries are
+    shared between records: what reads them (sinks, the store) never changes one. Bounded by
+    the texts the segments keep alive; a lock, as any thread may describe a record."""
+
+    def __init__(self, max_weight: int) -> None:
+        self._kept: dict[tuple[int, int, float | None], tuple[Segment, dict[str, Any]]] = {}
+        self._weight = 0
+        self._max = max_weight
+        self._lock = threading.Lock()
+
+    def get(self, s: Segment, saved_tokens: int, price: float | None) -> dict[str, Any]:
+        key = (id(s), saved_tokens, price)
+        with self._lock:
+            found = self._kept.get(key)
+        if found is not None and found[0] is s:
+            return found[1]
+        entry = _segment_entry(s, saved_tokens, price)
+        weight = 2 * (len(s.original) + len(s.clamped) + len(s.label)) + 1024
+        with self._lock:
+            if self._weight + weight > self._max:
+                self._kept.clear()
+                self._weight = 0
+            if weight <= self._max // 4:
+                self._kept[key] = (s, entry)
+                self._weight += weight
+        return entry
+
+
+_SEGMENTS = _SegmentEntries(8 << 20)
 
 
 def _tools_inline(r: RequestRecord, tokens: TokenCounter) -> dict[str, int] | None:

@@ -200,7 +200,7 @@ def parse_object(
         raise BadRequest(f"request body is empty: send {example}")
     history = HISTORIES.find(raw, owner)
     if history is not None:
-        if not history.checked and not raw.isascii():
+        if history.tail is None and not raw.isascii():
             check_utf8(history.fields, parsed)
         return JsonBody(raw, history.fields, decoded=False, owner=owner, history=history)
     known = TAILS.fields(raw, owner)

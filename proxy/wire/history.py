@@ -72,9 +72,10 @@ class Found(NamedTuple):
     """The old items' objects: the first `len(parsed)` of the list."""
     history: _History
     """What it extends."""
-    checked: bool = False
-    """Whether `fields` are known to be valid UTF-8 (`Tails.fields` checked the part it
-    scanned, and the tail it kept was checked when first seen)."""
+    tail: tuple[int, int] | None = None
+    """The length and the `{` count of the tail (`Tails`) it ends with, when it was read with
+    one: then its `fields` are known to be valid UTF-8 too (`Tails.read` checked the part it
+    scanned, and the tail was checked when first seen)."""
 
 
 class Histories:
@@ -106,7 +107,10 @@ class Histories:
         h, kept = found.history, len(found.parsed)
         end = h.ends[kept - 1]
         head = raw.count(b"{", 0, h.start)
-        return head + h.braces[kept - 1] + TAILS.braces(raw, owner, start=end)
+        if found.tail is None:
+            return head + h.braces[kept - 1] + TAILS.braces(raw, owner, start=end)
+        size, tail = found.tail  # read with it: the tail's bytes were compared then
+        return head + h.braces[kept - 1] + raw.count(b"{", end, len(raw) - size) + tail
 
     def find(self, raw: bytes, owner: str = "") -> Found | None:
         """`raw` read as an extension of a list `owner` sent before; None when it is not one."""
@@ -195,9 +199,11 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
     view = memoryview(raw)
     try:
         # the part before the tools (`Tails`) with the stand-in, or the whole body with it
-        found_fields = TAILS.fields(raw, owner, stand_in=(start, end, _STAND_IN))
-        checked = found_fields is not None
-        if found_fields is None:
+        read = TAILS.read(raw, owner, stand_in=(start, end, _STAND_IN))
+        tail: tuple[int, int] | None = None
+        if read is not None:
+            found_fields, tail = read[0], read[1:]
+        else:
             found_fields = TOP.decode(b"".join((view[:start], _STAND_IN, view[end:])))
         value = found_fields.get(history.key)
         # the field's value (the last one, were the key given twice) is where the stand-in
@@ -214,7 +220,7 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
         view[a:b] for a, b in zip(history.starts[:kept], history.ends[:kept], strict=True)
     ]
     items += new
-    return Found(history.key, fields, items, history.parsed[:kept], history, checked)
+    return Found(history.key, fields, items, history.parsed[:kept], history, tail)
 
 
 def _kept(raw: bytes, history: _History) -> int:

@@ -79,10 +79,18 @@ class Tails:
         """`raw`'s top-level fields (raw values) when it ends with a remembered tail and the
         part before is an object's members; else None. `stand_in` (start, end, bytes): read
         `raw` with `raw[start:end]` replaced by those bytes (`history`: the old items)."""
+        found = self.read(raw, owner, stand_in=stand_in)
+        return found[0] if found is not None else None
+
+    def read(
+        self, raw: bytes, owner: str = "", *, stand_in: tuple[int, int, bytes] | None = None
+    ) -> tuple[dict[str, Any], int, int] | None:
+        """`fields`, and the length and the `{` count of the tail `raw` ends with (its bytes
+        compared once: `braces` needs no second look)."""
         found = self._by_end.get((owner, raw[-_END:]))
         if found is None:
             return None
-        tail, tail_fields, _ = found
+        tail, tail_fields, tail_braces = found
         cut = len(raw) - len(tail)
         if cut <= 1 or not raw.endswith(tail):
             return None
@@ -94,20 +102,21 @@ class Tails:
             pieces = (view[:start], replacement, view[end:cut], b"}")
         else:
             return None
+        # one copy of the head (a slice, then `+`, made two: each new buffer of a large
+        # body costs page faults, ~3 µs a 4 KB page here)
+        document = b"".join(pieces)
         try:
-            # one copy of the head (a slice, then `+`, made two: each new buffer of a large
-            # body costs page faults, ~3 µs a 4 KB page here)
-            head: dict[str, Any] = TOP.decode(b"".join(pieces))
+            head: dict[str, Any] = TOP.decode(document)
         except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
             return None  # not a member boundary, or a bad body: the long way says which
-        if not raw.isascii():
+        if not document.isascii():  # the tail was checked when it was remembered
             try:
                 check_utf8(head, ())
             except BadRequest:
                 return None
         for key in tail_fields:
             head.pop(key, None)  # a key given twice: the last one counts, as in a full scan
-        return {**head, **tail_fields}
+        return {**head, **tail_fields}, len(tail), tail_braces
 
     def remember(
         self, raw: bytes, fields: dict[str, Any], parsed: tuple[str, ...], owner: str = ""

@@ -466,3 +466,37 @@ def test_a_batch_adds_to_its_sessions_as_its_requests_one_by_one_would(tmp_path:
 
 def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [tuple(round(v, 12) if isinstance(v, float) else v for v in row) for row in rows]
+
+
+def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> None:
+    """The writer keeps a segment's entry by the segment (a session resends the same ones):
+    the same segment with other tokens or another price gets its own figures, and what is
+    kept for that stays bounded."""
+    from proxy.report.record import _SEGMENTS, report_entry
+    from proxy.tokens import TokenCounter
+
+    tokens = TokenCounter()
+    segment = Segment(kind="web_fetch", label="u", before=900, after=400, action="clamped", cap=400)
+
+    def entry(saved: int, price: float | None) -> dict[str, Any]:
+        record = RequestRecord(
+            id="r", ts=0.0, model="m", enabled=True, stream=False, status=200,
+            duration_ms=1.0, segments=(segment,), encoding="o200k_base",
+            segment_tokens=(saved,), input_price=price,
+        )  # fmt: skip
+        found: dict[str, Any] = report_entry(record, tokens)["segments"][0]
+        return found
+
+    assert entry(100, 1e-6)["savedUsd"] == pytest.approx(1e-4)
+    assert entry(100, 1e-6) is entry(100, 1e-6)  # kept
+    assert entry(120, 1e-6)["savedTokens"] == 120
+    assert entry(100, 2e-6)["savedUsd"] == pytest.approx(2e-4)
+    assert entry(100, None)["savedUsd"] is None
+    big = "x" * 1_000_000
+    for i in range(100):  # 100 segments of 1 MB texts, each gone after its record
+        segment = Segment(
+            kind="tool_output", label=f"t{i}", before=1, after=0, action="clamped", cap=0,
+            original=big + str(i), clamped="",
+        )  # fmt: skip
+        entry(i, None)
+    assert _SEGMENTS._weight <= _SEGMENTS._max

@@ -61,10 +61,11 @@ def _session(size: int = 60_000) -> list[bytes]:
     return [json.dumps(t, separators=(",", ":")).encode() for t in turns]
 
 
-def test_a_growing_session_is_read_as_a_full_scan_reads_it() -> None:
-    owner = "grows"
+@pytest.mark.parametrize("size", [60_000, 120_000])  # with 120,000, its tools are a tail too
+def test_a_growing_session_is_read_as_a_full_scan_reads_it(size: int) -> None:
+    owner = f"grows-{size}"
     found = []
-    for raw in _session():
+    for raw in _session(size):
         found.append(HISTORIES.find(raw, owner) is not None)
         assert _read(raw, owner) == _fresh(raw)
     assert found == [False, True, True, True, True, True]  # each extends the one before
@@ -219,7 +220,7 @@ def test_invalid_utf8_in_a_body_that_extends_the_history_gets_the_full_scans_err
     first, second = (r.replace(b"turn", "tür".encode()) for r in _session(120_000)[:2])
     _read(first, owner)
     found = HISTORIES.find(second, owner)
-    assert found is not None and found.checked  # the tools, 50 KB, are the tail it knows
+    assert found is not None and found.tail  # the tools, 50 KB, are the tail it knows
     if where == "new item":
         raw = second.replace(b'"[context] t\xc3\xbcr 1"', b'"[context] \xff 1"')
     elif where == "field before":

@@ -107,6 +107,8 @@ class UsageReader:
         self.response_model: str | None = None
         """The model that answered, from the same event."""
         self._lines = Splitter(LINE)
+        self._result: tuple[dict[str, int], Usage] | None = None
+        """The last `result`, and the fields it was made of."""
 
     def feed(self, chunk: bytes) -> None:
         """The next bytes of an SSE reply."""
@@ -130,6 +132,13 @@ class UsageReader:
         f = self._fields
         if not f:
             return None
+        if self._result is not None and self._result[0] == f:
+            return self._result[1]  # asked again (the record, after the reply's headers)
+        found = self._usage(f)
+        self._result = (dict(f), found)
+        return found
+
+    def _usage(self, f: dict[str, int]) -> Usage:
         read = f.get("cache_read_input_tokens", f.get("cached_tokens", 0))
         short, long = (f.get(key, 0) for key in _TTL_COUNTS)
         write = f.get("cache_creation_input_tokens", f.get("cache_write_tokens", short + long))

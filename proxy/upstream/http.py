@@ -65,7 +65,7 @@ def forward_request_headers(
     out = {
         k: v
         for k, v in headers.items()
-        if k.lower() not in _DROP_REQUEST and not k.lower().startswith("x-context-budget")
+        if (name := k.lower()) not in _DROP_REQUEST and not name.startswith("x-context-budget")
     }
     if authorization:
         out["authorization"] = authorization

@@ -44,3 +44,28 @@ def test_a_block_counted_by_identity_has_its_own_count_and_the_kept_bytes_are_bo
         data = (f"x{i} " * 25_000).encode()
         assert counter.count_bytes(data, "o200k_base") == expected(data, "o200k_base")
     assert sum(len(data) for data, _ in counter._objects.values()) <= OBJECTS_WEIGHT
+
+
+def test_a_segment_counted_by_identity_has_its_own_saving_in_each_encoding() -> None:
+    from caps import Segment
+
+    counter, fresh = TokenCounter(), TokenCounter()
+    segments = [
+        Segment(
+            kind="tool_output",
+            label=f"t{i}",
+            before=5000 + i,
+            after=10,
+            action="clamped",
+            cap=10,
+            original="héllo wörld " * (400 + i),
+            clamped="héllo",
+        )  # fmt: skip
+        for i in range(30)
+    ]
+    for _ in range(2):
+        for s in segments:
+            for encoding in ("o200k_base", "cl100k_base"):
+                expected = fresh.count(s.original, encoding) - fresh.count(s.clamped, encoding)
+                assert counter.saved(s, encoding) == expected
+    assert counter._objects_weight <= OBJECTS_WEIGHT

@@ -11,7 +11,7 @@ UTF-16 code units, the unit OpenClaw's own limits use (JavaScript string length)
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, TypeVar
 
 _D = TypeVar("_D")
@@ -57,6 +57,17 @@ PLACEHOLDER = "[Old tool result content cleared]"
 """OpenClaw's own `hardClear.placeholder`."""
 
 
+def _hash_once(self: Any) -> int:
+    """The fields' hash (as the dataclass's own), made once: the clamps' caches key on the
+    caps and tool names at every lookup, a dozen a request, and hashing `Caps` walked its
+    policy and its pruning plan each time. Kept on the instance (`evolve` drops it)."""
+    found: int | None = self.__dict__.get("_hash")
+    if found is None:
+        found = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
+        object.__setattr__(self, "_hash", found)
+    return found
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrunePolicy:
     """What may be pruned and how (`agents.defaults.contextPruning`, OpenClaw's keys)."""
@@ -79,6 +90,8 @@ class PrunePolicy:
     """Tool name globs that may be pruned; empty: every tool (`tools.allow`)."""
     deny: tuple[str, ...] = ()
     """Tool name globs never pruned; deny wins (`tools.deny`)."""
+
+    __hash__ = _hash_once
 
     def allows(self, tool: str | None) -> bool:
         """Whether results of `tool` may be pruned (an unnamed tool: only with no allow)."""
@@ -115,6 +128,8 @@ class Caps:
     pruned_now: frozenset[str] = frozenset()
     """Of `pruned`, the call ids decided for this request (the rest were decided before)."""
 
+    __hash__ = _hash_once
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolNames:
@@ -131,6 +146,8 @@ class ToolNames:
 
     keep_whole: frozenset[str] = KEEP_WHOLE
     """Tools whose results the tool-output cap never cuts."""
+
+    __hash__ = _hash_once
 
 
 def evolve(record: _D, **changes: Any) -> _D:
@@ -152,6 +169,7 @@ def evolve(record: _D, **changes: Any) -> _D:
     new = object.__new__(type(record))
     values = new.__dict__
     values.update(record.__dict__)
+    values.pop("_hash", None)  # `_hash_once`'s, of the fields before the changes
     for name in changes:
         if name not in values:
             raise TypeError(f"{type(record).__name__} has no field {name!r}")

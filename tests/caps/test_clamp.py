@@ -61,3 +61,23 @@ def test_what_the_clamp_cannot_read_is_left_as_it_came() -> None:
 def test_a_segment_copied_with_a_change_is_a_new_segment() -> None:
     # `evolve` stands in for dataclasses.replace on the request path (issue 25)
     assert doctest.testmod(types).failed == 0
+
+
+def test_caps_hash_by_their_fields_however_they_were_made() -> None:
+    """The caps' hash is made once per object (the clamp caches key on them): equal caps hash
+    alike, and a copy with a field changed (`replace`, `evolve`) hashes as its own fields."""
+    from dataclasses import replace
+
+    from caps.types import PrunePolicy, ToolNames, evolve
+
+    policy = PrunePolicy(min_chars=10)
+    caps = Caps(bootstrap_max_chars=100, prune=policy, pruned=(("c1", None),))
+    same = Caps(bootstrap_max_chars=100, prune=PrunePolicy(min_chars=10), pruned=(("c1", None),))
+    assert hash(caps) == hash(same) and {caps: 1}[same] == 1
+    for changed in (replace(caps, bootstrap_max_chars=5), evolve(caps, bootstrap_max_chars=5)):
+        made = Caps(bootstrap_max_chars=5, prune=policy, pruned=(("c1", None),))
+        assert changed == made and hash(changed) == hash(made)
+        assert {made: 1}.get(changed) == 1 and {caps: 1}.get(changed) is None
+    assert hash(ToolNames(web_fetch=frozenset({"fetch"}))) == hash(
+        ToolNames(web_fetch=frozenset({"fetch"}))
+    )

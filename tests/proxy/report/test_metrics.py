@@ -83,6 +83,11 @@ def test_counters_move_with_proxied_requests_and_match_the_report(tmp_path: Path
     assert report["recent"][0]["memory"] is None and report["recent"][0]["memoriesReused"] == 1
     profile = report["recent"][1]["memory"]["applied"]
     assert got[("ctxbudget_recall_duration_seconds_count", (("profile", profile),))] == 1
+    # the provider's tokens, by class, as the report has them
+    for key, name in (("input", "input"), ("cacheRead", "cache_read"), ("output", "output")):
+        labels = (("class", name), ("model", "gpt-4o"))
+        billed = sum(r["usage"][key] for r in report["recent"] if r["usage"])
+        assert got[("ctxbudget_provider_tokens_total", labels)] == billed
 
 
 def test_with_the_budget_off_the_savings_are_would_clamp(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import ctypes
 import gc
 import importlib.util
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -191,5 +192,6 @@ class TokenCounter:
         saved = max(
             0, self.count(segment.original, encoding) - self.count(segment.clamped, encoding)
         )
-        self._keep_object(segment, encoding, saved, len(segment.original) + len(segment.clamped))
+        kept = sys.getsizeof(segment.original) + sys.getsizeof(segment.clamped)  # bytes held
+        self._keep_object(segment, encoding, saved, kept)
         return saved

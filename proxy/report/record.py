@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -250,7 +251,8 @@ class _SegmentEntries:
         if found is not None and found[0] is s:
             return found[1]
         entry = _segment_entry(s, saved_tokens, price)
-        weight = 2 * (len(s.original) + len(s.clamped) + len(s.label)) + 1024
+        texts = (s.original, s.clamped, s.label)
+        weight = sum(map(sys.getsizeof, texts)) + 1024  # what the segment holds, in bytes
         with self._lock:
             if self._weight + weight > self._max:
                 self._kept.clear()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sys
+
 from proxy.tokens import OBJECTS_WEIGHT, TokenCounter, encoding_name
 
 
@@ -69,3 +71,10 @@ def test_a_segment_counted_by_identity_has_its_own_saving_in_each_encoding() -> 
                 expected = fresh.count(s.original, encoding) - fresh.count(s.clamped, encoding)
                 assert counter.saved(s, encoding) == expected
     assert counter._objects_weight <= OBJECTS_WEIGHT
+    wide = "中" * 300_000  # 600 KB in memory for 300,000 characters
+    for _ in range(40):  # 40 segments holding it: weighed by the bytes each holds
+        s = Segment(kind="tool_output", label="t", before=9, after=1, action="clamped", cap=1,
+                    original=wide, clamped="x")  # fmt: skip
+        counter.saved(s, "o200k_base")
+    held = sum(sys.getsizeof(s.original) for s, _ in counter._objects.values())  # type: ignore[attr-defined]
+    assert held <= OBJECTS_WEIGHT

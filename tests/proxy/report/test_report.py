@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -492,7 +493,7 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
     assert entry(120, 1e-6)["savedTokens"] == 120
     assert entry(100, 2e-6)["savedUsd"] == pytest.approx(2e-4)
     assert entry(100, None)["savedUsd"] is None
-    big = "x" * 1_000_000
+    big = "中" * 500_000  # 1 MB of text in memory: what is kept is weighed in bytes
     for i in range(100):  # 100 segments of 1 MB texts, each gone after its record
         segment = Segment(
             kind="tool_output", label=f"t{i}", before=1, after=0, action="clamped", cap=0,
@@ -500,3 +501,5 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
         )  # fmt: skip
         entry(i, None)
     assert _SEGMENTS._weight <= _SEGMENTS._max
+    held = sum(sys.getsizeof(s.original) for s, _ in _SEGMENTS._kept.values())
+    assert held <= _SEGMENTS._max

@@ -11,6 +11,7 @@ import ctypes
 import gc
 import importlib.util
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -191,5 +192,12 @@ class TokenCounter:
         saved = max(
             0, self.count(segment.original, encoding) - self.count(segment.clamped, encoding)
         )
-        self._keep_object(segment, encoding, saved, len(segment.original) + len(segment.clamped))
+        self._keep_object(segment, encoding, saved, segment_size(segment))
         return saved
+
+
+def segment_size(segment: Segment) -> int:
+    """About the bytes a segment kept by identity keeps alive: all its strings as Python
+    holds them (a client's call id or URL may be long; a 4-byte character takes 4)."""
+    held = (segment.original, segment.clamped, segment.label, segment.tool, segment.call_id)
+    return sum(sys.getsizeof(v) for v in (*held, segment.url, segment.note) if v is not None)

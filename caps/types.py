@@ -68,6 +68,12 @@ def _hash_once(self: Any) -> int:
     return found
 
 
+def _state(self: Any) -> dict[str, Any]:
+    """What a pickle or a copy carries: the fields, not `_hash_once`'s (another process, the
+    offload worker, hashes strings with a seed of its own)."""
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrunePolicy:
     """What may be pruned and how (`agents.defaults.contextPruning`, OpenClaw's keys)."""
@@ -92,6 +98,7 @@ class PrunePolicy:
     """Tool name globs never pruned; deny wins (`tools.deny`)."""
 
     __hash__ = _hash_once
+    __getstate__ = _state
 
     def allows(self, tool: str | None) -> bool:
         """Whether results of `tool` may be pruned (an unnamed tool: only with no allow)."""
@@ -129,6 +136,7 @@ class Caps:
     """Of `pruned`, the call ids decided for this request (the rest were decided before)."""
 
     __hash__ = _hash_once
+    __getstate__ = _state
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +156,7 @@ class ToolNames:
     """Tools whose results the tool-output cap never cuts."""
 
     __hash__ = _hash_once
+    __getstate__ = _state
 
 
 def evolve(record: _D, **changes: Any) -> _D:

@@ -192,6 +192,12 @@ class TokenCounter:
         saved = max(
             0, self.count(segment.original, encoding) - self.count(segment.clamped, encoding)
         )
-        kept = sys.getsizeof(segment.original) + sys.getsizeof(segment.clamped)  # bytes held
-        self._keep_object(segment, encoding, saved, kept)
+        self._keep_object(segment, encoding, saved, segment_size(segment))
         return saved
+
+
+def segment_size(segment: Segment) -> int:
+    """About the bytes a segment kept by identity keeps alive: all its strings as Python
+    holds them (a client's call id or URL may be long; a 4-byte character takes 4)."""
+    held = (segment.original, segment.clamped, segment.label, segment.tool, segment.call_id)
+    return sum(sys.getsizeof(v) for v in (*held, segment.url, segment.note) if v is not None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -22,7 +21,7 @@ from proxy.cache.tools import InlineTools
 from proxy.report.billing import Shift, cost, without
 from proxy.report.prices import Prices
 from proxy.report.usage import Usage
-from proxy.tokens import TokenCounter
+from proxy.tokens import TokenCounter, segment_size
 
 _T = TypeVar("_T")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -236,7 +235,7 @@ class _SegmentEntries:
     segments turn after turn (the clamps keep them by message: `caps._kept`), and making
     their entries again was a third of a record's cost on the writer thread. The entries are
     shared between records: what reads them (sinks, the store) never changes one. Bounded by
-    the texts the segments keep alive; a lock, as any thread may describe a record."""
+    the strings the segments keep alive; a lock, as any thread may describe a record."""
 
     def __init__(self, max_weight: int) -> None:
         self._kept: dict[tuple[int, int, float | None], tuple[Segment, dict[str, Any]]] = {}
@@ -251,8 +250,7 @@ class _SegmentEntries:
         if found is not None and found[0] is s:
             return found[1]
         entry = _segment_entry(s, saved_tokens, price)
-        texts = (s.original, s.clamped, s.label)
-        weight = sum(map(sys.getsizeof, texts)) + 1024  # what the segment holds, in bytes
+        weight = segment_size(s) + 1024  # all it keeps alive: a long URL or call id too
         with self._lock:
             if self._weight + weight > self._max:
                 self._kept.clear()

@@ -81,3 +81,39 @@ def test_caps_hash_by_their_fields_however_they_were_made() -> None:
     assert hash(ToolNames(web_fetch=frozenset({"fetch"}))) == hash(
         ToolNames(web_fetch=frozenset({"fetch"}))
     )
+
+
+def test_caps_sent_to_another_process_hash_as_that_process_hashes_them() -> None:
+    """The offload worker is a fresh interpreter with its own string hash seed, and the caps
+    reach it pickled: their hash made here must not go with them (an equal `Caps` made
+    there hashed otherwise: a == b with hash(a) != hash(b), each cache keeping both)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from caps.types import PrunePolicy, ToolNames
+
+    caps = Caps(tool_output_max_chars=100, prune=PrunePolicy(deny=("exec",)), pruned=(("c", None),))
+    tools = ToolNames(web_fetch=frozenset({"fetch"}))
+    hash(caps), hash(tools)  # made here, as the request path does before handing them over
+    check = (
+        "import pickle, sys\n"
+        "from caps.types import Caps, PrunePolicy, ToolNames\n"
+        "caps, tools = pickle.loads(sys.stdin.buffer.read())\n"
+        "made = Caps(tool_output_max_chars=100, prune=PrunePolicy(deny=('exec',)),"
+        " pruned=(('c', None),))\n"
+        "assert caps == made and hash(caps) == hash(made), 'caps'\n"
+        "names = ToolNames(web_fetch=frozenset({'fetch'}))\n"
+        "assert tools == names and hash(tools) == hash(names), 'tools'\n"
+    )
+    for seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-c", check],
+            input=pickle.dumps((caps, tools)),
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode()[-500:]

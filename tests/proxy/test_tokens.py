@@ -78,3 +78,33 @@ def test_a_segment_counted_by_identity_has_its_own_saving_in_each_encoding() -> 
         counter.saved(s, "o200k_base")
     held = sum(sys.getsizeof(s.original) for s, _ in counter._objects.values())  # type: ignore[attr-defined]
     assert held <= OBJECTS_WEIGHT
+
+
+def test_what_the_counter_keeps_of_segments_is_bounded_by_all_they_hold() -> None:
+    """A segment kept by identity keeps all its strings alive, not only the two texts it
+    is counted by: a client's long call id or URL (and text of 4-byte characters) count
+    toward the bound too (64 segments with a 1 MB URL each held 64 MB)."""
+    import gc
+    import tracemalloc
+
+    from caps import Segment
+
+    counter = TokenCounter()
+    counter.count("warm", "o200k_base")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(64):
+            s = Segment(
+                kind="web_fetch", label=f"t{i}", before=5000, after=10, action="clamped",
+                cap=10, url="https://example.com/" + "a" * (1 << 20) + str(i),
+                original=f"{i} " + "word " * 1000, clamped="word",
+            )  # fmt: skip
+            counter.saved(s, "o200k_base")
+            del s
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept <= OBJECTS_WEIGHT + (2 << 20)

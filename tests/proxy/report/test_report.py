@@ -503,3 +503,37 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
     assert _SEGMENTS._weight <= _SEGMENTS._max
     held = sum(sys.getsizeof(s.original) for s, _ in _SEGMENTS._kept.values())
     assert held <= _SEGMENTS._max
+
+
+def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
+    """An entry kept by its segment keeps the segment's strings alive, a client's long call
+    id and URL too: they count toward the bound (64 segments with a 1 MB URL held 64 MB)."""
+    import gc
+    import tracemalloc
+
+    from proxy.report.record import _SEGMENTS, report_entry
+    from proxy.tokens import TokenCounter
+
+    tokens = TokenCounter()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(64):
+            segment = Segment(
+                kind="web_fetch", label=f"t{i}", before=900, after=400, action="clamped",
+                cap=400, url="https://example.com/" + "a" * (1 << 20) + str(i),
+                call_id=f"call_{i}",
+            )  # fmt: skip
+            record = RequestRecord(
+                id="r", ts=0.0, model="m", enabled=True, stream=False, status=200,
+                duration_ms=1.0, segments=(segment,), encoding="o200k_base",
+                segment_tokens=(100,), input_price=None,
+            )  # fmt: skip
+            report_entry(record, tokens)
+            del segment, record
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept <= _SEGMENTS._max + (2 << 20)

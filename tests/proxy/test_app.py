@@ -325,3 +325,19 @@ def test_random_json_of_each_formats_words_is_never_a_5xx(tmp_path: Path) -> Non
             assert r.status_code < 500 and "Traceback" not in r.text, (route, raw, r.text)
 
         check()
+
+
+def test_start_up_objects_are_frozen_out_of_the_collector_once_a_process(tmp_path: Path) -> None:
+    """A started app moves what start-up made out of the collector's full passes (they walked
+    it on every pass), once a process: a second app's objects stay collectable."""
+    import gc
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    with proxy_app(tmp_path / "one") as (client, _):
+        assert client.get("/healthz").status_code == 200
+        frozen = gc.get_freeze_count()
+    assert frozen > 10_000
+    with proxy_app(tmp_path / "two") as (client, _):
+        assert client.get("/healthz").status_code == 200
+        assert gc.get_freeze_count() <= frozen  # (frozen objects still die by refcount)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import orjson
 
 from caps import Segment
+from caps._kept import ByIdentity
 from proxy.cache.sessions import Digested, PrefixChange, block_tokens
 from proxy.cache.tools import InlineTools
 from proxy.report.billing import Shift, cost, without
@@ -168,7 +168,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
             saved_tokens = r.segment_tokens[i]
         else:
             saved_tokens = tokens.saved(s, r.encoding)
-        segments.append(_SEGMENTS.get(s, saved_tokens, r.input_price))
+        segments.append(_SEGMENTS.get(_segment_entry, s, saved_tokens, r.input_price))
     acted = [s for s in segments if s["action"] == "clamped"]
     would = [s for s in segments if s["action"] == "would-clamp"]
     saved_tokens = sum(s["savedTokens"] for s in acted)
@@ -230,38 +230,12 @@ def _segment_entry(s: Segment, saved_tokens: int, price: float | None) -> dict[s
     }
 
 
-class _SegmentEntries:
-    """A segment's entry by the segment itself: a session's requests carry the very same
-    segments turn after turn (the clamps keep them by message: `caps._kept`), and making
-    their entries again was a third of a record's cost on the writer thread. The entries are
-    shared between records: what reads them (sinks, the store) never changes one. Bounded by
-    the strings the segments keep alive; a lock, as any thread may describe a record."""
-
-    def __init__(self, max_weight: int) -> None:
-        self._kept: dict[tuple[int, int, float | None], tuple[Segment, dict[str, Any]]] = {}
-        self._weight = 0
-        self._max = max_weight
-        self._lock = threading.Lock()
-
-    def get(self, s: Segment, saved_tokens: int, price: float | None) -> dict[str, Any]:
-        key = (id(s), saved_tokens, price)
-        with self._lock:
-            found = self._kept.get(key)
-        if found is not None and found[0] is s:
-            return found[1]
-        entry = _segment_entry(s, saved_tokens, price)
-        weight = segment_size(s) + 1024  # all it keeps alive: a long URL or call id too
-        with self._lock:
-            if self._weight + weight > self._max:
-                self._kept.clear()
-                self._weight = 0
-            if weight <= self._max // 4:
-                self._kept[key] = (s, entry)
-                self._weight += weight
-        return entry
-
-
-_SEGMENTS = _SegmentEntries(8 << 20)
+_SEGMENTS = ByIdentity(8 << 20, lambda s, _: segment_size(s) + 1024)
+"""`_segment_entry` by the segment itself (and its tokens and price): a session's requests
+carry the very same segments turn after turn (the clamps keep them by message:
+`caps._kept`), and making their entries again was a third of a record's cost on the writer
+thread. The entries are shared between records: what reads them (sinks, the store) never
+changes one. Bounded by all the segments keep alive (`segment_size`)."""
 
 
 def _tools_inline(r: RequestRecord, tokens: TokenCounter) -> dict[str, int] | None:

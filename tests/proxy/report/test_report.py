@@ -500,9 +500,11 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
             original=big + str(i), clamped="",
         )  # fmt: skip
         entry(i, None)
-    assert _SEGMENTS._weight <= _SEGMENTS._max
-    held = sum(sys.getsizeof(s.original) for s, _ in _SEGMENTS._kept.values())
-    assert held <= _SEGMENTS._max
+    kept = _SEGMENTS._memo
+    assert kept.weight <= kept.max_weight
+    entries = [*kept._new.values(), *kept._old.values()]
+    held = sum(sys.getsizeof(s.original) for (s, _), _ in entries)
+    assert held <= kept.max_weight
 
 
 def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
@@ -536,4 +538,4 @@ def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert kept <= _SEGMENTS._max + (2 << 20)
+    assert kept <= _SEGMENTS._memo.max_weight + (2 << 20)

@@ -95,3 +95,20 @@ def test_serve_creates_and_then_uses_the_config_every_command_finds(tmp_path: Pa
     named.write_text("{}")
     told = _serve(checkout, {**env, "CTXBUDGET_CONFIG": str(named)}, tmp_path)
     assert not config.exists() and f"ctxbudget: using config {named}" in told
+
+
+def test_setup_on_a_fresh_clone_says_only_what_it_does(tmp_path: Path) -> None:
+    """A fresh clone has a .venv without the install stamp: scripts/setup said
+    `line 22: .venv/.ctxbudget-installed: No such file or directory` before installing."""
+    checkout = _checkout(tmp_path)
+    (checkout / ".venv" / ".ctxbudget-installed").unlink()
+    done = subprocess.run(
+        [str(checkout / "scripts" / "setup"), "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = done.stdout + done.stderr
+    assert "== installing ctxbudget into .venv" in said  # it went on to install (refused here)
+    assert "No such file" not in said, said
+    assert "line " not in said.split("== installing")[0], said

@@ -286,7 +286,15 @@ def gateway(
     plugin = {"proxyUrl": f"{relay.url}/v1", "proxyKeyEnv": KEY_ENV, "timeoutMs": TIMEOUT_MS}
     config = {
         "gateway": {"mode": "local", "auth": {"mode": "token", "token": token}},
-        "agents": {"defaults": {"workspace": str(ws), "model": {"primary": "viaproxy/gpt-x"}}},
+        "agents": {
+            "defaults": {
+                "workspace": str(ws),
+                "model": {"primary": "viaproxy/gpt-x"},
+                # No heartbeat turn: its request reached the stand-in ~10 s after the gateway
+                # started, mid-test (issue 36). "0m" turns the recurring cadence off.
+                "heartbeat": {"every": "0m"},
+            }
+        },
         "models": {"mode": "merge", "providers": {"viaproxy": provider}},
         "memory": {"search": {"provider": "none"}},
         "logging": {"file": str(tmp / "openclaw.log")},
@@ -373,6 +381,18 @@ def test_the_plugin_loads_from_the_repo(gateway: Gateway) -> None:
     # A managed install (capabilities accepted) loads without the "can't verify where this
     # plugin came from" warning that a bare plugins.load.paths entry gets.
     assert "can't verify where this plugin came from" not in log
+
+
+def test_the_gateway_runs_no_heartbeat_turn(gateway: Gateway) -> None:
+    """A heartbeat turn is a model request of OpenClaw's own (`chatId=heartbeat`): it reached
+    the stand-in in the middle of a test and the report it put in `/ctxbudget json` outgrew
+    `chat.history`'s 8,000-char cut (issue 36). OpenClaw logs which it did at start-up."""
+    deadline = time.monotonic() + 60  # it says so a little after "[gateway] ready"
+    while "[heartbeat] " not in gateway.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = gateway.log()
+    assert "[heartbeat] disabled" in log
+    assert "[heartbeat] started" not in log
 
 
 def test_ctxbudget_command_answers_with_the_report(

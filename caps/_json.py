@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 
-
 MAX_STRUCTURE = 32_768
 """JSON with more structure than this outside its strings (`bulky`) is left whole unparsed,
 whatever the cap: every value costs the clamps' walks ~1 µs, each time (issue 35)."""

@@ -18,6 +18,45 @@ from typing import Any
 
 import orjson
 
+MAX_STRUCTURE = 32_768
+"""JSON with more structure than this outside its strings (`bulky`) is left whole unparsed,
+whatever the cap: every value costs the clamps' walks ~1 µs, each time (issue 35)."""
+MAX_DEPTH = 128
+"""JSON nested deeper is left whole: far below what orjson writes (254 levels) and Python's
+stack (1,000) for the walks that write it back (recursive, like the JSON they walk)."""
+
+
+def bulky(text: str, limit: int) -> bool:
+    r"""Whether `text`, read as JSON, has over `limit` characters of structure outside its
+    strings — two for each object or array, one for each comma: what writing it back takes
+    whatever its strings are cut to, and a bound on its values (one more than that) — and
+    nothing there but JSON's own tokens (a log that starts with `[` is text). C passes only:
+    parsing 1 MB of `[[[…]]]` alone took 150 ms, walking its ~520,000 lists 500 ms.
+
+    Brackets and commas inside strings are text and do not count:
+
+    >>> bulky('[[[1]], {"a": 2}]', 8), bulky('[[[1]], {"a": 2}]', 9)
+    (True, False)
+    >>> bulky('{"log": "[[[[,,,,]]]]", "n": "\\"[["}', 3)
+    False
+    >>> bulky("[INFO] started, [WARN] slow, [INFO] done", 3)
+    False
+    """
+    count = 2 * (text.count("[") + text.count("{")) + text.count(",")
+    if count <= limit:
+        return False  # counted inside strings too, and still under
+    # every `"` left after the escaped backslashes and quotes opens or closes a string
+    plain = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(plain.split('"')[::2])
+    if 2 * (outside.count("[") + outside.count("{")) + outside.count(",") <= limit:
+        return False
+    words = outside.replace("true", "").replace("false", "").replace("null", "")
+    return not words.translate(_TOKENS)
+
+
+_TOKENS = str.maketrans(dict.fromkeys("[]{},: \t\n\r0123456789+-.eE"))
+"""JSON's characters outside strings, deleted: what is left is not JSON."""
+
 
 def loads(text: Any) -> Any:
     """Parse a JSON object; `None` when it does not parse, is not an object, or `text` is not

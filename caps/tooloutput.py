@@ -9,7 +9,9 @@ the middle saying how much was cut and how to see it. Never on the tools agents 
 
 A result that is JSON stays JSON: its long string values are cut instead (each to the same
 length, the longest that lets the whole fit), keys, numbers and structure untouched. A JSON
-result whose structure alone is over the cap is left whole. Text in OpenClaw's
+result whose structure alone is over the cap is left whole, and so is one of over
+`_json.MAX_STRUCTURE` characters of structure or nested over `_json.MAX_DEPTH` levels,
+whatever the cap (its brackets are counted before it is parsed: issue 35). Text in OpenClaw's
 `<<<EXTERNAL_UNTRUSTED_CONTENT id=…>>>` wrapper (its network tools) is cut inside the wrapper
 only: the markers, their id and the notice stay whole, or the text does.
 
@@ -30,6 +32,9 @@ True
 >>> numbers = json.dumps(list(range(500)))
 >>> clamp_output(numbers, 100) == (numbers, _WHOLE)     # no string to cut: left whole
 True
+>>> nested = "[" + ",".join(["[" * 200 + "]" * 200] * 2600) + "]"  # 520,201 lists, unparsed
+>>> clamp_output(nested, 16000) == (nested, _WHOLE)
+True
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ MIN_STRING = 48
 """A JSON string is never cut below this many units: a marker needs the room."""
 _WHOLE = "JSON result whose structure alone is over the cap: left whole"
 _WRAPPED = "cap smaller than the untrusted-content markers: left whole"
+_BULKY = f"JSON result of over {_json.MAX_STRUCTURE:,} characters of structure: left whole"
+_DEEP = f"JSON result nested over {_json.MAX_DEPTH} levels: left whole"
 
 
 def clamp_output(text: str, cap: int) -> tuple[str, str | None]:
@@ -56,11 +63,17 @@ def clamp_output(text: str, cap: int) -> tuple[str, str | None]:
     then comes back whole). Deterministic; a result at or under the cap is returned as is."""
     if utf16_len(text) <= cap:
         return text, None
+    limit = min(cap, _json.MAX_STRUCTURE)
+    if text.lstrip()[:1] in _JSON_STARTS and _json.bulky(text, limit):
+        return text, _WHOLE if limit == cap else _BULKY  # never parsed, never walked
     value = _parse(text)
     if value is _NOT_JSON:
         out = _cut_text(text, cap)
         return (text, _WRAPPED) if out is None else (out, None)
-    out = _clamp_json(text, value, cap)
+    longest = _longest(value)
+    if longest is None:
+        return text, _DEEP
+    out = _clamp_json(text, value, longest, cap)
     return (text, _WHOLE) if out is None else (out, None)
 
 
@@ -97,10 +110,10 @@ def _parse(text: str) -> Any:
 _JSON_STARTS = frozenset('{["-0123456789tfn')
 
 
-def _clamp_json(text: str, value: Any, cap: int) -> str | None:
+def _clamp_json(text: str, value: Any, longest: int, cap: int) -> str | None:
     """`value` written back like `text` with every string value longer than some limit cut
-    to it: the largest limit that fits (a binary search: the size grows with the limit)."""
-    longest = _longest(value)
+    to it (`longest`: its longest string): the largest limit that fits (a binary search: the
+    size grows with the limit)."""
     if longest <= MIN_STRING or not isinstance(value, dict | list | str):
         return None
     # one write with every string at its shortest says whether any limit can fit: a large
@@ -127,14 +140,22 @@ def _dump(value: Any, original: str) -> str | None:
         return None
 
 
-def _longest(value: Any) -> int:
-    if isinstance(value, str):
-        return utf16_len(value)
-    if isinstance(value, dict):
-        return max((_longest(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return max((_longest(v) for v in value), default=0)
-    return 0
+def _longest(value: Any) -> int | None:
+    """The longest string value in `value`; None when it nests over `_json.MAX_DEPTH` levels.
+    A loop, not recursion: JSON nested 900 deep made the recursive walk raise, and the clamp
+    gave up on the whole request. Its values are bounded by `_json.bulky`."""
+    longest = 0
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            longest = max(longest, utf16_len(item))
+        elif isinstance(item, dict | list):
+            if depth >= _json.MAX_DEPTH:
+                return None
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return longest
 
 
 def _cut(value: Any, limit: int) -> Any:

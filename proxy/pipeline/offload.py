@@ -52,11 +52,15 @@ LARGE_BODY = 1 << 20
 """Bodies past this many bytes are parsed, clamped, counted, hashed and spliced in the
 worker process (`Offload.threshold`); smaller ones skip the hop (~1 ms there and back)."""
 MANY_OBJECTS = 4096
-"""Bodies with more `{` than this take the worker too, whatever their size (`Offload.objects`).
-The event loop spends ~13 µs on each message, block or item (parsing, the clamp's walk,
-hashing each block for the session), so 12,700 tiny Responses items in 1 MB held it ~0.5 s
-(issue 24); 4,096 objects is ~50 ms. A `{` inside a string counts too: an overestimate that
-at worst costs a small body the hop. OpenClaw's requests have ~1,100 (mostly `tools`)."""
+"""Bodies with more objects and arrays than this (`{` and `[`: `proxy/wire/scan.py`
+`structure`) take the worker too, whatever their size (`Offload.objects`). The event loop
+spends ~13 µs on each message, block or item (parsing, the clamp's walk, hashing each block
+for the session), so 12,700 tiny Responses items in 1 MB held it ~0.5 s (issue 24); 4,096
+objects is ~50 ms. Lists count as objects do: 1 MB of `[[[…]]]` in a tool result (~520,000
+lists, not one `{`) was parsed and walked on the event loop, 0.6-1.3 s (issue 35). A bracket
+inside a string counts too: an overestimate that at worst costs a small body the hop, and
+the clamps parse the JSON a tool result holds as text. OpenClaw's requests have ~1,300
+(mostly `tools`)."""
 
 
 # -- this process's side -------------------------------------------------------------------
@@ -72,16 +76,17 @@ class Offload(Worker):
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
         self.objects = objects
-        """Bodies with more `{` than this go too (`takes`)."""
+        """Bodies with more `{` and `[` than this go too (`takes`)."""
 
     def takes(self, raw: bytes, owner: str = "") -> bool:
         """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
-        JSON objects by a count of `{` (one C pass before anything is parsed; the tail an
-        agent resends every turn, `owner`'s, counted once: `Histories.braces`)."""
+        JSON objects and arrays by a count of `{` and `[` (C passes before anything is parsed;
+        the tail an agent resends every turn, `owner`'s, counted once:
+        `Histories.structure`)."""
         # bytes.count allocates nothing: counting by what `replace` leaves was faster alone
         # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new
         # 186 KB buffer costs ~40 page faults; count takes ~70 µs there
-        return len(raw) > self.threshold or HISTORIES.braces(raw, owner) > self.objects
+        return len(raw) > self.threshold or HISTORIES.structure(raw, owner) > self.objects
 
     async def prepare(
         self,

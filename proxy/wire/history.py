@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import msgspec
 from cachetools import LRUCache
 
-from proxy.wire.scan import ITEMS, TAILS, TOP
+from proxy.wire.scan import ITEMS, TAILS, TOP, structure
 
 
 class _History(NamedTuple):
@@ -55,8 +55,8 @@ class _History(NamedTuple):
     """Where each item starts in `raw`."""
     ends: list[int]
     """Where each item ends."""
-    braces: list[int]
-    """The `{` from `start` to each item's end."""
+    structure: list[int]
+    """`structure` from `start` to each item's end."""
     parsed: list[Any]
 
 
@@ -73,7 +73,7 @@ class Found(NamedTuple):
     history: _History
     """What it extends."""
     tail: tuple[int, int] | None = None
-    """The length and the `{` count of the tail (`Tails`) it ends with, when it was read with
+    """The length and the `structure` of the tail (`Tails`) it ends with, when it was read with
     one: then its `fields` are known to be valid UTF-8 too (`Tails.read` checked the part it
     scanned, and the tail was checked when first seen)."""
 
@@ -99,18 +99,19 @@ class Histories:
         self._by_owner.clear()
         self._last = None
 
-    def braces(self, raw: bytes, owner: str = "") -> int:
-        """The `{` in `raw`, those of the old items counted once (and the tools: `Tails`)."""
+    def structure(self, raw: bytes, owner: str = "") -> int:
+        """`structure(raw)`: its `{` and `[`, those of the old items counted once (and the
+        tools: `Tails`)."""
         found = self.find(raw, owner) if owner in self._by_owner else None
         if found is None:
-            return TAILS.braces(raw, owner)
+            return TAILS.structure(raw, owner)
         h, kept = found.history, len(found.parsed)
         end = h.ends[kept - 1]
-        head = raw.count(b"{", 0, h.start)
+        head = structure(raw, 0, h.start)
         if found.tail is None:
-            return head + h.braces[kept - 1] + TAILS.braces(raw, owner, start=end)
+            return head + h.structure[kept - 1] + TAILS.structure(raw, owner, start=end)
         size, tail = found.tail  # read with it: the tail's bytes were compared then
-        return head + h.braces[kept - 1] + raw.count(b"{", end, len(raw) - size) + tail
+        return head + h.structure[kept - 1] + structure(raw, end, len(raw) - size) + tail
 
     def find(self, raw: bytes, owner: str = "") -> Found | None:
         """`raw` read as an extension of a list `owner` sent before; None when it is not one."""
@@ -139,16 +140,17 @@ class Histories:
         if found is not None and found.key == key:
             # the same head: the list starts where it did, its old items end where they did
             h, kept = found.history, len(found.parsed)
-            start, starts, ends, braces = h.start, h.starts[:kept], h.ends[:kept], h.braces[:kept]
+            start, starts, ends = h.start, h.starts[:kept], h.ends[:kept]
+            counts = h.structure[:kept]
         else:
             data = bytes(value)
             at = raw.find(data)
             if at < 0 or raw.find(data, at + 1) >= 0:
                 return  # not found once and only once: where it is stays unknown
-            start, starts, ends, braces = at + 1, [], [], []
-        if not _locate(raw, start, items, starts, ends, braces):
+            start, starts, ends, counts = at + 1, [], [], []
+        if not _locate(raw, start, items, starts, ends, counts):
             return
-        new = _History(raw, key, start, starts, ends, braces, list(parsed))
+        new = _History(raw, key, start, starts, ends, counts, list(parsed))
         kept_before = self._by_owner.get(owner, ())
         others = [h for h in kept_before if found is None or h is not found.history]
         entry = [new, *others][: self._per_owner]
@@ -162,23 +164,23 @@ def _locate(
     items: Sequence[Any],
     starts: list[int],
     ends: list[int],
-    braces: list[int],
+    counts: list[int],
 ) -> bool:
-    """Extend `starts`, `ends` and `braces` (of the first `len(ends)` items) to all `items`
+    """Extend `starts`, `ends` and `counts` (of the first `len(ends)` items) to all `items`
     of the list whose items start at `start` in `raw`; False when an item is not where it
     should be."""
     at = ends[-1] if ends else start
-    total = braces[-1] if braces else 0
+    total = counts[-1] if counts else 0
     for item in items[len(ends) :]:
         while raw[at : at + 1] in _BETWEEN:  # `,` and white space before the item
             at += 1
         if not raw.startswith(item, at):
             return False
         end = at + len(item)
-        total += raw.count(b"{", at, end)
+        total += structure(raw, at, end)
         starts.append(at)
         ends.append(end)
-        braces.append(total)
+        counts.append(total)
         at = end
     return True
 

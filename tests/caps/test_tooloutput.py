@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
+import time
 from typing import Any
 
 import pytest
@@ -105,6 +107,60 @@ def test_json_that_cannot_fit_is_left_whole_and_says_why() -> None:
     (segment,) = result.segments
     assert not result.changed and segment.action == "kept"
     assert segment.note == "JSON result whose structure alone is over the cap: left whole"
+
+
+NESTED = "[" + ",".join(["[" * 200 + "]" * 200] * 2600) + "]"
+"""Issue 35: ~1 MB, 520,201 lists, not one `{`: parsing and walking it took 0.6 s."""
+MIXED = "[" + ",".join(['[{"a":' * 100 + "1" + "}]" * 100] * 2600) + "]"
+"""The same of lists and objects in turn, 2 MB: 1 s."""
+
+
+@pytest.mark.parametrize("text", [NESTED, MIXED], ids=["lists", "mixed"])
+@pytest.mark.parametrize("cap", [16_000, 100_000])
+def test_json_of_much_structure_is_left_whole_unwalked(text: str, cap: int) -> None:
+    # counted before parsing, whatever the cap: 520,000 values cost ~1 µs each per walk
+    started = time.perf_counter()
+    result = clamp_request(
+        _request("exec", text), dataclasses.replace(CAPS, tool_output_max_chars=cap)
+    )
+    took = time.perf_counter() - started
+    (segment,) = result.segments
+    assert not result.changed and segment.action == "kept"
+    assert segment.note == (
+        "JSON result whose structure alone is over the cap: left whole"
+        if cap == 16_000
+        else "JSON result of over 32,768 characters of structure: left whole"
+    )
+    assert took < 0.25, f"{took:.2f} s"  # 0.7-1.1 s walked; ~10-30 ms counted
+
+
+def test_brackets_inside_strings_are_text() -> None:
+    # a result whose strings are full of brackets and commas: its structure is three values
+    text = json.dumps({"log": "[[{," * 100_000, "tail": "]]}," * 100_000, "n": 1})
+    out, note = clamp_output(text, CAP)
+    assert note is None and utf16_len(out) <= CAP
+    data = json.loads(out)
+    assert data["n"] == 1 and data["log"].startswith("[[{,") and data["tail"].endswith("]]},")
+
+
+def test_a_log_that_starts_with_a_bracket_is_cut_as_text() -> None:
+    log = "".join(f"[INFO] step {i}, ok, [{i}]\n" for i in range(20_000)) + "[ERROR] failed\n"
+    out, note = clamp_output(log, CAP)
+    assert note is None and utf16_len(out) <= CAP and out.endswith("[ERROR] failed\n")
+
+
+@pytest.mark.parametrize("depth", [129, 900])
+def test_json_nested_too_deep_is_left_whole(depth: int) -> None:
+    # 900 deep (orjson parses 1,024) made the recursive walk raise: the clamp gave up on the
+    # whole request, a 500 with `failClosed`
+    text = "[" * depth + json.dumps("x" * 20_000) + "]" * depth
+    result = clamp_request(_request("exec", text), CAPS)
+    (segment,) = result.segments
+    assert not result.changed and segment.action == "kept"
+    assert segment.note == "JSON result nested over 128 levels: left whole"
+    shallow = "[" * 128 + json.dumps("x" * 20_000) + "]" * 128
+    out, note = clamp_output(shallow, CAP)
+    assert note is None and utf16_len(out) <= CAP and json.loads(out)
 
 
 def test_openclaw_wrapped_output_is_cut_inside_its_wrapper() -> None:

@@ -9,7 +9,10 @@ thread) for seconds, so every other client waited as long:
 - 25,000 × `a` as the user message with one memory stored (7.6 s): recall's code-term regex;
 - a 5 MB user message with memories on (20 s, /healthz up to 0.9 s): recall read all of it;
 - 12,700 tiny Responses items under 1 MiB (/healthz 0.2-0.5 s): parsed on the event loop,
-  since only the bytes decided what the offload worker takes.
+  since only the bytes decided what the offload worker takes;
+- a 1 MB tool result of nested arrays, `[[[…]]]` (issue 35; /healthz 0.6-1.3 s for one, 2 s
+  for four, in every format, budget on or off): only `{` decided the offload, and the tool
+  output clamp parsed and walked its ~520,000 lists on the event loop.
 
 The stand-in upstream runs in a process of its own, so parsing these bodies there does not
 hold this process's GIL while the poller thread times /healthz. The bound is generous (1 s,
@@ -19,6 +22,7 @@ Measured figures are in docs/benchmarks.md ("Crafted text").
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -61,6 +65,7 @@ def server(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tmp_path = tmp_path_factory.mktemp("crafted")
     config = base_config(tmp_path, upstream, enabled=False)
     config["proxy"]["upstream"]["apiKeyEnv"] = None  # the client's key goes on
+    config["proxy"]["anthropic"] = {"baseUrl": upstream.removesuffix("/v1"), "apiKeyEnv": None}
     with serve(tmp_path, config) as running:
         added = httpx.post(
             f"{running.base_url}/memories",
@@ -159,3 +164,99 @@ def test_a_crafted_body_is_answered_and_healthz_never_waits(server: ProxyServer,
     assert r.status_code == 200, r.text[:500]
     assert waits, "the poller never got an answer"
     assert worst < WORST_POLL, f"/healthz waited {worst:.2f} s while {case} was handled"
+
+
+NESTED = ",".join(["[" * 200 + "]" * 200] * 2600)
+"""The issue's tool result: ~1 MB of arrays 200 deep, ~520,000 of them, and not one `{`."""
+_SENT = itertools.count()
+
+
+def _nested(route: str) -> dict[str, Any]:
+    """A tool call and its result, `NESTED` and a number of its own (a clamp's result is kept
+    by its text: the same text again would cost nothing), in the format of `route`."""
+    ask = "run the dump"
+    text = f"[{NESTED},{next(_SENT)}]"
+    if route == "/chat/completions":
+        call = {"name": "exec", "arguments": '{"command": "dump"}'}
+        return {
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "user", "content": ask},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": text},
+            ],
+        }
+    if route == "/messages":
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": text}
+        return {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 64,
+            "messages": [
+                {"role": "user", "content": ask},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "exec",
+                            "input": {"command": "dump"},
+                        }
+                    ],
+                },
+                {"role": "user", "content": [result]},
+            ],
+        }
+    return {
+        "model": "gpt-4o",
+        "store": False,
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ask}]},
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "exec",
+                "arguments": '{"command": "dump"}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": text},
+        ],
+    }
+
+
+@pytest.mark.parametrize("budget", ["on", "off"])
+@pytest.mark.parametrize("route", ["/chat/completions", "/messages", "/responses"])
+def test_nested_arrays_in_a_tool_result_never_hold_healthz(
+    server: ProxyServer, route: str, budget: str
+) -> None:
+    """Four such bodies at once, under 1 MiB each: /healthz waited 2 s before."""
+    bodies = [json.dumps(_nested(route), separators=(",", ":")).encode() for _ in range(4)]
+    assert all(len(raw) < 1 << 20 for raw in bodies)  # under the bytes threshold
+    headers = {**AUTH, "x-context-budget": budget, "x-context-budget-memories": "off"}
+    answers: list[httpx.Response] = []
+
+    def send(raw: bytes) -> None:
+        answers.append(
+            httpx.post(server.base_url + route, content=raw, headers=headers, timeout=300)
+        )
+
+    senders = [threading.Thread(target=send, args=(raw,)) for raw in bodies]
+    poller = _Poller(server.root)
+    started = time.perf_counter()
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(timeout=300)
+    took = time.perf_counter() - started
+    waits = poller.stop()
+    worst = max(waits)
+    print(
+        f"\nnested {route} budget {budget}: 4 × {len(bodies[0]) / 1000:,.0f} KB in {took:.2f} s; "
+        f"{len(waits)} polls, worst {worst * 1000:.0f} ms"
+    )
+    assert [a.status_code for a in answers] == [200] * 4, answers[0].text[:500]
+    assert waits, "the poller never got an answer"
+    assert worst < WORST_POLL, f"/healthz waited {worst:.2f} s beside nested arrays"

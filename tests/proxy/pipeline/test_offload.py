@@ -27,7 +27,7 @@ from proxy.app import create_app
 from proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
 from proxy.config.schema import Config, ConfigSource
 from proxy.config.settings import settings_for
-from proxy.pipeline.offload import LARGE_BODY, Offload, OffloadedRequest
+from proxy.pipeline.offload import LARGE_BODY, MANY_OBJECTS, Offload, OffloadedRequest
 from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses
 from tests.clamps import broken_clamp
 from tests.fakes import FakeUpstream, chat_chunks, chat_completion
@@ -540,3 +540,24 @@ def test_a_body_of_many_small_items_takes_the_worker(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert client.app.state.offload.pid is not None  # the worker parsed it
     assert orjson.loads(fake.last.body or b"")["input"] == items
+
+
+def test_a_body_of_nested_lists_takes_the_worker(tmp_path: Path) -> None:
+    # 1 MB of `[[[…]]]` in a tool result is ~520,000 lists and not one `{`: counted by `{`
+    # alone it was parsed and clamped on the event loop, 0.6-1.3 s (issue 35)
+    nested = "[" + ",".join(["[" * 200 + "]" * 200] * 2600) + "]"
+    call = {"name": "exec", "arguments": '{"command": "dump"}'}
+    messages = [
+        {"role": "user", "content": "run the dump"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": nested},
+    ]
+    raw = orjson.dumps({"model": "gpt-x", "messages": messages})
+    assert len(raw) < LARGE_BODY and raw.count(b"{") < MANY_OBJECTS
+    with proxy_app(tmp_path) as (client, fake):
+        assert Offload().takes(raw)
+        fake.answer_json(chat_completion())
+        r = client.post("/v1/chat/completions", content=raw)
+        assert r.status_code == 200, r.text
+        assert client.app.state.offload.pid is not None  # the worker parsed it
+    assert orjson.loads(fake.last.body or b"")["messages"][2]["content"] == nested

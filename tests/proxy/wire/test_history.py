@@ -28,8 +28,8 @@ def test_doctests() -> None:
 
 def _read(raw: bytes, owner: str) -> dict[str, Any]:
     """What the proxy takes from `raw`: each field's bytes, the items' bytes and objects, the
-    `{` count, and the body written back with the messages changed."""
-    braces = HISTORIES.braces(raw, owner)
+    `{` and `[` count, and the body written back with the messages changed."""
+    structure = HISTORIES.structure(raw, owner)
     body = parse_object(raw, example="{}", owner=owner)
     messages = body.get("messages")
     items = body.raw_items("messages")
@@ -37,7 +37,7 @@ def _read(raw: bytes, owner: str) -> dict[str, Any]:
         "fields": {k: bytes(v) for k, v in body._fields.items()},
         "items": [bytes(i) for i in items] if items is not None else None,
         "messages": messages,
-        "braces": braces,
+        "structure": structure,
         "encoded": body.encode({"messages": [*messages[:-1], {"role": "user", "content": "x"}]}),
     }
 

@@ -47,7 +47,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -65,6 +65,16 @@ _SUMS = (
     " would_save_chars, would_save_tokens, saved_usd, would_save_usd"
 )
 _COUNTS = "requests, clamp_errors, upstream_errors, unpriced"
+SUMMARY_COUNTS = (
+    "summaries",
+    "summaries_failed",
+    "summaries_priced",
+    "summaries_input",
+    "summaries_output",
+    "summaries_usd",
+)
+"""Per hour and owner (schema 7): the summaries ctxbudget asked for the owner's results
+(`contextPruning.summarize`), those that failed, those priced, their tokens and their cost."""
 
 
 def _columns(names: str) -> list[str]:
@@ -228,6 +238,13 @@ summaries that may stand for one (`contextPruning.summarize`), each session's pr
 cache busts they planned, and the MCP tool definitions a session sent inline (Claude Code
 without tool search): the most of them in one request, their tokens, and how many requests
 sent any."""
+_SCHEMA_7 = ";".join(
+    f"ALTER TABLE counts_by_hour ADD COLUMN {c} {{{'real' if c.endswith('usd') else 'int'}}}"
+    " NOT NULL DEFAULT 0"
+    for c in SUMMARY_COUNTS
+)
+"""7: what each owner's summaries cost (`SUMMARY_COUNTS`), so the report says it for any
+window whatever the requests kept."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -236,6 +253,11 @@ MIGRATIONS = (
         6,
         _SCHEMA_6.format(real="REAL", int="INTEGER"),
         _SCHEMA_6.format(real="DOUBLE PRECISION", int="BIGINT"),
+    ),
+    Migration(
+        7,
+        _SCHEMA_7.format(real="REAL", int="INTEGER"),
+        _SCHEMA_7.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
@@ -657,10 +679,9 @@ class ReportStore:
     def _add_group_totals(
         self, conn: Any, hour: int, owner: str, bodies: list[dict[str, Any]]
     ) -> None:
+        summaries = [b for b in bodies if b.get("overhead")]
         conn.execute(
-            f"INSERT INTO counts_by_hour (hour, owner, {_COUNTS}) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (hour, owner) DO UPDATE SET "
-            + ", ".join(f"{c} = counts_by_hour.{c} + excluded.{c}" for c in _columns(_COUNTS)),
+            _ADD_COUNTS,
             (
                 hour,
                 owner,
@@ -668,6 +689,12 @@ class ReportStore:
                 sum(b["clampError"] is not None for b in bodies),
                 sum(b["upstreamError"] is not None for b in bodies),
                 sum(b["inputPricePerMTok"] is None for b in bodies),
+                len(summaries),
+                sum(not 200 <= b["status"] < 300 for b in summaries),
+                sum(b["costUsd"] is not None for b in summaries),
+                sum((b["usage"] or {}).get("input", 0) for b in summaries),
+                sum((b["usage"] or {}).get("output", 0) for b in summaries),
+                sum(b["costUsd"] or 0.0 for b in summaries),
             ),
         )
         for kind in SEGMENT_KINDS:
@@ -817,6 +844,15 @@ def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_ADD_COUNTS = (
+    f"INSERT INTO counts_by_hour (hour, owner, {_COUNTS}, {', '.join(SUMMARY_COUNTS)}) "
+    f"VALUES ({', '.join('?' * (6 + len(SUMMARY_COUNTS)))}) "
+    "ON CONFLICT (hour, owner) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = counts_by_hour.{c} + excluded.{c}" for c in (*_columns(_COUNTS), *SUMMARY_COUNTS)
+    )
+)
+"""One hour's counts of one owner added to (`_add_group_totals`)."""
 _UPSERT_SESSION = (
     f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
     f"tools_inline, tools_inline_tokens, {', '.join(_SESSION_ADDS)}) "

@@ -7,7 +7,8 @@ two sessions of an agent whose tool results are ~16 KB each:
 2. **normal session**: 30 requests, each the one before plus a tool turn, every one answered.
 
 Prints, for each, the summary requests the stand-in received, the bytes of their bodies, the
-results they were for (distinct), and what the report says the summaries cost.
+results they were for (distinct), what the stand-in billed for them, and what the report says
+they cost (`totals.summaries.costUsd`).
 
     .venv/bin/python bench/summaries.py        # ~20 s
 """
@@ -69,14 +70,16 @@ def _scene(name: str, bodies: list[dict[str, Any]]) -> None:
             time.sleep(1.5)  # the summaries asked last, answered
             report = server.report()
         sent = _summaries(standin)
-        results = {httpx.Response(200, content=b).json()["messages"][1]["content"][:8] for b in sent}
-        spent = (report["totals"].get("summaries") or {}).get("costUsd")
-        if spent is None:  # before the report had the figure: its summary requests
-            spent = sum(r["costUsd"] or 0 for r in report["recent"] if r["route"] == "summarize")
+        results = {
+            httpx.Response(200, content=b).json()["messages"][1]["content"][:8] for b in sent
+        }
+        billed = sum(line.usd or 0.0 for line in standin.bills if line.model == SUMMARISER)
+        reported = (report["totals"].get("summaries") or {}).get("costUsd")
         print(
             f"{name}: {len(bodies)} requests ({', '.join(sorted(set(map(str, statuses))))}); "
             f"{len(sent)} summary requests, {sum(map(len, sent)) / 1024:,.0f} KB sent, "
-            f"for {len(results)} results; the report's summary cost ${spent:.6f}"
+            f"for {len(results)} results; billed ${billed:.6f}, the report says "
+            + ("nothing" if reported is None else f"${reported:.6f}")
         )
 
 

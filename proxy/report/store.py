@@ -730,16 +730,20 @@ class ReportStore:
         """One upsert per session a batch touched (an agent's session sends most of a batch:
         one statement a request was the writer's largest step), the same row as one a request:
         sums added, `last` and the `tools_inline` peaks the largest, `format` the last
-        request's, `model` and `last_bust` the last one given."""
+        request's, `model` and `last_bust` the last one given. A request ctxbudget made itself
+        (`overhead`: a summary) adds to the sums only: the session stays the agent's, in its
+        format and model, last seen when the agent was (pruning reads that time)."""
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for b in bodies:
             if b.get("session") is None:
                 continue
             sums = _session_sums(b)
+            agent = not b.get("overhead")
             inline = b.get("toolsInline") or {"count": 0, "tokens": 0}
             row = rows.get((b["owner"], b["session"]))
-            if row is None:
+            if row is None or (agent and not row["agent"]):
                 rows[(b["owner"], b["session"])] = {
+                    "agent": agent,
                     "format": b["wire"],
                     "model": b["model"],
                     "first": b["at"],
@@ -747,8 +751,11 @@ class ReportStore:
                     "last_bust": b["cacheBust"],
                     "tools_inline": inline["count"],
                     "tools_inline_tokens": inline["tokens"],
-                    "sums": sums,
+                    "sums": sums if row is None else _added(row["sums"], sums),
                 }
+                continue
+            row["sums"] = _added(row["sums"], sums)
+            if not agent:
                 continue
             row["format"] = b["wire"]
             row["model"] = b["model"] if b["model"] is not None else row["model"]
@@ -756,10 +763,9 @@ class ReportStore:
             row["last_bust"] = b["cacheBust"] if b["cacheBust"] is not None else row["last_bust"]
             row["tools_inline"] = max(row["tools_inline"], inline["count"])
             row["tools_inline_tokens"] = max(row["tools_inline_tokens"], inline["tokens"])
-            row["sums"] = {c: row["sums"][c] + sums[c] for c in _SESSION_ADDS}
         for (owner, session), row in rows.items():
             conn.execute(
-                _UPSERT_SESSION,
+                _UPSERT_SESSION if row["agent"] else _ADD_TO_SESSION,
                 (
                     owner,
                     session,
@@ -818,6 +824,10 @@ class ReportStore:
         return summary
 
 
+def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {c: a[c] + b[c] for c in _SESSION_ADDS}
+
+
 def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
     """What one request adds to its session's row."""
     usage, would = b["usage"] or {}, b["withoutUsage"] or {}
@@ -869,3 +879,10 @@ _UPSERT_SESSION = (
     + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS)
 )
 """One session's row added to (`_add_sessions`)."""
+_ADD_TO_SESSION = (
+    _UPSERT_SESSION.partition(" DO UPDATE SET ")[0]
+    + " DO UPDATE SET "
+    + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS)
+)
+"""The sums of requests ctxbudget made itself added to a session's row (`_add_sessions`); a
+session the report has no row of yet (its agent's requests not written) gets one from them."""

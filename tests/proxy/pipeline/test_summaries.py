@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,56 @@ def test_each_owner_sees_what_its_own_summaries_cost(tmp_path: Path) -> None:
         recent = [r for r in reports[key]["recent"] if r["route"] == "summarize"]
         assert len(recent) == 3
         assert {r["owner"] for r in recent} == {"alice" if key == "ka-1" else "bob"}
+
+
+def _messages(turns: int) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "fix the failing test"}]}
+    ]
+    for i in range(turns):
+        use = {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"cmd": "pytest"}}
+        result = {
+            "type": "tool_result",
+            "tool_use_id": f"toolu_{i}",
+            "content": f"run {i}\n{OUTPUT}",
+        }
+        messages += [
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ]
+    return {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": messages}
+
+
+def test_summaries_leave_the_sessions_format_model_and_last_request_alone(tmp_path: Path) -> None:
+    """A summary is counted in its session's money, but it is not a request of the agent's:
+    the session stays an Anthropic one of the agent's model, last seen when the agent was
+    (pruning's cold/warm rule on other workers reads that time)."""
+    clock = Clock()
+
+    def summary(text: str) -> bytes:
+        clock.wait(30)  # each summary answers half a minute after it was asked
+        return _answer("pytest failed")
+
+    fake = Upstream(summary)
+    fake.known.add("claude-sonnet-4-5")
+    fake.answer_json(
+        {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 2000, "output_tokens": 5},
+        }
+    )  # fmt: skip
+    with proxy_app(tmp_path, _config(tmp_path), upstream=fake, clock=clock) as (client, _):
+        for turns in (5, 6):
+            last = clock.now
+            r = client.post("/v1/messages", content=orjson.dumps(_messages(turns)))
+            assert r.status_code == 200, r.text
+            _settle(client, fake, at_least=2)
+        report = client.get("/context/budget").json()
+    assert sorted(_asked(fake)) == ["run 0", "run 1", "run 2"]
+    (session,) = report["sessions"]
+    assert (session["format"], session["model"]) == ("messages", "claude-sonnet-4-5")
+    assert session["last"] == datetime.fromtimestamp(last, UTC).isoformat().replace("+00:00", "Z")
+    assert session["requests"] == 2 + 3  # the summaries are counted in its money
+    spent = report["totals"]["summaries"]["costUsd"]
+    assert session["costUsd"] > spent > 0

@@ -297,12 +297,19 @@ def test_each_owner_sees_what_its_own_summaries_cost(tmp_path: Path) -> None:
             key: client.get("/context/budget", headers={"authorization": f"Bearer {key}"}).json()
             for key in ("ka-1", "kb-1", "adm-1")
         }
+        text = client.get(
+            "/context/budget?format=text", headers={"authorization": "Bearer kb-1"}
+        ).text
     alice, bob, admin = (reports[k]["totals"]["summaries"] for k in ("ka-1", "kb-1", "adm-1"))
     assert alice["requests"] == 3 and bob["requests"] == 3
     assert alice["usage"] == {"input": 9000, "output": 120}
     assert bob["usage"] == {"input": 3000, "output": 30}
     assert 0 < bob["costUsd"] < alice["costUsd"]
     assert admin["requests"] == 6
+    assert (
+        "Summaries (contextPruning.summarize): 3 requests, 3,000 input and 30 output tokens, "
+        f"${bob['costUsd']:.6f} (a cost ctxbudget adds, counted above)"
+    ) in text
     assert abs(admin["costUsd"] - alice["costUsd"] - bob["costUsd"]) < 1e-12
     # each owner's summaries are in its own sessions' money, no one else's
     for key in ("ka-1", "kb-1"):

@@ -39,6 +39,7 @@ from cachetools import LRUCache
 from caps import Segment
 from caps._text import utf16_head, utf16_len
 from proxy.config.settings import Settings
+from proxy.errors import UpstreamError
 from proxy.report import ReportStore, RequestRecord
 from proxy.report.prices import input_price, prices
 from proxy.report.record import storable
@@ -199,6 +200,8 @@ class Summarizer:
                 failed = f"answered {status}"
         except Exception as exc:  # noqa: BLE001 - a summary is never worth a failure
             failed = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+            if isinstance(exc, UpstreamError):
+                status = exc.status  # the report says what the upstream answered
         self._record(model, s, owner, session, status, started, usage)
         if failed is not None:
             self._owners.get(owner, _Owner()).failed_at = self._clock()

@@ -262,6 +262,10 @@ def test_one_owners_failing_summaries_leave_anothers_alone(tmp_path: Path) -> No
         assert _post(client, _chat(8, who="alice"), "ka-1").status_code == 200
         _settle(client, fake)
         assert sorted(_asked(fake)[6:]) == ["alicerun 3", "alicerun 4"]
+        state_of(client).reports.flush()
+        mine = client.get("/context/budget", headers={"authorization": "Bearer ka-1"}).json()
+    assert mine["totals"]["summaries"]["requests"] == mine["totals"]["summaries"]["failed"] == 5
+    assert {r["status"] for r in mine["recent"] if r["route"] == "summarize"} == {529}
 
 
 def test_one_owners_slow_summaries_leave_anothers_slots_free(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ clock is the pipeline's (`ProxyState.clock`): its previous request's time and it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -55,6 +56,9 @@ class Pruned:
     """The cache lifetime the request was measured against, seconds."""
     planned_bust: bool = False
     """A prune decided now moved the cached prefix of a warm session (`pays`)."""
+    summarise: Callable[[], None] | None = None
+    """Asks for the summaries of the request's long results that have none: to call once the
+    request was answered (`contextPruning.summarize`), never for one the upstream refused."""
 
     def blocks(self, prefix: ClientPrefix) -> frozenset[int]:
         """The prefix blocks holding a pruned result."""
@@ -118,13 +122,13 @@ class PruneStage:
         now_ids = (
             frozenset(s.call_id for s in fresh if s.call_id is not None) if due else frozenset()
         )
-        summaries = await self._summaries(owner, conversation, session, fresh, settings)
+        summaries, summarise = await self._summaries(owner, conversation, session, fresh, settings)
         plan: dict[str, str | None] = {
             **decided,
             **{s.call_id: _with_summary(s, summaries) for s in fresh if s.call_id in now_ids},
         }
         if not plan:
-            return Pruned(warm=warm, ttl=ttl)
+            return Pruned(warm=warm, ttl=ttl, summarise=summarise)
         caps = replace(settings.caps, pruned=tuple(plan.items()), pruned_now=now_ids)
         segments = await body.prune(caps, settings.tool_names)
         if now_ids:
@@ -138,7 +142,9 @@ class PruneStage:
             )
             if any(kept.get(i) != text for i, text in made.items()):
                 log.info("another worker pruned conversation %s first: its texts stand", session)
-        return Pruned(tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm)
+        return Pruned(
+            tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm, summarise=summarise
+        )
 
     async def _summaries(
         self,
@@ -147,13 +153,15 @@ class PruneStage:
         session: str,
         fresh: Sequence[Segment],
         settings: Settings,
-    ) -> dict[str, str]:
-        """The summaries kept for `fresh` results; the long ones without one are asked for."""
+    ) -> tuple[dict[str, str], Callable[[], None] | None]:
+        """The summaries kept for `fresh` results, and what asks for the long ones without
+        one (once the request is answered)."""
         pruning = settings.pruning
         if not fresh or pruning is None or pruning.summarize_model is None:
-            return {}
+            return {}, None
         have = await self._call(self._ledger.summaries, owner, conversation)
-        self.summarizer.ask(
+        summarise = functools.partial(
+            self.summarizer.ask,
             list(fresh),
             owner=owner,
             conversation=conversation,
@@ -161,7 +169,7 @@ class PruneStage:
             have=have,
             settings=settings,
         )
-        return have
+        return have, summarise
 
     async def _read(self, owner: str, conversation: str) -> dict[str, str]:
         return await self._call(self._ledger.decisions, owner, conversation)

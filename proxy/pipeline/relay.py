@@ -58,8 +58,11 @@ class Recorder:
         usage: UsageReader | None = None,
         tokens: TokenCounter | None = None,
         clock: Callable[[], float] = time.time,
+        answered: Callable[[], None] | None = None,
     ) -> None:
         self._reports = reports
+        self._answered = answered
+        """Called once the request is finished with a 2xx status (its answer came whole)."""
         self._clock = clock
         """When the request finished (the app's clock: pruning reads the sessions' times)."""
         self._record = record
@@ -129,6 +132,11 @@ class Recorder:
         self._reports.add(record)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", summary_line(record))
+        if self._answered is not None and 200 <= record.status < 300:
+            try:
+                self._answered()
+            except Exception:  # what follows an answer never costs the answer
+                log.exception("request %s: what follows its answer failed", record.id)
 
 
 LATE_HEADER_SECONDS = 0.5

@@ -94,6 +94,8 @@ class Call:
     """Wall-clock ns of each phase, for the telemetry spans."""
     now: float = 0.0
     """When the request came, by the app's clock (`ProxyState.clock`): pruning's time."""
+    answered: Callable[[], None] | None = None
+    """What to do once the upstream answered the request (pruning's summaries)."""
     id: str = field(default_factory=lambda: f"cb-{_IDS.getrandbits(64):016x}")
 
 
@@ -257,6 +259,7 @@ class Pipeline:
             usage=UsageReader(call.wire.name) if call.wire.generates else None,
             tokens=self.state.tokens,
             clock=self.state.clock,
+            answered=call.answered,
         )
         return Outgoing(headers, recorder)
 
@@ -288,6 +291,7 @@ class Pipeline:
             apply=call.options.enabled,
             now=call.now,
         )
+        call.answered = pruned.summarise
         call.marks["recall_start"] = time.time_ns()
         recall = await self._recall(call, prefix, session, pruned)
         call.marks["recall_end"] = time.time_ns()

@@ -178,6 +178,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "at": r.ts,
         "model": r.model,
         "route": r.route,
+        "overhead": r.overhead,
         "wire": r.wire,
         "note": r.note,
         "enabled": r.enabled,

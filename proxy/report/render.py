@@ -186,8 +186,13 @@ def gross_text(totals: dict[str, Any], encoding: str) -> str:
     )
 
 
-def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> list[str]:
-    """What the provider billed, what it would have without ctxbudget, and the sessions."""
+def net_lines(
+    money_totals: dict[str, Any] | None,
+    sessions: list[dict[str, Any]],
+    summaries: dict[str, Any] | None = None,
+) -> list[str]:
+    """What the provider billed, what it would have without ctxbudget, what pruning's
+    summaries cost, and the sessions."""
     if not money_totals or not money_totals["sessions"]:
         return []
     usage = money_totals["usage"]
@@ -211,6 +216,14 @@ def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
             f"Pruning: {_plural(money_totals['prunes'], 'stale tool result')} pruned; "
             f"{_plural(busts.get('planned', 0), 'planned cache bust')} (a prune in a warm "
             "session, taken because the reads it saves outweigh the rewrite; priced above)"
+        )
+    if summaries and summaries["requests"]:
+        failed = f", {summaries['failed']:,} failed" if summaries["failed"] else ""
+        lines.append(
+            f"Summaries (contextPruning.summarize): {_plural(summaries['requests'], 'request')}"
+            f"{failed}, {_n(summaries['usage']['input'])} input and "
+            f"{_n(summaries['usage']['output'])} output tokens, {money(summaries['costUsd'])} "
+            "(a cost ctxbudget adds, counted above)"
         )
     if sessions:
         lines.append("Sessions (newest first):")
@@ -367,7 +380,9 @@ def render_text(report: dict[str, Any]) -> str:
         f"{_n(totals['clamped'])} clamped"
         + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
     )
-    lines.extend(net_lines(totals.get("money"), report.get("sessions") or []))
+    lines.extend(
+        net_lines(totals.get("money"), report.get("sessions") or [], totals.get("summaries"))
+    )
     advice = tools_inline_text(report.get("sessions") or [])
     if advice:
         lines.append(advice)

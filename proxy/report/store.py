@@ -47,7 +47,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -65,6 +65,16 @@ _SUMS = (
     " would_save_chars, would_save_tokens, saved_usd, would_save_usd"
 )
 _COUNTS = "requests, clamp_errors, upstream_errors, unpriced"
+SUMMARY_COUNTS = (
+    "summaries",
+    "summaries_failed",
+    "summaries_priced",
+    "summaries_input",
+    "summaries_output",
+    "summaries_usd",
+)
+"""Per hour and owner (schema 7): the summaries ctxbudget asked for the owner's results
+(`contextPruning.summarize`), those that failed, those priced, their tokens and their cost."""
 
 
 def _columns(names: str) -> list[str]:
@@ -228,6 +238,13 @@ summaries that may stand for one (`contextPruning.summarize`), each session's pr
 cache busts they planned, and the MCP tool definitions a session sent inline (Claude Code
 without tool search): the most of them in one request, their tokens, and how many requests
 sent any."""
+_SCHEMA_7 = ";".join(
+    f"ALTER TABLE counts_by_hour ADD COLUMN {c} {{{'real' if c.endswith('usd') else 'int'}}}"
+    " NOT NULL DEFAULT 0"
+    for c in SUMMARY_COUNTS
+)
+"""7: what each owner's summaries cost (`SUMMARY_COUNTS`), so the report says it for any
+window whatever the requests kept."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -236,6 +253,11 @@ MIGRATIONS = (
         6,
         _SCHEMA_6.format(real="REAL", int="INTEGER"),
         _SCHEMA_6.format(real="DOUBLE PRECISION", int="BIGINT"),
+    ),
+    Migration(
+        7,
+        _SCHEMA_7.format(real="REAL", int="INTEGER"),
+        _SCHEMA_7.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
@@ -657,10 +679,9 @@ class ReportStore:
     def _add_group_totals(
         self, conn: Any, hour: int, owner: str, bodies: list[dict[str, Any]]
     ) -> None:
+        summaries = [b for b in bodies if b.get("overhead")]
         conn.execute(
-            f"INSERT INTO counts_by_hour (hour, owner, {_COUNTS}) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (hour, owner) DO UPDATE SET "
-            + ", ".join(f"{c} = counts_by_hour.{c} + excluded.{c}" for c in _columns(_COUNTS)),
+            _ADD_COUNTS,
             (
                 hour,
                 owner,
@@ -668,6 +689,12 @@ class ReportStore:
                 sum(b["clampError"] is not None for b in bodies),
                 sum(b["upstreamError"] is not None for b in bodies),
                 sum(b["inputPricePerMTok"] is None for b in bodies),
+                len(summaries),
+                sum(not 200 <= b["status"] < 300 for b in summaries),
+                sum(b["costUsd"] is not None for b in summaries),
+                sum((b["usage"] or {}).get("input", 0) for b in summaries),
+                sum((b["usage"] or {}).get("output", 0) for b in summaries),
+                sum(b["costUsd"] or 0.0 for b in summaries),
             ),
         )
         for kind in SEGMENT_KINDS:
@@ -703,16 +730,20 @@ class ReportStore:
         """One upsert per session a batch touched (an agent's session sends most of a batch:
         one statement a request was the writer's largest step), the same row as one a request:
         sums added, `last` and the `tools_inline` peaks the largest, `format` the last
-        request's, `model` and `last_bust` the last one given."""
+        request's, `model` and `last_bust` the last one given. A request ctxbudget made itself
+        (`overhead`: a summary) adds to the sums only: the session stays the agent's, in its
+        format and model, last seen when the agent was (pruning reads that time)."""
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for b in bodies:
             if b.get("session") is None:
                 continue
             sums = _session_sums(b)
+            agent = not b.get("overhead")
             inline = b.get("toolsInline") or {"count": 0, "tokens": 0}
             row = rows.get((b["owner"], b["session"]))
-            if row is None:
+            if row is None or (agent and not row["agent"]):
                 rows[(b["owner"], b["session"])] = {
+                    "agent": agent,
                     "format": b["wire"],
                     "model": b["model"],
                     "first": b["at"],
@@ -720,8 +751,11 @@ class ReportStore:
                     "last_bust": b["cacheBust"],
                     "tools_inline": inline["count"],
                     "tools_inline_tokens": inline["tokens"],
-                    "sums": sums,
+                    "sums": sums if row is None else _added(row["sums"], sums),
                 }
+                continue
+            row["sums"] = _added(row["sums"], sums)
+            if not agent:
                 continue
             row["format"] = b["wire"]
             row["model"] = b["model"] if b["model"] is not None else row["model"]
@@ -729,10 +763,9 @@ class ReportStore:
             row["last_bust"] = b["cacheBust"] if b["cacheBust"] is not None else row["last_bust"]
             row["tools_inline"] = max(row["tools_inline"], inline["count"])
             row["tools_inline_tokens"] = max(row["tools_inline_tokens"], inline["tokens"])
-            row["sums"] = {c: row["sums"][c] + sums[c] for c in _SESSION_ADDS}
         for (owner, session), row in rows.items():
             conn.execute(
-                _UPSERT_SESSION,
+                _UPSERT_SESSION if row["agent"] else _ADD_TO_SESSION,
                 (
                     owner,
                     session,
@@ -791,6 +824,10 @@ class ReportStore:
         return summary
 
 
+def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {c: a[c] + b[c] for c in _SESSION_ADDS}
+
+
 def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
     """What one request adds to its session's row."""
     usage, would = b["usage"] or {}, b["withoutUsage"] or {}
@@ -817,6 +854,15 @@ def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_ADD_COUNTS = (
+    f"INSERT INTO counts_by_hour (hour, owner, {_COUNTS}, {', '.join(SUMMARY_COUNTS)}) "
+    f"VALUES ({', '.join('?' * (6 + len(SUMMARY_COUNTS)))}) "
+    "ON CONFLICT (hour, owner) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = counts_by_hour.{c} + excluded.{c}" for c in (*_columns(_COUNTS), *SUMMARY_COUNTS)
+    )
+)
+"""One hour's counts of one owner added to (`_add_group_totals`)."""
 _UPSERT_SESSION = (
     f"INSERT INTO sessions (owner, id, format, model, first, last, last_bust, "
     f"tools_inline, tools_inline_tokens, {', '.join(_SESSION_ADDS)}) "
@@ -833,3 +879,10 @@ _UPSERT_SESSION = (
     + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS)
 )
 """One session's row added to (`_add_sessions`)."""
+_ADD_TO_SESSION = (
+    _UPSERT_SESSION.partition(" DO UPDATE SET ")[0]
+    + " DO UPDATE SET "
+    + ", ".join(f"{c} = sessions.{c} + excluded.{c}" for c in _SESSION_ADDS)
+)
+"""The sums of requests ctxbudget made itself added to a session's row (`_add_sessions`); a
+session the report has no row of yet (its agent's requests not written) gets one from them."""

@@ -39,7 +39,9 @@ def read_summary(
     totals = _empty_totals()
     counts = read(
         "SELECT sum(requests), sum(clamp_errors), sum(upstream_errors), sum(unpriced), "
-        f"min(hour) FROM counts_by_hour {where}{hours}",
+        "min(hour), sum(summaries), sum(summaries_failed), sum(summaries_priced), "
+        "sum(summaries_input), sum(summaries_output), sum(summaries_usd) "
+        f"FROM counts_by_hour {where}{hours}",
         hour_args,
     )
     first_hour = None
@@ -50,7 +52,8 @@ def read_summary(
             totals["upstreamErrors"],
             totals["unpricedRequests"],
             first_hour,
-        ) = counts[0]
+        ) = counts[0][:5]
+        totals["summaries"] = _summaries(*counts[0][5:])
     for row in read(
         "SELECT kind, sum(seen), sum(clamped), sum(would_clamp), sum(chars_before), "
         "sum(chars_after), sum(saved_chars), sum(saved_tokens), sum(would_save_chars), "
@@ -172,6 +175,20 @@ def _session(row: Any) -> dict[str, Any]:
     }
 
 
+def _summaries(
+    requests: int, failed: int, priced: int, input: int, output: int, usd: float
+) -> dict[str, Any]:
+    """What the summaries of pruning (`contextPruning.summarize`) cost the owner: requests
+    ctxbudget made itself, so all of it is cost (counted in the sessions' money too).
+    `costUsd` is None when a summary's model had no price."""
+    return {
+        "requests": requests,
+        "failed": failed,
+        "usage": {"input": input, "output": output},
+        "costUsd": usd if priced == requests else None,
+    }
+
+
 def _hit_ratio(usage: dict[str, int]) -> float | None:
     """Cached input read over all input (uncached, read, written); None with no input."""
     total = usage["input"] + usage["cacheRead"] + usage["cacheWrite"]
@@ -237,6 +254,7 @@ def _empty_totals() -> dict[str, Any]:
     }
     return {
         "requests": 0,
+        "summaries": _summaries(0, 0, 0, 0, 0, 0.0),
         "clampErrors": 0,
         "upstreamErrors": 0,
         "unpricedRequests": 0,

@@ -114,8 +114,10 @@ def _send(client: InProcess, fake: FakeUpstream, path: str, body: dict[str, Any]
 
 
 def _results(fake: FakeUpstream) -> dict[str, str]:
-    """Call id → the tool result text the upstream got in the last request (chat)."""
-    sent = orjson.loads(fake.last.body)
+    """Call id → the tool result text the upstream got in the agent's last request (chat;
+    a summary asked after it may have gone since)."""
+    bodies = [orjson.loads(s.body) for s in fake.sent if s.body]
+    sent = [b for b in bodies if b.get("model") != "gpt-4o-mini"][-1]
     return {m["tool_call_id"]: m["content"] for m in sent["messages"] if m.get("role") == "tool"}
 
 

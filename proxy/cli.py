@@ -33,7 +33,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from memory.pg import DatabaseUnavailable
 from memory.profiles import REQUESTED_PROFILES
@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from proxy.access.connections import GuardedHTTP
     from proxy.report.metrics import shared_between_workers
     from proxy.urls import redact
 
@@ -254,6 +255,8 @@ def _serve(args: argparse.Namespace) -> None:
         budget,
         source.path or "built-in defaults",
     )
+    # uvicorn calls the protocol factory as it would its own class
+    http = cast("type[asyncio.Protocol]", GuardedHTTP(cfg.proxy.limits))
     # /metrics adds up every worker's figures (prometheus_client's multiprocess mode)
     with shared_between_workers(args.workers):
         uvicorn.run(
@@ -265,6 +268,8 @@ def _serve(args: argparse.Namespace) -> None:
             log_level=level,
             access_log=level == "debug",
             timeout_graceful_shutdown=5,
+            http=http,
+            timeout_keep_alive=cfg.proxy.limits.keep_alive_timeout_seconds,
         )
 
 

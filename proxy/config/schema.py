@@ -135,6 +135,23 @@ class RouteConfig(_Model):
     """Environment variable holding this provider's key."""
 
 
+class LimitsConfig(_Model):
+    header_timeout_seconds: float | None = Field(20.0, gt=0)
+    """Seconds from a request's first byte for its request line and headers to arrive (408
+    after; null: no limit)."""
+    body_timeout_seconds: float | None = Field(20.0, gt=0)
+    """Seconds a request body may take, plus one for every `bodyMinBytesPerSecond` bytes
+    received: a steady upload is never cut, a trickle is (408 after; null: no limit)."""
+    body_min_bytes_per_second: int = Field(500, ge=0)
+    """Bytes of body that earn one more second (0: `bodyTimeoutSeconds` is the whole body's)."""
+    keep_alive_timeout_seconds: int = Field(5, ge=1)
+    """Seconds a connection may wait, idle, for its next request (or its first) before it is
+    closed."""
+    max_connections_per_client: int | None = Field(128, ge=1)
+    """Connections one peer address may hold at once, per worker process; one more gets 503
+    (null: no cap, for behind a reverse proxy, where every client is its address)."""
+
+
 class ProxyConfig(_Model):
     host: str = "127.0.0.1"
     """Address to listen on."""
@@ -159,6 +176,9 @@ class ProxyConfig(_Model):
     """Browser origins (`https://app.example`) allowed to call the proxy; others are refused."""
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 above)."""
+    limits: LimitsConfig = LimitsConfig()
+    """How long a client may take to send a request, and how many connections it may hold
+    (read when `serve` starts)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the server."""
 

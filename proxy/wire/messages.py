@@ -53,6 +53,7 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     504: "timeout_error",

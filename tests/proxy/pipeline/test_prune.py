@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
+from caps.prune import pruned_text
+from caps.types import PrunePolicy
 from tests.fakes import FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
 
@@ -185,12 +187,29 @@ def test_pays_prunes_a_long_warm_session_and_says_it_planned_the_bust(tmp_path: 
 
 
 def test_cache_ttl_leaves_a_warm_session_alone_however_long(tmp_path: Path) -> None:
+    # the pruned form of the oldest result, as the policy writes it: what a prune would send
+    pruned = pruned_text(f"run 0\n{OUTPUT}", "Bash", "toolu_0", PrunePolicy())
+    assert pruned is not None
     clock = Clock()
     with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
         for turns in range(1, 30):
             _send(client, fake, "/v1/messages", _messages(turns))
             clock.wait(60)  # under the 5-minute lifetime: always warm
-        assert b"tool result pruned" not in fake.last.body
+            sent = orjson.loads(fake.last.body)
+            assert _result_text(sent, "toolu_0") == f"run 0\n{OUTPUT}"
+        clock.wait(301)  # then a cold gap: the same results are pruned, in that form
+        _send(client, fake, "/v1/messages", _messages(30))
+        assert _result_text(orjson.loads(fake.last.body), "toolu_0") == pruned
+
+
+def _result_text(body: dict[str, Any], call_id: str) -> str:
+    """The text of the Messages tool result for `call_id` in `body`."""
+    for message in body["messages"]:
+        for block in message["content"]:
+            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
+                content = block["content"]
+                return content if isinstance(content, str) else content[0]["text"]
+    raise AssertionError(f"no tool result {call_id}")
 
 
 def test_an_hour_cache_is_not_expired_by_ten_minutes(tmp_path: Path) -> None:

@@ -206,6 +206,7 @@ def create_app(
     )
     app.state.proxy = state
     app.state.offload = pipeline.offload
+    app.state.pipeline = pipeline
     return app
 
 

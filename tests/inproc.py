@@ -90,6 +90,12 @@ class InProcess:
     def delete(self, url: str, **kwargs: Any) -> httpx.Response:
         return self.request("DELETE", url, **kwargs)
 
+    def settle(self) -> None:
+        """Wait for the work an answer left running in the background (pruning's summaries),
+        then for the report's writer to store everything queued."""
+        self._run(self.app.state.pipeline.prune.summarizer.idle())
+        self.app.state.proxy.reports.flush()
+
     def close(self) -> None:
         try:
             self._run(self._client.aclose())

@@ -165,6 +165,12 @@ class Summarizer:
         state.running.pop(key, None)
         self._tasks.discard(task)
 
+    async def idle(self) -> None:
+        """Return once no summary is being asked (what was answered is queued for the
+        report's writer by then)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def close(self) -> None:
         """Cancel what is still being asked (the app stops)."""
         tasks = list(self._tasks)

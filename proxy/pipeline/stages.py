@@ -215,7 +215,7 @@ class Pipeline:
 
     async def _prepare(self, call: Call) -> Outgoing:
         """Clamp, prune, recall and inject; the answer's headers and the record's draft."""
-        segments, clamp_error, recall = await self._change(call)
+        segments, clamp_error, recall, pruned = await self._change(call)
         model = call.route.model if call.route else call.body.model
         encoding = call.settings.encoding_for(call.body.model)
         price = input_price(model)
@@ -227,6 +227,8 @@ class Pipeline:
         )
         money_headers(headers, call.options.enabled, segments, saved, price)
         recall.headers(headers)
+        if pruned is not None and pruned.skipped is not None:
+            headers[f"{PREFIX}-pruning-skipped"] = "database-unavailable"
         draft = evolve(
             _DRAFT,
             id=call.id,
@@ -249,6 +251,7 @@ class Pipeline:
             note=call.body.note,
             tools_inline=call.body.inline_tools(),
             prices=prices(model),
+            prune_skipped=pruned.skipped if pruned is not None else None,
             **recall.record_fields(),
         )
         recorder = Recorder(
@@ -263,7 +266,9 @@ class Pipeline:
         )
         return Outgoing(headers, recorder)
 
-    async def _change(self, call: Call) -> tuple[tuple[Segment, ...], str | None, RecallOutcome]:
+    async def _change(
+        self, call: Call
+    ) -> tuple[tuple[Segment, ...], str | None, RecallOutcome, Pruned | None]:
         """Everything that changes the body, in order: the caps, pruning (what the clamp
         found prunable, applied as decided), then the session's memory blocks placed again
         where they were (the cached prefix holds) and recall, once per user turn."""
@@ -276,7 +281,7 @@ class Pipeline:
             call.marks["recall_start"] = time.time_ns()
             recall = await self._recall_only(call)
             call.marks["recall_end"] = time.time_ns()
-            return segments, clamp_error, recall
+            return segments, clamp_error, recall, None
         body = call.body
         # a large body's blocks come hashed (`Digested`)
         prefix = ClientPrefix(body.blocks(), call.owner)
@@ -295,7 +300,7 @@ class Pipeline:
         call.marks["recall_start"] = time.time_ns()
         recall = await self._recall(call, prefix, session, pruned)
         call.marks["recall_end"] = time.time_ns()
-        return segments + pruned.segments, clamp_error, recall
+        return segments + pruned.segments, clamp_error, recall, pruned
 
     def _clamp(self, call: Call) -> tuple[tuple[Segment, ...], str | None]:
         """Segments found (clamped, kept, or would-clamp with the budget off) and any error.

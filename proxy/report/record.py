@@ -83,6 +83,9 @@ class RequestRecord:
     """Memories placed again from an earlier request of the session (recall did not run)."""
     memory_skipped: str | None = None
     """Why recall was skipped (the memory database did not answer), or None."""
+    prune_skipped: str | None = None
+    """Why no new prune could be taken (the database did not answer: the decisions held were
+    applied), or None."""
     overhead: bool = False
     """A request ctxbudget made itself (a pruned result's summary): without ctxbudget it would
     not have been made, so what it cost is all loss (`withoutCtxbudgetUsd` 0)."""
@@ -189,6 +192,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "memories": (r.memory or {}).get("injected", r.memory_reused),
         "memoriesReused": r.memory_reused,
         "memorySkipped": r.memory_skipped,
+        "pruneSkipped": r.prune_skipped,
         "clampError": r.clamp_error,
         "upstreamError": r.upstream_error,
         "segmentsSeen": len(segments),

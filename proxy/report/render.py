@@ -459,6 +459,8 @@ def render_text(report: dict[str, Any]) -> str:
             )
         elif r.get("memorySkipped"):
             lines.append(f"  memories: none, {r['memorySkipped']}")
+        if r.get("pruneSkipped"):
+            lines.append(f"  pruning: {r['pruneSkipped']}")
         if r.get("clampError"):
             lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")
         if r.get("cacheBust"):

@@ -4,6 +4,7 @@ workers and after a restart), and that nothing else of a request changes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 
 from caps.prune import pruned_text
 from caps.types import PrunePolicy
+from proxy.report.store import ReportStore
+from tests.conftest import Backend
 from tests.fakes import FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
 
@@ -349,3 +352,86 @@ def test_a_failed_summary_leaves_the_placeholder(tmp_path: Path) -> None:
         _send(client, fake, "/v1/chat/completions", _chat(6))
         pruned = [t for t in _results(fake).values() if _pruned(t)]
         assert pruned and not any("Summary of" in t for t in pruned)
+
+
+@pytest.mark.parametrize("odd", ["\ud800", "\x00"], ids=["surrogate", "nul"])
+def test_a_result_with_text_no_database_takes_is_pruned_and_stands(
+    tmp_path: Path, backend: Backend, odd: str
+) -> None:
+    """Issue 35, item 3: a lone surrogate (JSON's `\\ud800`; binary tool output) in a pruned
+    result's head or call id was a 500 `UnicodeEncodeError` when the decision was stored, a
+    NUL a 500 `DataError` on PostgreSQL, again each time the session went cold. The decision
+    is stored and read back as it was: another worker sends the very same bytes."""
+    clock = Clock()
+    config = _config(tmp_path)
+    if backend.url is not None:
+        config["database"] = {"url": backend.url}
+
+    def body(turns: int) -> bytes:
+        found = _chat(turns)
+        for m in found["messages"]:
+            for call in m.get("tool_calls") or ():
+                call["id"] = call["id"].replace("call_0", f"call_0{odd}")
+            if m.get("tool_call_id") == "call_0":
+                m["tool_call_id"] = f"call_0{odd}"
+                m["content"] = f"bin {odd}{odd}\n{m['content']}"
+        return json.dumps(found).encode()  # escapes as a client's JSON does: \ud800, \u0000
+
+    def results(fake: FakeUpstream) -> dict[str, str]:
+        sent = json.loads(fake.last.body)
+        return {m["tool_call_id"]: m["content"] for m in sent["messages"] if m["role"] == "tool"}
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with proxy_app(tmp_path / "a", config, clock=clock) as (a, fake_a):
+        for turns, wait in ((5, 600), (6, 10)):
+            fake_a.answer_json(chat_completion(model="gpt-4o"))
+            r = a.post("/v1/chat/completions", content=body(turns))
+            assert r.status_code == 200, r.text
+            clock.wait(wait)
+        pruned = results(fake_a)
+        assert _pruned(pruned[f"call_0{odd}"]) and pruned[f"call_0{odd}"].startswith(f"bin {odd}")
+    with proxy_app(tmp_path / "b", config, clock=clock) as (b, fake_b):  # another worker
+        fake_b.answer_json(chat_completion(model="gpt-4o"))
+        r = b.post("/v1/chat/completions", content=body(7))
+        assert r.status_code == 200, r.text
+        assert results(fake_b)[f"call_0{odd}"] == pruned[f"call_0{odd}"]
+
+
+def test_decisions_and_summaries_are_capped_per_owner(tmp_path: Path) -> None:
+    """Issue 35, item 8: `pruned` and `summaries` grew without a per-key limit (8,002 rows
+    and 25 MB of tool text from one key in minutes, kept 90 days). Each owner keeps its
+    newest decisions and summaries, and one key's flood never pushes out another's."""
+    clock = Clock()
+    config = _config(tmp_path)
+    config["proxy"]["keysEnv"] = "KEYS"
+    env = {"KEYS": "alice=ka-1,mallory=km-2"}
+    reports = ReportStore(tmp_path / "report.db", run="t", keep_decisions=6)
+    try:
+        with proxy_app(tmp_path, config, env=env, clock=clock, reports=reports) as (client, fake):
+
+            def session(key: str, stamp: str) -> None:
+                for turns in (5, 6):  # the second, after an idle gap, prunes call_0-call_2
+                    fake.answer_json(chat_completion(model="gpt-4o"))
+                    body = orjson.dumps(_chat(turns, stamp=stamp))
+                    headers = {"authorization": f"Bearer {key}"}
+                    r = client.post("/v1/chat/completions", content=body, headers=headers)
+                    assert r.status_code == 200, r.text
+                    clock.wait(600)
+
+            session("ka-1", "[Mon 2026-11-23 08:00 UTC]")
+            for hour in range(10, 15):  # five conversations, fifteen decisions
+                session("km-2", f"[Tue 2026-11-24 {hour}:00 UTC]")
+            assert b"tool result pruned" in fake.last.body
+        for n in range(10):
+            reports.ledger.add_summary("mallory", f"c{n}", "call_0", "short", at=clock.now + n)
+        reports.ledger.add_summary("alice", "c0", "call_0", "short", at=clock.now)
+        db = reports.ledger._db  # noqa: SLF001 - the rows at rest are what the cap is about
+        rows = dict(db.fetchall("SELECT owner, count(*) FROM pruned GROUP BY owner"))
+        assert rows == {"alice": 3, "mallory": 6}
+        newest = db.fetchall("SELECT max(at) FROM pruned WHERE owner = 'mallory'")[0][0]
+        assert newest == clock.now - 600, "the newest conversation's decisions are kept"
+        summaries = dict(db.fetchall("SELECT owner, count(*) FROM summaries GROUP BY owner"))
+        assert summaries == {"alice": 1, "mallory": 6}
+    finally:
+        reports.close()

@@ -80,7 +80,7 @@ CACHES: tuple[Cache, ...] = (
         where="proxy/cache/resent.py:_kept",
         key="owner, digest of an item's bytes",
         bound="32 MB",
-        invariant="an item's parsed objects; nothing changes one in place (`CTXBUDGET_CHECK_RESENT`)",
+        invariant="an item's parsed objects, never changed in place (`CTXBUDGET_CHECK_RESENT`)",
     ),
     Cache(
         where="proxy/wire/history.py:_by_owner",
@@ -200,7 +200,7 @@ CACHES: tuple[Cache, ...] = (
         where="proxy/upstream/rewrite.py:_cache",
         key="owner, model, the user's query",
         bound="512 entries",
-        invariant="deep recall's search words (the note says `cached`: per owner, it tells only the owner)",
+        invariant="deep recall's search words (its note says `cached`: to their owner only)",
     ),
     Cache(
         where="proxy/report/ledger.py:_seen",

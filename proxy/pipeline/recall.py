@@ -90,7 +90,9 @@ class RecallStage:
                 lambda: self._recaller(settings).profile_for(owner, turn, options.profile)
             )
             if profile is not None and profile.name == "deep":
-                words, note = await self._rewriter.words(turn.query, settings.rewrite, self._env)
+                words, note = await self._rewriter.words(
+                    turn.query, settings.rewrite, self._env, owner=owner
+                )
         encoding = settings.encoding_for(body.model)
         tokens = self._tokens
         request = RecallRequest(
@@ -99,7 +101,7 @@ class RecallStage:
             profile=options.profile,
             complexity=options.complexity,
             max_chars=settings.memory_max_chars(options.enabled),
-            count_tokens=lambda text: tokens.count(text, encoding),
+            count_tokens=lambda text: tokens.count(text, encoding, owner=owner),
             context_window=context_window(body.model, settings.context_windows),
             system_text=body.system_text(),
             extra_words=words,

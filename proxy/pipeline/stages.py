@@ -221,7 +221,7 @@ class Pipeline:
         price = input_price(model)
         # ~0.1 ms per 1,000 chars the first time a text is seen, a cache hit on every later
         # turn that resends it (a large body's were counted in the offload process)
-        saved = call.body.saved_tokens(segments, self.state.tokens, encoding)
+        saved = call.body.saved_tokens(segments, self.state.tokens, encoding, owner=call.owner)
         headers = budget_headers(
             call.id, call.options.enabled, segments, clamp_error, recorded=call.wire.generates
         )
@@ -311,7 +311,10 @@ class Pipeline:
         settings, enabled = call.settings, call.options.enabled
         try:
             found = call.body.clamp(
-                self.state.clamp, settings.caps, settings.tool_names, apply=enabled
+                self.state.clamp,
+                settings.caps_for(call.owner),  # what the clamps remember: per owner
+                settings.tool_names,
+                apply=enabled,
             )
         except Exception as exc:  # a clamp bug must not lose the user's request
             message = f"{exc.__class__.__name__}: {exc}"

@@ -201,7 +201,7 @@ def parse_object(
     history = HISTORIES.find(raw, owner)
     if history is not None:
         if history.tail is None and not raw.isascii():
-            check_utf8(history.fields, parsed)
+            check_utf8(history.fields, parsed, owner)
         return JsonBody(raw, history.fields, decoded=False, owner=owner, history=history)
     known = TAILS.fields(raw, owner)
     if known is not None:
@@ -234,7 +234,7 @@ def parse_object(
             ) from None
         fields, decoded = whole, True
     if not decoded and not raw.isascii():  # ASCII is valid UTF-8: one fast scan
-        check_utf8(fields, parsed)
+        check_utf8(fields, parsed, owner)
     if not decoded:
         TAILS.remember(raw, fields, parsed, owner)
     return JsonBody(raw, fields, decoded=decoded, owner=owner)

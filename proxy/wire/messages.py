@@ -166,7 +166,7 @@ class MessagesRequest(InProcessRequest):
         return self._body.get(key)
 
     def inline_tools(self) -> InlineTools | None:
-        return inline_mcp_tools(self._body.raw_field("tools"))
+        return inline_mcp_tools(self._body.raw_field("tools"), self._body.owner)
 
     def blocks(self) -> list[Block]:
         return self._blocks_of((self.messages, self.system), self._make_blocks)

@@ -133,7 +133,11 @@ class ResponsesRequest(InProcessRequest):
     def user_turn(self) -> UserTurn | None:
         if self._turn is None:
             if isinstance(self.input, str):
-                turn = UserTurn(index=0, text=self.input, last=True) if self.input else None
+                turn = (
+                    UserTurn(index=0, text=self.input, last=True, typed=self.input)
+                    if self.input
+                    else None
+                )
             else:  # items as chat messages: the text of each message, nothing for the rest
                 turn = user_turn(
                     [

@@ -227,6 +227,7 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.report.metrics import shared_between_workers
+    from proxy.routes.websocket import Refusal
     from proxy.urls import redact
 
     overrides = _overrides(args)
@@ -265,6 +266,7 @@ def _serve(args: argparse.Namespace) -> None:
             log_level=level,
             access_log=level == "debug",
             timeout_graceful_shutdown=5,
+            ws=Refusal,  # every WebSocket handshake gets the app's 426, malformed ones too
         )
 
 

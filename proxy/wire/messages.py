@@ -352,7 +352,8 @@ def _check_messages(messages: list[Any]) -> None:
                     f"'{where}.content[{i}]' must be an object, got {type_name(part)}",
                     param=f"{where}.content[{i}]",
                 )
-            check_text_part(part, f"{where}.content[{i}]", _TEXT_KINDS)
+            if not isinstance(part.get("text"), str):  # the usual block: one lookup, no call
+                check_text_part(part, f"{where}.content[{i}]", _TEXT_KINDS)
             kind = part.get("type")
             if kind == "tool_use" and isinstance(part.get("id"), str):
                 calls.add(part["id"])
@@ -371,7 +372,7 @@ def _check_messages(messages: list[Any]) -> None:
                 )
             if kind == "tool_result" and isinstance(result := part.get("content"), list):
                 for j, inner in enumerate(result):
-                    if isinstance(inner, dict):
+                    if isinstance(inner, dict) and not isinstance(inner.get("text"), str):
                         check_text_part(inner, f"{where}.content[{i}].content[{j}]", _TEXT_KINDS)
 
 

@@ -556,7 +556,7 @@ def _check_items(items: list[Any], *, continues: bool) -> None:
                     param=f"{where}.content",
                 )
             for i, part in enumerate(content if isinstance(content, list) else ()):
-                if isinstance(part, dict):
+                if isinstance(part, dict) and not isinstance(part.get("text"), str):
                     check_text_part(part, f"{where}.content[{i}]", _TEXT_PARTS)
         elif kind in ("function_call", "function_call_output"):
             call_id = item.get("call_id")

@@ -228,6 +228,7 @@ def _serve(args: argparse.Namespace) -> None:
 
     from proxy.access.connections import GuardedHTTP
     from proxy.report.metrics import shared_between_workers
+    from proxy.routes.websocket import Refusal
     from proxy.urls import redact
 
     overrides = _overrides(args)
@@ -270,6 +271,7 @@ def _serve(args: argparse.Namespace) -> None:
             timeout_graceful_shutdown=5,
             http=http,
             timeout_keep_alive=cfg.proxy.limits.keep_alive_timeout_seconds,
+            ws=Refusal,  # every WebSocket handshake gets the app's 426, malformed ones too
         )
 
 

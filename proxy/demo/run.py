@@ -9,11 +9,16 @@ Everything the demo writes — its config, report and memories — is in a tempo
 removed when it stops: it never reads or writes `~/.ctxbudget`, `./ctxbudget.jsonc` or a
 `database.url`, ignores `$CTXBUDGET_*` and `$OTEL_*`, and sends no key anywhere (its upstream
 is on this machine and answers itself).
+
+Its memory routes take an admin key drawn at random for the run and printed with its URL:
+the port is open to every local user and process, and without a key any of them could add
+memories that the demo then injects into what the user sends through it (issue 35).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import socket
 import tempfile
@@ -29,6 +34,7 @@ import httpx
 import uvicorn
 
 from proxy.demo.upstream import create_upstream
+from proxy.routes.websocket import Refusal
 
 DEFAULT_PORT = 4141
 """The port `serve` uses: the README's examples work against the demo too. When it is taken
@@ -37,6 +43,9 @@ MEMORY = "The release deadline moved to Friday the 28th, after the design review
 """The memory the demo adds, as `ctxbudget memory add` would: recall injects it (a cost the
 report counts against the savings)."""
 SESSION = "sample-session.json"
+ADMIN_KEY_ENV = "CTXBUDGET_ADMIN_KEY"
+"""Where the demo's config finds its admin key: in the demo's own environment, which holds
+nothing else (the user's `$CTXBUDGET_ADMIN_KEY` is not read)."""
 
 
 def sample_requests() -> list[dict[str, Any]]:
@@ -63,6 +72,7 @@ def demo_config(tmp: Path, upstream: str, port: int) -> dict[str, Any]:
             "host": "127.0.0.1",
             "port": port,
             "upstream": {"baseUrl": upstream, "apiKeyEnv": None},
+            "adminKeyEnv": ADMIN_KEY_ENV,
         },
         "agents": {"defaults": {"contextBudget": {"enabled": True}}},
         "report": {"path": str(tmp / "report.db")},
@@ -89,7 +99,7 @@ def bind(port: int) -> socket.socket:
 @contextmanager
 def serving(app: Any, sock: socket.socket) -> Iterator[int]:
     """Serve `app` on `sock` with uvicorn in a thread; yield its port; stop it after."""
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, ws=Refusal)
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="ctxbudget-demo", daemon=True
@@ -108,10 +118,15 @@ def serving(app: Any, sock: socket.socket) -> Iterator[int]:
         sock.close()
 
 
-def replay(root: str) -> None:
-    """Add the demo's memory, then send the sample session through the proxy at `root`."""
+def replay(root: str, admin_key: str) -> None:
+    """Add the demo's memory (with its admin key), then send the sample session through the
+    proxy at `root`."""
     with httpx.Client(base_url=root, timeout=60) as client:
-        added = client.post("/v1/memories", json={"text": MEMORY, "category": "fact"})
+        added = client.post(
+            "/v1/memories",
+            json={"text": MEMORY, "category": "fact"},
+            headers={"authorization": f"Bearer {admin_key}"},
+        )
         added.raise_for_status()
         for body in sample_requests():
             with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -150,27 +165,31 @@ def run_demo(
                 "./ctxbudget.jsonc, ~/.ctxbudget and $CTXBUDGET_* are not read)",
                 file=err,
             )
-            env: dict[str, str] = {}  # the user's CTXBUDGET_*, OTEL_* and keys stay out
+            admin_key = secrets.token_urlsafe(24)
+            # the user's CTXBUDGET_*, OTEL_* and keys stay out
+            env: dict[str, str] = {ADMIN_KEY_ENV: admin_key}
             app = create_app(ConfigSource(config, env, {}), env=env, run="demo")
             with serving(app, sock) as proxy_port:
                 root = f"http://127.0.0.1:{proxy_port}"
-                replay(root)
+                replay(root, admin_key)
                 summary = httpx.get(f"{root}/context/budget?format=summary", timeout=30)
                 summary.raise_for_status()
                 out.write(summary.text)
-                out.write(_next_steps(root, len(sample_requests())))
+                out.write(_next_steps(root, len(sample_requests()), admin_key))
                 out.flush()
                 stop.wait()
     print("ctxbudget demo: stopped; its temporary files are gone", file=err)
 
 
-def _next_steps(root: str, requests: int) -> str:
+def _next_steps(root: str, requests: int, admin_key: str) -> str:
     return (
         f"\nThat was a sample OpenClaw session ({requests} requests) through the proxy, "
         "answered by a built-in stand-in (no provider, no key).\n"
         f"The page: {root}/context/budget (open it in a browser)\n"
         f"The whole report: curl {root}/context/budget?format=text\n"
         f"Point an agent at it: base URL {root}/v1 (answers are the stand-in's)\n"
+        f"Memories take this run's admin key: curl -H 'authorization: Bearer {admin_key}' "
+        f"{root}/v1/memories\n"
         "Serving until Ctrl-C.\n"
     )
 

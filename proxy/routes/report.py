@@ -106,7 +106,7 @@ class Reporting:
             report = await self.report(
                 settings, request, owner=owner, recent=PAGE_REQUESTS, since=since
             )
-            return HTMLResponse(render_html(report))
+            return HTMLResponse(render_html(report), headers=_NO_FRAMES)
         report = await self.report(settings, request, owner=owner, since=since)
         if fmt == "text":
             return PlainTextResponse(render_text(report))
@@ -132,6 +132,12 @@ class Reporting:
                 param="id",
             )
         return JSONResponse(found)
+
+
+_NO_FRAMES = {"x-frame-options": "DENY", "content-security-policy": "frame-ancestors 'none'"}
+"""The page is never shown inside another site's frame: a page that framed it could dress
+the user's own report (their sessions, URLs, paths) as its content or lure clicks onto it.
+Both headers: `frame-ancestors` where CSP is honoured, `X-Frame-Options` for older browsers."""
 
 
 def _since(value: str | None) -> float | None:

@@ -325,6 +325,18 @@ def _dumps(value: Any) -> bytes:
             raise BadRequest(_OUT_OF_RANGE) from None
 
 
+def check_text_part(part: dict[str, Any], where: str, kinds: tuple[str, ...]) -> None:
+    """400 unless the `text` of content part `part` (at `where`) is a string: a part of one of
+    `kinds` must have one, any other part's `text` must be a string when it is there. Every
+    provider refuses other values with a 400, and the clamps measure the text (a number made
+    the chat clamp raise, so the request went on unclamped, or was a 500 with `failClosed`)."""
+    text = part.get("text")
+    if isinstance(text, str) or (text is None and part.get("type") not in kinds):
+        return
+    got = "nothing" if "text" not in part else type_name(text)
+    raise BadRequest(f"'{where}.text' must be a string, got {got}", param=f"{where}.text")
+
+
 def type_name(value: Any) -> str:
     """The JSON name of a value's type, for error messages."""
     return {

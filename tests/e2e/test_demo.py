@@ -49,6 +49,22 @@ def test_demo_prints_the_net_report_serves_the_page_and_leaves_nothing(tmp_path:
         root = page_url.group(1).removesuffix("/context/budget")
         report = httpx.get(f"{root}/context/budget", timeout=30).json()
         page = httpx.get(page_url.group(1), headers={"accept": "text/html"}, timeout=30)
+        # issue 35: another local user cannot add memories; the printed key can
+        memory = {"text": "from someone else on this machine"}
+        anyone = httpx.post(f"{root}/v1/memories", json=memory, timeout=30)
+        guessed = httpx.post(
+            f"{root}/v1/memories", json=memory, headers={"x-api-key": "demo"}, timeout=30
+        )
+        key = re.search(
+            r"Memories take this run's admin key: curl -H 'authorization: Bearer "
+            r"(\S+)' " + re.escape(root) + r"/v1/memories\n",
+            out,
+        )
+        assert key is not None, out
+        listed = httpx.get(
+            f"{root}/v1/memories", headers={"authorization": f"Bearer {key.group(1)}"}, timeout=30
+        )
+        other = _other_demo_key(tmp_path, env)
     finally:
         demo.send_signal(signal.SIGINT)
         try:
@@ -77,3 +93,35 @@ def test_demo_prints_the_net_report_serves_the_page_and_leaves_nothing(tmp_path:
     assert "stopped" in err
     assert not (home / ".ctxbudget").exists()
     assert report["enabled"] is True
+    assert (anyone.status_code, guessed.status_code) == (401, 401)
+    assert listed.status_code == 200
+    assert [m["text"] for m in listed.json()["data"]] == [
+        "The release deadline moved to Friday the 28th, after the design review"
+    ]
+    assert len(key.group(1)) >= 32 and other != key.group(1), "random, per run"
+
+
+def _other_demo_key(tmp_path: Path, env: dict[str, str]) -> str:
+    """The admin key another run of the demo prints (its own port, its own temporary files)."""
+    run = subprocess.Popen(
+        [CTXBUDGET, "demo", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert run.stdout is not None
+    try:
+        for line in run.stdout:
+            found = re.search(r"admin key: curl -H 'authorization: Bearer (\S+)'", line)
+            if found:
+                return found.group(1)
+        raise AssertionError("the demo printed no admin key")
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(timeout=30)
+        finally:
+            run.kill()
+            run.stdout.close()

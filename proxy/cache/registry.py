@@ -203,10 +203,23 @@ CACHES: tuple[Cache, ...] = (
         invariant="deep recall's search words (its note says `cached`: to their owner only)",
     ),
     Cache(
-        where="proxy/report/ledger.py:_seen",
+        where="proxy/report/ledger.py:_held",
         key="owner, conversation",
-        bound="4,096 entries",
-        invariant="a conversation's pruning decisions as last read",
+        bound="1,024 conversations an owner, 32 M chars of decision texts in all (past it the "
+        "owner holding the most gives way)",
+        invariant="the decisions this process read or took: applied while the database is down",
+    ),
+    Cache(
+        where="proxy/pipeline/summaries.py:_owners",
+        key="owner",
+        bound="1,024 owners",
+        invariant="an owner's summaries in this worker: running, tried, its cooldown",
+    ),
+    Cache(
+        where="proxy/pipeline/summaries.py:tried",
+        key="owner (one per owner), conversation, call id",
+        bound="10,000 results an owner",
+        invariant="a result asked for once is never asked again, whatever came of it",
     ),
     Cache(
         where="proxy/report/record.py:_SEGMENTS",

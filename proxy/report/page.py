@@ -382,10 +382,14 @@ def _over_time(recent: list[dict[str, Any]]) -> str:
 def _requests(recent: list[dict[str, Any]]) -> str:
     rows = []
     for r in recent:
-        segs = [s for s in r["segments"] if s["action"] != "kept"]
+        # a kept segment with a note is one a user expected clamped (an unwrapped web page
+        # over its cap): the text report lists it, and so must the page
+        segs = [s for s in r["segments"] if s["action"] != "kept" or s.get("note")]
         detail = "".join(
             f"<li>{escape(s['kind'])} <code>{escape(s['label'])}</code>: "
-            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}</li>"
+            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}"
+            + (f" <span class='sub'>({escape(s['note'])})</span>" if s.get("note") else "")
+            + "</li>"
             for s in segs
         )
         error = ""

@@ -13,8 +13,10 @@ from typing import Any
 from proxy.report.render import (
     KIND_TITLES,
     MINUS,
+    NET_ABOVE_GROSS,
     change_text,
     money,
+    net_above_gross,
     net_text,
     no_recommendations,
     profile_of,
@@ -77,6 +79,8 @@ def render_html(report: dict[str, Any]) -> str:
             f"{escape(config['error'])}</p>"
         )
     parts.append(_cards(totals))
+    if net_above_gross(report):
+        parts.append(f"<p class='sub' id='net-above-gross'>{escape(NET_ABOVE_GROSS)}.</p>")
     parts.append(_caps(report["caps"]))
     parts.append(_kinds(totals))
     parts.append(_sessions(totals.get("money"), report.get("sessions") or []))

@@ -186,6 +186,26 @@ def gross_text(totals: dict[str, Any], encoding: str) -> str:
     )
 
 
+NET_ABOVE_GROSS = (
+    "Net above gross: gross counts the removed text's own tokens at the input price; net is "
+    "the provider's bill, which counts the request as it is sent (JSON: a tool result's quotes "
+    "and newlines are escapes, and tokens too) and prices cache writes above the input price"
+)
+"""Said where net and gross are both shown, when the net saving (of the totals or of a listed
+request) is the larger: not an error in either figure, but two different counts."""
+
+
+def net_above_gross(report: dict[str, Any]) -> bool:
+    """Whether a net saving shown is above its gross figure (the totals', or a listed
+    request's): then `NET_ABOVE_GROSS` goes with them."""
+    totals = report["totals"]
+    net = (totals.get("money") or {}).get("savedUsd")
+    pairs = [(net, totals.get("savedUsd"))]
+    pairs += [(r.get("netSavedUsd"), r.get("savedUsd")) for r in report.get("recent") or []]
+    # a cent's ten-thousandth either way is rounding, not a difference worth a line
+    return any(n is not None and g is not None and n > g + 1e-6 for n, g in pairs)
+
+
 def net_lines(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> list[str]:
     """What the provider billed, what it would have without ctxbudget, and the sessions."""
     if not money_totals or not money_totals["sessions"]:
@@ -298,6 +318,8 @@ def render_summary(report: dict[str, Any]) -> str:
         + f"; cache busts caused by ctxbudget: {busts}"
     )
     lines.append(gross_text(totals, report["encoding"]))
+    if net_above_gross(report):
+        lines.append(NET_ABOVE_GROSS)
     if totals["clampErrors"]:
         lines.append(f"⚠ {totals['clampErrors']} request(s) forwarded untouched (clamp error)")
     advice = tools_inline_text(report.get("sessions") or [])
@@ -372,6 +394,8 @@ def render_text(report: dict[str, Any]) -> str:
     if advice:
         lines.append(advice)
     lines.append(gross_text(totals, report["encoding"]))
+    if net_above_gross(report):
+        lines.append(NET_ABOVE_GROSS)
     if totals["wouldSaveChars"]:
         lines.append(
             f"Would remove with the budget on: {_n(totals['wouldSaveChars'])} chars "

@@ -818,6 +818,9 @@ def _report(args: argparse.Namespace) -> None:
     finally:
         memory.close()
     report["page"] = page_url(cfg.proxy.host, cfg.proxy.port)
+    # said here, not in the server's report: a command run in another directory than `serve`
+    # must show which files it read (the HTTP report does not name the server's files)
+    report["data"] = {"report": str(path) if pg is None else _where(cfg), "memories": _where(cfg)}
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:

@@ -375,6 +375,10 @@ def render_text(report: dict[str, Any]) -> str:
     config = report["config"]
     where = config["path"] or "built-in defaults"
     lines.append(f"Config: {where} (loaded {config['loadedAt']})")
+    if report.get("data"):  # `ctxbudget report`: the files it read
+        lines.append(
+            f"Data: report {report['data']['report']}, memories {report['data']['memories']}"
+        )
     if config.get("error"):
         lines.append(f"⚠ Config error, last good config still in force: {config['error']}")
     lines.append("Effective caps (UTF-16 chars):")

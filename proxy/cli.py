@@ -10,7 +10,7 @@
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
     ctxbudget config init [PATH] [--force]
     ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
-    ctxbudget demo [--port P]
+    ctxbudget demo [--port P] [--serve]
     ctxbudget --version
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
@@ -142,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--port", type=int, help="port to serve on (default 4141, or any free one if taken)"
+    )
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="no sample session: print where to point OpenClaw, Claude Code or Codex, and serve",
     )
 
     config = sub.add_parser(
@@ -279,7 +284,7 @@ def _demo(args: argparse.Namespace) -> None:
     from proxy.demo.run import PortInUse, run_demo
 
     try:
-        run_demo(args.port, out=sys.stdout, err=sys.stderr)
+        run_demo(args.port, out=sys.stdout, err=sys.stderr, serve_only=args.serve)
     except PortInUse as exc:
         raise SystemExit(
             f"ctxbudget demo: {exc}{running_there('127.0.0.1', args.port)}: pass another "
@@ -820,6 +825,9 @@ def _report(args: argparse.Namespace) -> None:
     finally:
         memory.close()
     report["page"] = page_url(cfg.proxy.host, cfg.proxy.port)
+    # said here, not in the server's report: a command run in another directory than `serve`
+    # must show which files it read (the HTTP report does not name the server's files)
+    report["data"] = {"report": str(path) if pg is None else _where(cfg), "memories": _where(cfg)}
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:

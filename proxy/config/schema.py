@@ -501,6 +501,7 @@ def load_config(
     """Each problem, and where its value came from (`file`, `env`, `cli`)."""
     if path is not None:
         data = _read_file(path)
+        _beside(data, path.parent)
         for key in _leaves(data):
             origins[key] = "file"
             sources[key] = str(path)
@@ -544,6 +545,24 @@ def load_config(
     config._origins = origins
     config._sources = sources
     return config
+
+
+FILE_PATHS = (("memory", "store", "path"), ("report", "path"))
+"""The config's file paths (`FilePath`): relative ones in a config file are beside it."""
+
+
+def _beside(data: dict[str, Any], folder: Path) -> None:
+    """Relative file paths in a config file, made relative to the file's folder: the
+    databases a config names are the same files whichever directory a command runs in (they
+    were relative to it, so `report` run elsewhere read another file). `~` and absolute paths
+    are left as written; a value of the wrong type is left for validation to name."""
+    for keys in FILE_PATHS:
+        node: Any = data
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            node[keys[-1]] = str(folder / value)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

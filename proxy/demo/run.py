@@ -73,6 +73,8 @@ def demo_config(tmp: Path, upstream: str, port: int) -> dict[str, Any]:
             "port": port,
             "upstream": {"baseUrl": upstream, "apiKeyEnv": None},
             "adminKeyEnv": ADMIN_KEY_ENV,
+            # Claude Code's and Codex's formats go to the same stand-in, never to a provider
+            "anthropic": {"baseUrl": upstream.removesuffix("/v1"), "apiKeyEnv": None},
         },
         "agents": {"defaults": {"contextBudget": {"enabled": True}}},
         "report": {"path": str(tmp / "report.db")},
@@ -140,9 +142,11 @@ def run_demo(
     out: TextIO,
     err: TextIO,
     stop: threading.Event | None = None,
+    serve_only: bool = False,
 ) -> None:
     """Run the demo on `port` (None: 4141, else any free port) until `stop` is set, or
-    Ctrl-C / SIGTERM when it is not given."""
+    Ctrl-C / SIGTERM when it is not given. `serve_only` (`demo --serve`): no sample session,
+    the report starts empty, and what is printed is where to point your own agent."""
     from proxy.app import create_app
     from proxy.config.schema import ConfigSource
 
@@ -171,11 +175,14 @@ def run_demo(
             app = create_app(ConfigSource(config, env, {}), env=env, run="demo")
             with serving(app, sock) as proxy_port:
                 root = f"http://127.0.0.1:{proxy_port}"
-                replay(root, admin_key)
-                summary = httpx.get(f"{root}/context/budget?format=summary", timeout=30)
-                summary.raise_for_status()
-                out.write(summary.text)
-                out.write(_next_steps(root, len(sample_requests()), admin_key))
+                if serve_only:
+                    out.write(agent_setup(root, admin_key))
+                else:
+                    replay(root, admin_key)
+                    summary = httpx.get(f"{root}/context/budget?format=summary", timeout=30)
+                    summary.raise_for_status()
+                    out.write(summary.text)
+                    out.write(_next_steps(root, len(sample_requests()), admin_key))
                 out.flush()
                 stop.wait()
     print("ctxbudget demo: stopped; its temporary files are gone", file=err)
@@ -192,6 +199,36 @@ def _next_steps(root: str, requests: int, admin_key: str) -> str:
         f"{root}/v1/memories\n"
         "Serving until Ctrl-C.\n"
     )
+
+
+def agent_setup(root: str, admin_key: str) -> str:
+    """What `demo --serve` prints: where to point each agent at the proxy on `root`."""
+    return f"""ctxbudget demo --serve: the proxy on {root}, the caps on, in front of a built-in
+stand-in that answers every request itself (no provider, no key: any key will do).
+Point an agent at it, then ask it anything and see what was clamped:
+
+OpenClaw (~/.openclaw/openclaw.json), then use the model ctxbudget/gpt-5.5:
+  {{ models: {{ mode: "merge", providers: {{ ctxbudget: {{
+      baseUrl: "{root}/v1", apiKey: "any", api: "openai-completions",
+      models: [{{ id: "gpt-5.5", name: "GPT-5.5 via ctxbudget", contextWindow: 1050000,
+                 maxTokens: 8192 }}] }} }} }} }}
+  (OpenClaw on Claude: the anthropic provider with baseUrl: "{root}")
+Claude Code:
+  ENABLE_TOOL_SEARCH=true ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY=any claude
+Codex (~/.codex/config.toml; run it with OPENAI_API_KEY=any):
+  model_provider = "ctxbudget"
+  [model_providers.ctxbudget]
+  name = "ctxbudget demo"
+  base_url = "{root}/v1"
+  wire_api = "responses"
+  env_key = "OPENAI_API_KEY"
+Any SDK or curl: base URL {root}/v1 (Anthropic's SDK: {root})
+
+The page: {root}/context/budget (open it in a browser)
+The whole report: curl {root}/context/budget?format=text
+Memories take this run's admin key: curl -H 'authorization: Bearer {admin_key}' {root}/v1/memories
+Serving until Ctrl-C.
+"""
 
 
 def _until_signalled() -> threading.Event:

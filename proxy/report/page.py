@@ -13,8 +13,10 @@ from typing import Any
 from proxy.report.render import (
     KIND_TITLES,
     MINUS,
+    NET_ABOVE_GROSS,
     change_text,
     money,
+    net_above_gross,
     net_text,
     no_recommendations,
     profile_of,
@@ -77,6 +79,8 @@ def render_html(report: dict[str, Any]) -> str:
             f"{escape(config['error'])}</p>"
         )
     parts.append(_cards(totals))
+    if net_above_gross(report):
+        parts.append(f"<p class='sub' id='net-above-gross'>{escape(NET_ABOVE_GROSS)}.</p>")
     parts.append(_caps(report["caps"]))
     parts.append(_kinds(totals))
     parts.append(_sessions(totals.get("money"), report.get("sessions") or []))
@@ -382,10 +386,14 @@ def _over_time(recent: list[dict[str, Any]]) -> str:
 def _requests(recent: list[dict[str, Any]]) -> str:
     rows = []
     for r in recent:
-        segs = [s for s in r["segments"] if s["action"] != "kept"]
+        # a kept segment with a note is one a user expected clamped (an unwrapped web page
+        # over its cap): the text report lists it, and so must the page
+        segs = [s for s in r["segments"] if s["action"] != "kept" or s.get("note")]
         detail = "".join(
             f"<li>{escape(s['kind'])} <code>{escape(s['label'])}</code>: "
-            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}</li>"
+            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}"
+            + (f" <span class='sub'>({escape(s['note'])})</span>" if s.get("note") else "")
+            + "</li>"
             for s in segs
         )
         error = ""

@@ -186,6 +186,26 @@ def gross_text(totals: dict[str, Any], encoding: str) -> str:
     )
 
 
+NET_ABOVE_GROSS = (
+    "Net above gross: gross counts the removed text's own tokens at the input price; net is "
+    "the provider's bill, which counts the request as it is sent (JSON: a tool result's quotes "
+    "and newlines are escapes, and tokens too) and prices cache writes above the input price"
+)
+"""Said where net and gross are both shown, when the net saving (of the totals or of a listed
+request) is the larger: not an error in either figure, but two different counts."""
+
+
+def net_above_gross(report: dict[str, Any]) -> bool:
+    """Whether a net saving shown is above its gross figure (the totals', or a listed
+    request's): then `NET_ABOVE_GROSS` goes with them."""
+    totals = report["totals"]
+    net = (totals.get("money") or {}).get("savedUsd")
+    pairs = [(net, totals.get("savedUsd"))]
+    pairs += [(r.get("netSavedUsd"), r.get("savedUsd")) for r in report.get("recent") or []]
+    # a cent's ten-thousandth either way is rounding, not a difference worth a line
+    return any(n is not None and g is not None and n > g + 1e-6 for n, g in pairs)
+
+
 def net_lines(
     money_totals: dict[str, Any] | None,
     sessions: list[dict[str, Any]],
@@ -311,6 +331,8 @@ def render_summary(report: dict[str, Any]) -> str:
         + f"; cache busts caused by ctxbudget: {busts}"
     )
     lines.append(gross_text(totals, report["encoding"]))
+    if net_above_gross(report):
+        lines.append(NET_ABOVE_GROSS)
     if totals["clampErrors"]:
         lines.append(f"⚠ {totals['clampErrors']} request(s) forwarded untouched (clamp error)")
     advice = tools_inline_text(report.get("sessions") or [])
@@ -366,6 +388,10 @@ def render_text(report: dict[str, Any]) -> str:
     config = report["config"]
     where = config["path"] or "built-in defaults"
     lines.append(f"Config: {where} (loaded {config['loadedAt']})")
+    if report.get("data"):  # `ctxbudget report`: the files it read
+        lines.append(
+            f"Data: report {report['data']['report']}, memories {report['data']['memories']}"
+        )
     if config.get("error"):
         lines.append(f"⚠ Config error, last good config still in force: {config['error']}")
     lines.append("Effective caps (UTF-16 chars):")
@@ -387,6 +413,8 @@ def render_text(report: dict[str, Any]) -> str:
     if advice:
         lines.append(advice)
     lines.append(gross_text(totals, report["encoding"]))
+    if net_above_gross(report):
+        lines.append(NET_ABOVE_GROSS)
     if totals["wouldSaveChars"]:
         lines.append(
             f"Would remove with the budget on: {_n(totals['wouldSaveChars'])} chars "

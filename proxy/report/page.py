@@ -422,8 +422,8 @@ def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-_TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600)
-_TIME_STEPS += (43200, 86400, 172800, 604800, 1209600, 2592000, 7776000, 31536000)
+_TIME_STEPS: tuple[int, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+_TIME_STEPS += (7200, 10800, 21600, 43200, 86400, 172800, 604800, 1209600, 2592000, 7776000)
 MAX_TICKS = 6
 """Most time labels under the savings chart: ~100 px each on its 620 px axis."""
 

@@ -25,6 +25,9 @@ _RESULTS = ("tool_result", "function_call_output")
 _TEXTS = ("text", "input_text")
 _STAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
 _RUNTIME = re.compile(r"^(?:Runtime|Reasoning): .*$", re.M)
+RUNTIME_AGENT = "Runtime: agent="
+"""How OpenClaw's runtime line names the agent a request is for (`Runtime: agent=main | …`)."""
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 QUERY_HEAD = 2_000
 """Characters from the start of a long user turn that recall reads (`excerpt`)."""
 QUERY_TAIL = 2_000
@@ -230,6 +233,32 @@ def excerpt(text: str) -> str:
         at = min((i for i in (tail.find(c) for c in _SPACES) if i >= 0), default=-1)
         tail = tail[at + 1 :] if at >= 0 else tail
     return f"{head}\n{tail}"
+
+
+def runtime_agent(*texts: str) -> str | None:
+    """The agent OpenClaw's `Runtime: agent=<name> | …` line names in the first of `texts`
+    that has one at the start of a line; None when none does.
+
+    OpenClaw writes the line at the end of its system prompt, or (9.x, chat completions)
+    moves it into the first user message: recall reads it so that memories scoped to that
+    agent (`agent:<name>`) are found without an `x-context-budget-agent` header.
+
+    >>> runtime_agent("## Runtime\\nRuntime: agent=ops | host=vm | thinking=off")
+    'ops'
+    >>> runtime_agent("You said 'Runtime: agent=x' once", "hi\\n\\nRuntime: agent=main | host=vm")
+    'main'
+    >>> runtime_agent("no runtime line") is None
+    True
+    """
+    for text in texts:
+        at = text.find(RUNTIME_AGENT)
+        while at >= 0:
+            if at == 0 or text[at - 1] == "\n":
+                found = _AGENT_NAME.match(text, at + len(RUNTIME_AGENT))
+                if found:
+                    return found.group()
+            at = text.find(RUNTIME_AGENT, at + 1)
+    return None
 
 
 def clean(text: str) -> str:

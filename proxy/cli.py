@@ -399,7 +399,8 @@ def app_factory() -> Any:
 
 
 def _memory(args: argparse.Namespace) -> None:
-    from memory import InvalidMemory, Memory, NewMemory
+    from memory import InvalidMemory, NewMemory
+    from memory.store import search_rows
     from proxy.config.settings import settings_for
     from proxy.stores import open_store
 
@@ -431,25 +432,18 @@ def _memory(args: argparse.Namespace) -> None:
                 for gone in evicted:
                     print(f"evicted memory {gone.id} (least recently used): {gone.text}")
         elif args.action in ("list", "search"):
-            rows: list[tuple[Memory, float | None]]
+            rows: list[dict[str, Any]]
             if args.action == "list":
-                rows = [(m, None) for m in store.all(args.owner, scope=args.scope)]
+                rows = [m.to_dict() for m in store.all(args.owner, scope=args.scope)]
             else:
-                rows = [(m, score) for m, score in store.search(args.owner, args.query)]
+                # relevance 0-100, the best hit 100 (BM25's own number is in --json's `bm25`)
+                rows = search_rows(store.search(args.owner, args.query))
             if args.json:
-                print(
-                    json.dumps(
-                        [
-                            {**m.to_dict(), **({"relevance": round(s, 4)} if s is not None else {})}
-                            for m, s in rows
-                        ],
-                        ensure_ascii=False,
-                    )
-                )
+                print(json.dumps(rows, ensure_ascii=False))
             else:
-                for m, score in rows:
-                    extra = f" relevance={score:.3g}" if score is not None else ""
-                    print(f"{m.id}\t{m.category}\t{m.scope}\t{m.text}{extra}")
+                for m in rows:
+                    extra = f" relevance={m['relevance']:g}" if "relevance" in m else ""
+                    print(f"{m['id']}\t{m['category']}\t{m['scope']}\t{m['text']}{extra}")
                 if not rows:
                     # On stderr: a pipe reading the rows gets none, a person sees why.
                     print(_nothing_found(args, _where(cfg)), file=sys.stderr)
@@ -601,8 +595,9 @@ def _recall(args: argparse.Namespace) -> None:
     for m in info["memories"]:
         print(f"  {m['score']:7.2f}  {m['text']}")
         print(
-            f"           relevance {m['relevance']}, second hop {m['hop']}, context "
-            f"{m['context']}, speaker {m.get('speaker', 0)}, recency {m['recency']}, category "
+            f"           relevance {m['relevance']:g}/100 (keywords {m['keyword']:g}, second hop "
+            f"{m['hop']:g}, context {m['context']:g}), speaker {m.get('speaker', 0)}, "
+            f"recency {m['recency']}, category "
             f"{m['category']}, source {m['source']}, access {m['access']}"
         )
     if info.get("secondHopWords"):

@@ -348,7 +348,8 @@ class BudgetsConfig(_Model):
     default_profile: str = "specialist-narrow"
     """Budget profile of agents not listed in `agents`."""
     default_agent: str = "main"
-    """Agent of requests without an x-context-budget-agent header."""
+    """Agent of requests without an x-context-budget-agent header or OpenClaw `Runtime: agent=`
+    line; its `agent:<name>` memories are recalled."""
     context_windows: dict[str, int] = {}
     """Model → context window in tokens, where litellm's model map does not know it."""
 

@@ -1,7 +1,8 @@
 """The `/context budget` chat command: recognised in a user turn, answered by the proxy.
 
 `/context budget` (or `/ctxbudget`) answers a chat-sized summary, `… full` the whole text
-report, `… json` the JSON.
+report, `… full <section>` one section of it (`TEXT_SECTIONS`: caps, money, kinds, requests,
+memory), `… json` the JSON.
 
 Format-neutral: a wire adapter finds the turn (`UserTurn`) and shapes the answer. The command
 is the whole of what the user typed in the newest turn (`UserTurn.typed`) — OpenClaw 9.x ends
@@ -27,6 +28,9 @@ True
 True
 >>> find_command(UserTurn(index=0, text="/ctxbudget", last=True, typed=None)) is None
 True
+>>> caps = UserTurn(index=0, text="/context budget full caps", last=True)
+>>> find_command(caps), full_section(caps)
+('full', 'caps')
 """
 
 from __future__ import annotations
@@ -56,4 +60,13 @@ def find_command(turn: UserTurn | None) -> CommandMode | None:
         for mode in _MODES:
             if words == [*name, mode]:
                 return mode
+        if len(words) == len(name) + 2 and words[:-1] == [*name, "full"]:
+            return "full"  # one section (`full_section`), or a reply naming them
     return None
+
+
+def full_section(turn: UserTurn) -> str | None:
+    """The word after `full` in a command `find_command` found (`/context budget full caps`:
+    `"caps"`, maybe no section of `TEXT_SECTIONS`), or None for the whole text."""
+    words = turn.query.split()
+    return words[-1].lower() if len(words) >= 3 and words[-2] == "full" else None

@@ -41,7 +41,7 @@ from proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
 from proxy.config.schema import RouteConfig
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
-from proxy.pipeline.chat_command import CommandMode, find_command
+from proxy.pipeline.chat_command import CommandMode, find_command, full_section
 from proxy.pipeline.headers import (
     PREFIX,
     RequestOptions,
@@ -56,7 +56,7 @@ from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.pipeline.summaries import Summarizer
 from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
-from proxy.report.render import render_summary, render_text
+from proxy.report.render import TEXT_SECTIONS, render_summary, render_text
 from proxy.report.usage import UsageChunkDropper, UsageReader
 from proxy.routes.report import Reporting
 from proxy.state import ProxyState
@@ -466,10 +466,17 @@ class Pipeline:
     async def _answer_command(self, call: Call, mode: CommandMode) -> Response:
         viewer = call.owner if call.settings.proxy_keys else None  # a key sees its own report
         report = await self.reporting.report(call.settings, call.request, owner=viewer)
+        section = full_section(call.turn) if mode == "full" and call.turn else None
         if mode == "json":
             text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+        elif section is not None and section not in TEXT_SECTIONS:
+            text = (
+                f"ctxbudget: the report has no section {section!r}; ask for one of "
+                + ", ".join(f"/context budget full {name}" for name in TEXT_SECTIONS)
+                + ", or /context budget full for all of it\n"
+            )
         else:
-            text = render_text(report) if mode == "full" else render_summary(report)
+            text = render_text(report, section) if mode == "full" else render_summary(report)
         headers = budget_headers(call.id, call.settings.enabled, (), None, recorded=False)
         headers[f"{PREFIX}-command"] = "context-budget"
         reply = call.wire.command_reply(text, call.body, request_id=call.id)

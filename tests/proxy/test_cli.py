@@ -566,3 +566,21 @@ def test_report_run_elsewhere_says_it_uses_the_defaults_and_where_its_data_is(
     home = dirs.home / ".ctxbudget"
     assert f"Data: report {home / 'report.db'}, memories {home / 'memory.db'}" in out
     assert not home.exists()  # reading an empty report creates nothing
+
+
+def test_memory_search_shows_relevance_from_0_to_100_the_best_hit_100(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    run(capsys, "memory", "add", "The orion deploy needs a green build")
+    run(capsys, "memory", "add", "Deploy notes live in the wiki, deploy from main")
+    for other in ("Coffee order: oat milk flat white", "Standup at ten", "Tabs in Makefiles"):
+        run(capsys, "memory", "add", other)
+    code, out, _ = run(capsys, "memory", "search", "orion deploy")
+    rows = [line.rsplit(" relevance=", 1) for line in out.splitlines()]
+    assert code == 0 and [row[0].split("\t")[0] for row in rows] == ["1", "2"]
+    shown = [float(row[1]) for row in rows]
+    assert shown[0] == 100 and 0 < shown[1] < 100  # not BM25's raw 2.21e-06
+    code, out, _ = run(capsys, "memory", "search", "orion deploy", "--json")
+    found = json.loads(out)
+    assert [m["relevance"] for m in found] == shown and found[1]["bm25"] > 0

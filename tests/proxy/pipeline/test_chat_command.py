@@ -236,3 +236,45 @@ def test_only_what_the_user_typed_is_the_command(
             assert (len(fake.sent) == before) == answered, route
             if answered:
                 assert "ctxbudget" in r.text and "Context budget: ON" in r.text, route
+
+
+def test_full_gives_one_section_at_a_time_and_the_plain_command_names_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 36, item 10: `full` was 220 lines in a chat; a user asks for one section."""
+    with proxy_app(tmp_path) as (client, _):
+        client.post("/v1/memories", json={"text": "Deploys happen on Tuesdays"})
+        for _ in range(3):
+            body = openclaw_request(stream=False, model="gpt-4o")
+            body["messages"].append({"role": "user", "content": "when do deploys happen?"})
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        summary = _ask(client, "/context budget")
+        full = _ask(client, "/ctxbudget full")
+        parts = {
+            name: _ask(client, f"/context budget full {name}") for name in render.TEXT_SECTIONS
+        }
+        over_http = client.get("/context/budget?format=text&section=caps").text
+        bad = client.get("/context/budget?format=text&section=everything")
+        unknown = _ask(client, "/ctxbudget full everything")
+        whole_http = client.get("/context/budget?format=text").text
+    assert set(render.TEXT_SECTIONS) == {"caps", "money", "kinds", "requests", "memory"}
+    assert "full caps, money, kinds, requests, memory" in summary.splitlines()[-1]
+    headline = full.splitlines()[0]
+    for name, text in parts.items():
+        assert text.startswith(headline + "\n"), name  # money first in every section
+        assert len(text) < len(full) * (0.8 if name == "requests" else 0.5), name
+    assert "Effective caps (UTF-16 chars):" in parts["caps"] and "Recent" not in parts["caps"]
+    assert "Sessions (newest first):" in parts["money"]
+    assert "By kind:" in parts["kinds"] and "Effective caps" not in parts["kinds"]
+    assert "Recent requests:" in parts["requests"] and "By kind:" not in parts["requests"]
+    assert "memories: lean" in parts["memory"] and "web_fetch" not in parts["memory"]
+    assert over_http.splitlines()[1:-1] == parts["caps"].splitlines()[1:-1]
+    assert bad.status_code == 400 and bad.json()["error"] == {
+        "message": "section must be one of caps, money, kinds, requests, memory; got "
+        "'everything' (without it, format=text is the whole report)",
+        "type": "invalid_request_error",
+        "param": "section",
+        "code": "invalid_request",
+    }
+    assert unknown.startswith("ctxbudget: the report has no section 'everything'")
+    assert whole_http.rstrip("\n") == full.rstrip("\n")  # plain `full`: the whole text

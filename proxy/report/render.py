@@ -466,8 +466,10 @@ def render_text(report: dict[str, Any]) -> str:
         for s in r["segments"]:
             label = s["label"]
             note = f" ({s['note']})" if s.get("note") else ""
+            how = f" by {s['strategy']}" if s.get("strategy") else ""
             lines.append(
-                f"  - {s['kind']} {label}: {_n(s['before'])} → {_n(s['after'])} {s['action']}{note}"
+                f"  - {s['kind']} {label}: {_n(s['before'])} → {_n(s['after'])} "
+                f"{s['action']}{how}{note}"
             )
     # Paths, URLs and tool names come from clients: a terminal must not run their escapes.
     return _CONTROL.sub("", "\n".join(lines)) + "\n"

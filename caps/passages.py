@@ -69,7 +69,8 @@ _STOP = frozenset(
     themselves then there these they this those through to too under until up very was we were
     what when where which while who whom why will with would you your yours yourself
     yourselves please tell show find get give let make use want need know like also much many
-    one com www http https html htm php asp index page fetch search look check read see run""".split()
+    one com www http https html htm php asp index page fetch search look check read see
+    run""".split()
 )
 _SUFFIXES = ("ations", "ation", "ings", "ing", "ies", "ied", "ers", "er", "es", "ed", "ly", "s")
 

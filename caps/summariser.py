@@ -36,8 +36,8 @@ True
 from __future__ import annotations
 
 from caps._cut import head_tail
-from caps.passages import pick, picked
 from caps._text import utf16_len
+from caps.passages import pick, picked
 from caps.types import Segment
 
 _PLAIN = "\nWeb page content:\n---\n"

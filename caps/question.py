@@ -85,9 +85,10 @@ def question(asked: tuple[str, ...] | None, arguments: str | None) -> str:
     query, a pattern, a command), one per line."""
     lines: list[str] = []
     if asked:
-        text = _RUNTIME.sub("", _STAMP.sub("", "\n".join(asked))).strip()
-        if len(text) > QUESTION_HEAD + QUESTION_TAIL:
+        text = "\n".join(asked)
+        if len(text) > QUESTION_HEAD + QUESTION_TAIL:  # cut first: a pasted megabyte
             text = f"{text[:QUESTION_HEAD]}\n{text[-QUESTION_TAIL:]}"
+        text = _RUNTIME.sub("", _STAMP.sub("", text)).strip()
         if text:
             lines.append(text)
     if arguments:

@@ -306,7 +306,7 @@ def _clamp_web_fetch(
     note = "already truncated by OpenClaw" if payload.get("truncated") is True else None
     clamped = (
         text
-        if cap is None
+        if cap is None or before <= cap  # the question is made only for a result over its cap
         else webfetch.clamp_wrapped(
             text, cap, question=where.question(caps), how=f"ask {tool} for the rest"
         )

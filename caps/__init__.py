@@ -18,6 +18,7 @@ from caps.types import (
     PrunePolicy,
     Segment,
     SegmentKind,
+    Strategy,
     ToolNames,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "SEGMENT_KINDS",
     "Segment",
     "SegmentKind",
+    "Strategy",
     "ToolNames",
     "clamp_request",
     "pays",

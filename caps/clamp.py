@@ -108,7 +108,7 @@ def _first_user_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
     new, found = clamp_instructions(text, caps.bootstrap_max_chars, caps.owner)
     if found:
         return new, found
-    return clamp_page(text, caps.web_fetch_max_chars)
+    return clamp_page(text, caps.web_fetch_max_chars, query=caps.strategy == "query")
 
 
 def _clamp_texts(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from caps._cut import head_tail
 from caps._text import utf16_len
+from caps.passages import pick, picked
 from caps.types import Segment
 
 _PLAIN = "\nWeb page content:\n---\n"
@@ -49,16 +50,18 @@ HEAD_SHARE = 0.75
 """A page's head holds its title and what it is about: it gets 3/4 of what is kept."""
 
 
-def clamp_page(text: str, cap: int | None) -> tuple[str, list[Segment]]:
+def clamp_page(text: str, cap: int | None, *, query: bool = False) -> tuple[str, list[Segment]]:
     """Clamp the page in one text block of the WebFetch summariser's request to `cap` UTF-16
     units. Returns the text (the same object when nothing changed) and one segment when the
-    text is that request's; `cap=None` clamps nothing but reports the page."""
+    text is that request's; `cap=None` clamps nothing but reports the page. `query` (the
+    `query` strategy): the page keeps its head and the passages that answer the model's prompt,
+    which follows the page in the same text (`caps.passages`), else its head and tail."""
     found = _page(text)
     if found is None:
         return text, []
     start, end = found
     page = text[start:end]
-    clamped = page if cap is None else head_tail(page, cap, _MARKERS, head_share=HEAD_SHARE)
+    clamped = page if cap is None else _cut(page, cap, _prompt(text, end) if query else None)
     segment = Segment(
         kind="web_fetch",
         label=LABEL,
@@ -67,12 +70,28 @@ def clamp_page(text: str, cap: int | None) -> tuple[str, list[Segment]]:
         action="clamped" if clamped != page else "kept",
         cap=cap,
         tool=TOOL,
+        strategy=None if clamped == page else ("query" if picked(page, clamped) else "head"),
         original=page,
         clamped=clamped,
     )
     if clamped == page:
         return text, [segment]
     return f"{text[:start]}{clamped}{text[end:]}", [segment]
+
+
+def _cut(page: str, cap: int, prompt: str | None) -> str:
+    if prompt is not None:
+        out = pick(page, cap, prompt, how="the page is cut by ctxbudget")
+        if out is not None:
+            return out
+    return head_tail(page, cap, _MARKERS, head_share=HEAD_SHARE)
+
+
+def _prompt(text: str, end: int) -> str:
+    """The model's prompt: what follows the page, up to Claude Code's closing instructions
+    (it is the question, and it is in the same text: the same every time the page is)."""
+    ask = text.rfind(_ASK)
+    return text[end : ask if ask > end else len(text)]
 
 
 def _page(text: str) -> tuple[int, int] | None:

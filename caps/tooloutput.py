@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from caps import _json, webfetch
+from caps import _json, passages, webfetch
 from caps._cut import MIN_PART, head_tail
 from caps._text import utf16_len
 
@@ -58,9 +58,12 @@ _BULKY = f"JSON result of over {_json.MAX_STRUCTURE:,} characters of structure: 
 _DEEP = f"JSON result nested over {_json.MAX_DEPTH} levels: left whole"
 
 
-def clamp_output(text: str, cap: int) -> tuple[str, str | None]:
+def clamp_output(text: str, cap: int, *, question: str | None = None) -> tuple[str, str | None]:
     """`text` cut to at most `cap` UTF-16 units, and a note when it could not be (the text
-    then comes back whole). Deterministic; a result at or under the cap is returned as is."""
+    then comes back whole). Deterministic; a result at or under the cap is returned as is.
+    With a `question` (the `query` strategy) a text keeps its head, its error lines and
+    tracebacks, the passages that answer the question and its last lines (`caps.passages`),
+    else head and tail; JSON is cut as before."""
     if utf16_len(text) <= cap:
         return text, None
     limit = min(cap, _json.MAX_STRUCTURE)
@@ -68,7 +71,7 @@ def clamp_output(text: str, cap: int) -> tuple[str, str | None]:
         return text, _WHOLE if limit == cap else _BULKY  # never parsed, never walked
     value = _parse(text)
     if value is _NOT_JSON:
-        out = _cut_text(text, cap)
+        out = _cut_text(text, cap, question)
         return (text, _WRAPPED) if out is None else (out, None)
     longest = _longest(value)
     if longest is None:
@@ -77,17 +80,28 @@ def clamp_output(text: str, cap: int) -> tuple[str, str | None]:
     return (text, _WHOLE) if out is None else (out, None)
 
 
-def _cut_text(text: str, cap: int) -> str | None:
-    """Head + tail, inside an untrusted-content wrapper when `text` has one (None: the
-    wrapper alone is over the cap)."""
+def _cut_text(text: str, cap: int, question: str | None) -> str | None:
+    """Head + tail (or the passages for `question`), inside an untrusted-content wrapper when
+    `text` has one (None: the wrapper alone is over the cap)."""
     parts = webfetch.split(text)
     if parts is None:
-        return head_tail(text, cap, _MARKERS, head_share=HEAD_SHARE)
+        return _cut_plain(text, cap, question)
     before, page, after = parts
     room = cap - utf16_len(before) - utf16_len(after)
     if room < MIN_PART:
         return None
-    return f"{before}{head_tail(page, room, _MARKERS, head_share=HEAD_SHARE)}{after}"
+    return f"{before}{_cut_plain(page, room, question)}{after}"
+
+
+def _cut_plain(text: str, cap: int, question: str | None) -> str:
+    if question is not None:
+        out = passages.pick(text, cap, question, how=_HOW, errors=True, tail=True)
+        if out is not None:
+            return out
+    return head_tail(text, cap, _MARKERS, head_share=HEAD_SHARE)
+
+
+_HOW = "run it again, narrower, for the rest"
 
 
 _NOT_JSON = object()
@@ -161,7 +175,7 @@ def _longest(value: Any) -> int | None:
 def _cut(value: Any, limit: int) -> Any:
     """`value` with each string value over `limit` units cut to it (keys untouched)."""
     if isinstance(value, str):
-        cut = _cut_text(value, limit)
+        cut = _cut_text(value, limit, None)
         return value if cut is None else cut
     if isinstance(value, dict):
         return {k: _cut(v, limit) for k, v in value.items()}

@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from caps import _json, snippets, tooloutput, webfetch
+from caps import _json, passages, question, snippets, tooloutput, webfetch
 from caps._kept import ByIdentity, footprint, message_weight, weighed
 from caps._text import utf16_len
-from caps.types import Caps, Message, Segment, SegmentKind, ToolNames, evolve
+from caps.types import Caps, Message, Segment, SegmentKind, Strategy, ToolNames, evolve
 
 _BRIDGE = "tool_call"
 
@@ -35,19 +35,23 @@ def clamp_tool_results(
     messages: list[Message], caps: Caps, tools: ToolNames
 ) -> tuple[list[Message], list[Segment]]:
     """Clamp every recognised tool result in `messages`; return the same list if none changed."""
-    calls = _calls(messages)
+    query = caps.strategy == "query"
+    calls = _calls(messages, asked=query)
     out: list[Message] | None = None
     segments: list[Segment] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") != "tool":
             continue
         call_id = message.get("tool_call_id")
-        name, args = calls.get(call_id, (None, {})) if isinstance(call_id, str) else (None, {})
+        call = calls.get(call_id) if isinstance(call_id, str) else None
+        name, args, asked, arguments = call if call is not None else (None, {}, None, None)
         url = args.get("url") if isinstance(args, dict) else None
         key = (
             name,
             call_id if isinstance(call_id, str) else None,
             url if isinstance(url, str) else None,
+            asked,
+            arguments,
         )
         new_message, found = _MESSAGES.get(_clamp_message_at, message, key, caps, tools, index)
         segments.extend(found)
@@ -91,8 +95,11 @@ _MESSAGES = ByIdentity(8 << 20, message_weight)
 """`_clamp_message_at` by the message (the same objects every turn, at the same index:
 `caps._kept`)."""
 
-_Key = tuple[str | None, str | None, str | None]
-"""(tool name, tool_call_id, URL argument): what a result's clamp depends on besides its text."""
+_Key = tuple[str | None, str | None, str | None, tuple[str, ...] | None, str | None]
+"""(tool name, tool_call_id, URL argument, the user's texts before the call, the call's
+arguments as sent): what a result's clamp depends on besides its text. The last two make the
+question of the `query` strategy (`caps.question`): bytes that precede the result, so the
+same every turn."""
 
 
 def _clamp_one(text: str, key: _Key, caps: Caps, tools: ToolNames, segments: list[Segment]) -> str:
@@ -114,25 +121,51 @@ def _clamp_cached(
 class _Where:
     """What called a tool result."""
 
-    def __init__(self, name: str | None, call_id: str | None, url: str | None) -> None:
+    def __init__(
+        self,
+        name: str | None,
+        call_id: str | None,
+        url: str | None,
+        asked: tuple[str, ...] | None = None,
+        arguments: str | None = None,
+    ) -> None:
         self.name = name
         self.call_id = call_id
         self.url = url
+        self.asked = asked
+        self.arguments = arguments
+
+    def question(self, caps: Caps) -> str | None:
+        """What the result was asked for (`caps.question`), with the `query` strategy; None
+        with `head`."""
+        if caps.strategy != "query":
+            return None
+        return question.question(self.asked, self.arguments)
 
 
-def _calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
-    """tool_call_id → (real tool name, arguments), unwrapping the tool-search bridge."""
-    calls: dict[str, tuple[str, Any]] = {}
+_Call = tuple[str, Any, tuple[str, ...] | None, str | None]
+"""(real tool name, arguments, the user's texts before the call, arguments as sent)."""
+
+
+def _calls(messages: list[Message], *, asked: bool = False) -> dict[str, _Call]:
+    """tool_call_id → `_Call`, unwrapping the tool-search bridge; with `asked`, the texts of
+    the latest user turn before each call (`caps.question`), else None."""
+    calls: dict[str, _Call] = {}
+    turn: tuple[str, ...] | None = None
     for message in messages:
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            if isinstance(message.get("tool_calls"), list):
-                for call_id, name, args in _CALLS.get(_message_calls, message):
-                    calls[call_id] = (name, args)
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "user" and asked:
+            turn = question.user_texts(message) or turn
+        elif role == "assistant" and isinstance(message.get("tool_calls"), list):
+            for call_id, name, args, sent in _CALLS.get(_message_calls, message):
+                calls[call_id] = (name, args, turn, sent if asked else None)
     return calls
 
 
-def _message_calls(message: Message) -> tuple[tuple[str, str, Any], ...]:
-    """One assistant message's calls: (id, real tool name, arguments)."""
+def _message_calls(message: Message) -> tuple[tuple[str, str, Any, str | None], ...]:
+    """One assistant message's calls: (id, real tool name, arguments, arguments as sent)."""
     found = []
     for call in message["tool_calls"]:
         if not isinstance(call, dict) or not isinstance(call.get("id"), str):
@@ -141,15 +174,18 @@ def _message_calls(message: Message) -> tuple[tuple[str, str, Any], ...]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             continue
         name: str = function["name"]
-        args = _json.loads(function.get("arguments") or "") or {}
+        sent = function.get("arguments")
+        args = _json.loads(sent or "") or {}
         if name == _BRIDGE and isinstance(args.get("id"), str):
             name = args["id"].rsplit(":", 1)[-1]
             args = args.get("args") if isinstance(args.get("args"), dict) else {}
-        found.append((call["id"], name, args))
+        found.append((call["id"], name, args, sent if isinstance(sent, str) else None))
     return tuple(found)
 
 
-def _calls_weight(message: Message, found: tuple[tuple[str, str, Any], ...]) -> int | None:
+def _calls_weight(
+    message: Message, found: tuple[tuple[str, str, Any, str | None], ...]
+) -> int | None:
     """What a message and its calls keep alive."""
     return footprint((message, found)) if found else None
 
@@ -217,7 +253,7 @@ def _clamp_payload(
 ) -> dict[str, Any]:
     tool = where.name or kind
     if kind == "web_fetch":
-        return _clamp_web_fetch(payload, tool, where, caps.web_fetch_max_chars, segments)
+        return _clamp_web_fetch(payload, tool, where, caps, segments)
     cap = caps.memory_max_chars
     label = f"{tool} {where.call_id}" if where.call_id else tool
     if kind == "memory_search":
@@ -257,8 +293,9 @@ def _clamp_payload(
 
 
 def _clamp_web_fetch(
-    payload: dict[str, Any], tool: str, where: _Where, cap: int | None, segments: list[Segment]
+    payload: dict[str, Any], tool: str, where: _Where, caps: Caps, segments: list[Segment]
 ) -> dict[str, Any]:
+    cap = caps.web_fetch_max_chars
     text = payload.get("text")
     if not isinstance(text, str):
         return payload
@@ -267,7 +304,13 @@ def _clamp_web_fetch(
     label = " ".join(x for x in (tool, where.call_id, url) if x)
     before = utf16_len(text)
     note = "already truncated by OpenClaw" if payload.get("truncated") is True else None
-    clamped = text if cap is None else webfetch.clamp_wrapped(text, cap)
+    clamped = (
+        text
+        if cap is None or before <= cap  # the question is made only for a result over its cap
+        else webfetch.clamp_wrapped(
+            text, cap, question=where.question(caps), how=f"ask {tool} for the rest"
+        )
+    )
     if clamped is None:
         note = (
             "cap smaller than the untrusted-content markers: left whole"
@@ -307,7 +350,7 @@ def _clamp_output(
     before = utf16_len(text)
     if before <= cap:
         return text
-    clamped, note = tooloutput.clamp_output(text, cap)
+    clamped, note = tooloutput.clamp_output(text, cap, question=where.question(caps))
     label = f"{tool} {where.call_id}" if where.call_id else tool
     changed = clamped != text
     segments.append(
@@ -358,7 +401,13 @@ def _clamp_envelope(
     segments: list[Segment],
 ) -> str:
     name, inner_text = inner
-    bridged = _Where(where.name if where.name != _BRIDGE else name, where.call_id, where.url)
+    bridged = _Where(
+        where.name if where.name != _BRIDGE else name,
+        where.call_id,
+        where.url,
+        where.asked,
+        where.arguments,
+    )
     new_inner = _clamp_text(inner_text, bridged, caps, tools, segments)
     if new_inner is inner_text:
         return text
@@ -418,7 +467,9 @@ def _unparseable(text: str, kind: str, where: _Where, caps: Caps, segments: list
     clamped = text
     note = "unparseable JSON (cut upstream): left as is"
     if cap is not None and before > cap and seg_kind == "web_fetch":
-        cut = webfetch.clamp_wrapped(text, cap)
+        cut = webfetch.clamp_wrapped(
+            text, cap, question=where.question(caps), how=f"ask {tool} for the rest"
+        )
         if cut is not None:
             clamped, note = cut, "unparseable JSON (cut upstream): clamped as text"
     changed = clamped is not text
@@ -466,12 +517,20 @@ def _segment(
         call_id=where.call_id,
         url=url,
         note=note,
+        strategy=_strategy(kind, changed, original, clamped),
         original=original,
         clamped=clamped,
     )
 
 
+def _strategy(kind: SegmentKind, changed: bool, original: str, clamped: str) -> Strategy | None:
+    """How a clamped web page or tool output was cut: `query` when passages were picked."""
+    if not changed or kind not in ("web_fetch", "tool_output"):
+        return None
+    return "query" if passages.picked(original, clamped) else "head"
+
+
 def tool_calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
     """tool_call_id → (real tool name, arguments) of the assistant calls in `messages`, the
     tool-search bridge unwrapped (what names a result: `caps/prune.py` reads it too)."""
-    return _calls(messages)
+    return {call_id: (name, args) for call_id, (name, args, _, _) in _calls(messages).items()}

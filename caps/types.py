@@ -22,6 +22,11 @@ ChatRequest = dict[str, Any]
 SegmentKind = Literal["bootstrap", "memory", "web_fetch", "tool_output", "pruned"]
 """The context-cost drivers a cap applies to, and the stale tool results pruning takes."""
 
+Strategy = Literal["query", "head"]
+"""How a web-fetch or tool-output result over its cap is cut: `query` keeps its head and the
+passages that answer the question that led to the call (`caps.passages`); `head` its head
+(and tail, for tool output) only."""
+
 Action = Literal["clamped", "kept", "would-clamp", "prunable"]
 """What happened to a segment. `would-clamp` is set by the caller when the budget is off;
 `prunable` is a tool result pruning could take (`caps/prune.py`), for the caller to decide."""
@@ -124,6 +129,10 @@ class Caps:
     tool_output_max_chars: int | None = None
     """Per result of any other tool (not `ToolNames.keep_whole`): its text, marker included."""
 
+    strategy: Strategy = "head"
+    """How web-fetch and tool-output results over their cap are cut (`Strategy`;
+    `contextBudget.clampStrategy`)."""
+
     prune: PrunePolicy | None = None
     """What pruning may take (`contextPruning`); None: it is off. With a policy the clamp
     reports the prunable results (action `prunable`); `prune_request` applies `pruned`."""
@@ -215,6 +224,9 @@ class Segment:
     """Fetched URL for web_fetch results, when known."""
     note: str | None = None
     """What else happened: dropped results, already truncated upstream, unparseable JSON."""
+    strategy: Strategy | None = None
+    """How a clamped web-fetch or tool-output result was cut: `query` when passages were
+    picked for the question, `head` when its head (and tail) were kept; None otherwise."""
     original: str = field(default="", repr=False, compare=False)
     """The text measured by `before` (kept for token counting; never logged)."""
     clamped: str = field(default="", repr=False, compare=False)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from caps import passages
 from caps._text import utf16_head, utf16_len
 
 _START = re.compile(r'<<<EXTERNAL_UNTRUSTED_CONTENT id="(?P<id>[^"\n]*)">>>\n')
@@ -100,11 +101,15 @@ def wrapped(text: str) -> bool:
     return _split(text) is not None
 
 
-def clamp_wrapped(text: str, cap: int) -> str | None:
+def clamp_wrapped(
+    text: str, cap: int, *, question: str | None = None, how: str = "ask web_fetch for the rest"
+) -> str | None:
     """`text` cut to `cap` UTF-16 units inside its wrapper; `None` if that can't be done safely.
 
     Safe means: both markers and the id intact. What gives way first is the page, then the
-    notice above the markers, then the footer below them.
+    notice above the markers, then the footer below them. With a `question` (the `query`
+    strategy) the page keeps its head and the passages that answer it (`caps.passages`; `how`
+    ends each gap's note), else its head.
     """
     if utf16_len(text) <= cap:
         return text
@@ -119,7 +124,9 @@ def clamp_wrapped(text: str, cap: int) -> str | None:
         ("", ""),
     ):
         room = cap - fixed - utf16_len(notice) - utf16_len(footer)
-        page = _cut_page(parts.page, size, room)
+        page = None if question is None else passages.pick(parts.page, room, question, how=how)
+        if page is None:
+            page = _cut_page(parts.page, size, room)
         if page is not None:
             return f"{notice}{parts.head}{page}{parts.tail}{footer}"
     return None

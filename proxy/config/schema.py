@@ -205,6 +205,9 @@ class ContextBudgetConfig(_Model):
     """Cap per web_fetch result text, UTF-16 chars."""
     tool_output_max_chars: int = Field(16000, ge=0)
     """Cap per result of any other tool (head + tail kept), UTF-16 chars."""
+    clamp_strategy: Literal["query", "head"] = "query"
+    """How web_fetch and tool results over their cap are cut: "query" keeps the head and the
+    passages that answer the question that led to the call; "head" the head (and tail)."""
     fail_closed: bool = False
     """If a clamp fails: false forwards the request untouched, true answers 500."""
     tool_names: ToolNamesConfig = ToolNamesConfig()
@@ -779,6 +782,7 @@ def effective_caps(config: Config) -> EffectiveCaps:
         memory_max_chars=values["memory"],
         web_fetch_max_chars=values["web_fetch"],
         tool_output_max_chars=budget.tool_output_max_chars,
+        strategy=budget.clamp_strategy,
     )
     return EffectiveCaps(caps=caps, sources=sources)
 

@@ -232,6 +232,7 @@ def _segment_entry(s: Segment, saved_tokens: int, price: float | None) -> dict[s
         "callId": s.call_id,
         "url": s.url,
         "note": s.note,
+        "strategy": s.strategy,
     }
 
 

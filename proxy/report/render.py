@@ -570,8 +570,9 @@ def _request_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"  ⚠ cache bust caused by ctxbudget: {r['cacheBust']}")
         for seg in r["segments"]:
             note = f" ({seg['note']})" if seg.get("note") else ""
+            how = f" by {seg['strategy']}" if seg.get("strategy") else ""
             lines.append(
                 f"  - {seg['kind']} {seg['label']}: {_n(seg['before'])} → {_n(seg['after'])} "
-                f"{seg['action']}{note}"
+                f"{seg['action']}{how}{note}"
             )
     return lines

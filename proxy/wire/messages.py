@@ -101,11 +101,13 @@ class MessagesRequest(InProcessRequest):
             for i, part in _text_blocks(self.system):
                 view.system(part, ("system", -1, i))
         first_user = True
+        first_index = len(self.messages)
         for index, message in enumerate(self.messages):
             content = message["content"]
             role = message["role"]
             if role == "user" and first_user:
                 first_user = False
+                first_index = index
                 if isinstance(content, str):
                     view.first_user([(-1, content)], ("user", index))
                 else:
@@ -131,6 +133,8 @@ class MessagesRequest(InProcessRequest):
                 for i, part in enumerate(content):
                     if isinstance(part, dict) and part.get("type") == "tool_result":
                         view.result(part["tool_use_id"], part.get("content"), ("result", index, i))
+            if role == "user" and index > first_index:  # what later calls are asked for
+                view.user([content] if isinstance(content, str) else _user_texts(content))
         segments, changes = view.clamp(clamp, caps, tools)
         if apply:
             for place, new in changes:
@@ -383,6 +387,11 @@ def _text_blocks(blocks: list[Any]) -> list[tuple[int, str]]:
         for i, b in enumerate(blocks)
         if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
     ]
+
+
+def _user_texts(content: Any) -> list[str]:
+    """The text blocks of a user message's content list (none for any other content)."""
+    return [text for _, text in _text_blocks(content)] if isinstance(content, list) else []
 
 
 def _text_of(content: Any) -> str:

@@ -185,6 +185,12 @@ class ResponsesRequest(InProcessRequest):
                 elif isinstance(content, list):
                     texts = [(i, p["text"]) for i, p in enumerate(content) if _is_text(p)]
                     view.first_user(texts, ("user", index))
+            elif item.get("role") == "user" and kind in (None, "message"):
+                content = item.get("content")  # what later calls are asked for
+                if isinstance(content, str):
+                    view.user([content])
+                elif isinstance(content, list):
+                    view.user([p["text"] for p in content if _is_text(p)])
             elif item.get("role") in _SYSTEM_ROLES and kind in (None, "message"):
                 content = item.get("content")
                 if isinstance(content, str):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -53,12 +53,22 @@ class ChatView:
         """The texts of the request's first user message, `(part index, text)` each (index
         -1: the content is one string); `place` is completed with the part indexes. Only the
         agents' own wrappers in it are ever clamped (`caps.clamp`), never the user's words."""
-        if not texts:
+        if not texts:  # still the first: a later user turn must not be taken for it
+            self.messages.append(_NO_TEXT)
+            self.places.append(None)
             return
         held = tuple(text for _, text in texts)
         key = ("user", tuple(i for i, _ in texts))
         self.messages.append(_VIEWS.get(held, key, _first_user, texts))
         self.places.append((*place, tuple(i for i, _ in texts)))
+
+    def user(self, texts: Sequence[str]) -> None:
+        """The texts of a later user message: never clamped, they are what the tool calls
+        after them were asked for (the `query` strategy's question: `caps.question`)."""
+        if texts:
+            held = tuple(texts)
+            self.messages.append(_VIEWS.get(held, ("asked",), _asked, held))
+            self.places.append(None)
 
     def calls(self, calls: Sequence[tuple[str, str, str]]) -> None:
         """Tool calls as `(call id, tool name, arguments as JSON text)`: names the results."""
@@ -107,6 +117,14 @@ def _first_user(texts: Sequence[tuple[int, str]]) -> dict[str, Any]:
     if len(texts) == 1 and texts[0][0] < 0:
         return {"role": "user", "content": texts[0][1]}
     return {"role": "user", "content": [{"type": "text", "text": text} for _, text in texts]}
+
+
+_NO_TEXT: Final[dict[str, Any]] = {"role": "user", "content": ""}
+"""A first user message without text: nothing to clamp, never changed (shared)."""
+
+
+def _asked(texts: tuple[str, ...]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text} for text in texts]}
 
 
 def _calls(calls: Sequence[tuple[str, str, str]]) -> dict[str, Any]:

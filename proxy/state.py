@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from caps import Clamp, clamp_request
+from proxy.cache.mirrors import Mirrors
 from proxy.cache.sessions import SessionTracker
 from proxy.config.schema import ConfigSource
 from proxy.config.settings import Settings, settings_for
@@ -43,6 +44,8 @@ class ProxyState:
         """Upstream URLs that answered 400 to `stream_options`: not asked for usage again."""
         self.sessions = SessionTracker()
         """Each recent session's previous request: cache busts, memory placed again."""
+        self.mirrors = Mirrors()
+        """Each recent session's provider cache, as sent and as the client sent it."""
         self._settings: tuple[int, Settings] | None = None
 
     def settings(self) -> Settings:

@@ -37,6 +37,7 @@ from caps.types import evolve
 from memory.query import UserTurn
 from memory.recaller import RecallReport
 from proxy.access.auth import owner_for
+from proxy.cache.mirrors import MirrorView
 from proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
 from proxy.config.schema import RouteConfig
 from proxy.config.settings import Settings
@@ -379,8 +380,18 @@ class Pipeline:
             warm=pruned.warm,
             pruned=pruned.blocks(prefix),
         )
+        retention = body.get("prompt_cache_retention")
+        mirror = self.state.mirrors.observe(
+            owner,
+            session,
+            "anthropic" if call.wire.provider == "anthropic" else "openai",
+            body.blocks(),
+            now=call.now,
+            model=body.model or "",
+            retention=retention if isinstance(retention, str) else None,
+        )
         return RecallOutcome(
-            recalled, body.defer_count(change), tuple(placed.values()), reused, skipped
+            recalled, body.defer_count(change), tuple(placed.values()), reused, skipped, mirror
         )
 
     async def _send(self, call: Call, out: Outgoing) -> Response:
@@ -523,6 +534,8 @@ class RecallOutcome:
     """Memories of this user turn placed again (recall already ran for the turn)."""
     skipped: Skipped | None = None
     """Why recall did not run (the memory database did not answer), or None."""
+    mirror: MirrorView | None = None
+    """What the session's cache mirror predicted for the request (both copies)."""
 
     def headers(self, headers: dict[str, str]) -> None:
         """Add the memory and session headers."""
@@ -544,6 +557,7 @@ class RecallOutcome:
             "memory": self.recalled.to_dict() if self.recalled is not None else None,
             "session": self.change.session if self.change else None,
             "prefix": self.change,
+            "mirror": self.mirror,
             "memory_texts": self.texts,
             "memory_reused": self.reused,
             "memory_skipped": self.skipped.reason if self.skipped is not None else None,

@@ -163,6 +163,13 @@ class Metrics:
             ["model", "case"],
             registry=into,
         )
+        self.drift = Counter(
+            "ctxbudget_mirror_drift_tokens",
+            "Prompt tokens the provider read from its cache beyond what the session's cache"
+            " mirror predicted (more), or short of it (less): how far the mirror is off",
+            ["direction"],
+            registry=into,
+        )
         self._pending: dict[tuple[Any, tuple[str, ...]], float] = {}
         """What the batch's requests added to each counter, by metric and labels
         (`batch_done`)."""
@@ -172,6 +179,8 @@ class Metrics:
         """Labelled children by metric and labels (`_child`): bounded, as models are."""
         for by in ("client", "ctxbudget"):
             self.busts.labels(by)
+        for direction in ("more", "less"):
+            self.drift.labels(direction)
         # Every kind and action from the start, at 0, so rate() has a series before the
         # first clamp.
         for kind in SEGMENT_KINDS:
@@ -213,6 +222,9 @@ class Metrics:
             self._add(self.busts, ("client",), 1)
         if body.get("cacheBust"):
             self._add(self.busts, ("ctxbudget",), 1)
+        drift = body.get("mirrorDrift")
+        if drift:
+            self._add(self.drift, ("more" if drift > 0 else "less",), abs(drift))
         usage = body.get("usage")
         if usage:
             for name, value in _USAGE_KEYS:

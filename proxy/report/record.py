@@ -16,6 +16,7 @@ import orjson
 
 from caps import Segment
 from caps._kept import ByIdentity
+from proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
 from proxy.cache.sessions import Digested, PrefixChange, block_tokens
 from proxy.cache.tools import InlineTools
 from proxy.report.billing import Shift, cost, without
@@ -75,6 +76,9 @@ class RequestRecord:
     """The session it was counted in (`proxy/cache/sessions.py`)."""
     prefix: PrefixChange | None = None
     """What it did to the session's cached prefix: busts, and the blocks ctxbudget changed."""
+    mirror: MirrorView | None = None
+    """The session's cache mirror's prediction for it, both copies: settled by its usage
+    (`mirrorDrift`), and the direct copy's is what it would have cost without ctxbudget."""
     prices: Prices | None = None
     """The model's prices (litellm's map); None when it is not priced."""
     memory_texts: tuple[str, ...] = ()
@@ -281,11 +285,25 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
                 forwarded_cached=forwarded_cached,
             )
         )
-    usage_without = actual = would = None
+    usage_without: Usage | None = None
+    actual = would = None
+    drift: int | None = None
     if r.usage is not None:
-        usage_without = without(r.usage, shifts)
         if r.overhead:
             usage_without = Usage(input=0, cache_read=0, cache_write=0, output=0)
+        elif r.mirror is not None:  # the session's direct mirror: what the client's bytes cost
+            found, drift = _direct(r.usage, r.mirror)
+            # where results are pruned the direct mirror says what the client's bytes would
+            # have read and written instead (a prune moves where the provider's reads end);
+            # elsewhere the blocks ctxbudget moved, counted exactly, say it closer than a
+            # mirror that counts bytes at one ratio for the whole prompt
+            if any(s.kind == "pruned" for s in r.segments):
+                usage_without = found
+        if usage_without is None:
+            # not mirrored (a large body parsed elsewhere), or the provider held more than the
+            # mirror knew (another worker or instance served the session before): estimated
+            # from the moved blocks and where the provider's read ended
+            usage_without = without(r.usage, shifts)
         if r.prices is not None:
             actual, would = cost(r.usage, r.prices), cost(usage_without, r.prices)
     return {
@@ -298,7 +316,37 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "costUsd": actual,
         "withoutCtxbudgetUsd": would,
         "netSavedUsd": None if actual is None or would is None else would - actual,
+        "mirrorDrift": drift,
     }
+
+
+def _direct(usage: Usage, view: MirrorView) -> tuple[Usage | None, int]:
+    """The usage the client's own request would have had, and the mirror's drift: the
+    provider's usage moved by what the direct copy of the session's cache mirror predicts
+    beyond the sent copy, class by class, in the provider's tokens (`MirrorView.settle`). A
+    request ctxbudget left alone has the same prediction both ways: its usage, to the token.
+    None for the usage when the provider read far more than the mirror expected."""
+    total = usage.input + usage.cache_read + usage.cache_write
+    ratio, drift = view.settle(usage.cache_read, total)
+    if drift > max(MISS_TOKENS, MISS_SHARE * total):
+        return None, drift  # the mirror did not know what the provider held: no prediction
+    d, s = view.direct, view.sent
+
+    def moved(actual: int, direct: int, sent: int) -> int:
+        return max(0, actual + round(ratio * (direct - sent)))
+
+    short = moved(usage.cache_write_5m, d.write_5m, s.write_5m)
+    hour = moved(usage.cache_write_1h, d.write_1h, s.write_1h)
+    return (
+        Usage(
+            input=moved(usage.input, d.input, s.input),
+            cache_read=moved(usage.cache_read, d.read, s.read),
+            cache_write=short + hour,
+            output=usage.output,
+            cache_write_1h=hour,
+        ),
+        drift,
+    )
 
 
 INLINE_COUNT_BYTES = 4096

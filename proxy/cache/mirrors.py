@@ -1,0 +1,254 @@
+"""Each session's cache mirror, in two copies, and what a request's answer says of it.
+
+`proxy/cache/mirror.py` plays the providers' rules over blocks; this module feeds it a
+session's requests (DESIGN.md, "The provider's cache, mirrored"):
+
+- the **sent** copy gets the bytes ctxbudget forwarded: what the provider really holds;
+- the **direct** copy gets the bytes the client sent: what it would hold without ctxbudget.
+
+A request's blocks are the provider's own units (`mirror_blocks`) for Anthropic: each tool,
+each system block, each content block of a message (it counts its 20-block lookback in them);
+for OpenAI, which caches by tokens, not blocks, ours (tools, system, each message or item).
+Tokens are the block's bytes times the session's `scale`, tokens per byte, which every answer
+sets again from the provider's own count; the answer also corrects the sent copy (what the
+provider says it read is what it holds) and says how far the mirror was off
+(`MirrorView.settle`: `mirrorDrift`). A large Anthropic body parsed in the offload process
+comes as digests, without its breakpoints: it is not mirrored (its money is estimated from the
+blocks ctxbudget moved, as before).
+
+`Mirrors` keeps them per owner and session, the most recently used first, bounded by an
+estimate of their bytes (`KEEP_BYTES` in all); a session it lost is mirrored again from its
+next request, cold (its first prediction reads nothing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+import xxhash
+from cachetools import LRUCache
+
+from proxy.cache.mirror import AnthropicMirror, MirrorBlock, OpenAIMirror, Predicted
+from proxy.cache.sessions import Block, Digested, _data, _hash
+
+Provider = Literal["anthropic", "openai"]
+KEEP_BYTES = 64 << 20
+"""All sessions' mirrors together, estimated (`SessionMirror.weight`)."""
+BYTES_PER_TOKEN = 4.0
+"""The scale a session starts with, before an answer says its own."""
+MISS_TOKENS = 1024
+MISS_SHARE = 0.1
+"""A read short of the prediction by more than both (tokens; share of the prompt) is a
+miss: the provider no longer holds what the sent copy did."""
+_ENTRY_BYTES = 120
+"""What one stored entry costs Python, roughly: the weight of a mirror."""
+
+
+def mirror_blocks(
+    blocks: Sequence[Block], provider: Provider, *, sent: bool
+) -> list[tuple[bytes, int, Literal["5m", "1h"] | None]] | None:
+    """`(prefix digest, bytes, breakpoint lifetime)` of each provider block of a request, as
+    forwarded (`sent`) or as the client sent it; None when a block is only known by its digest
+    (a large body parsed in the offload process: no mirror for that request)."""
+    out: list[tuple[bytes, int, Literal["5m", "1h"] | None]] = []
+    digest = xxhash.xxh3_128()
+    for block in blocks:
+        value = block.forwarded if sent else block.client
+        if provider == "openai":
+            # no breakpoints to find: our blocks as they are, whether this process parsed
+            # them or the offload process hashed them (`Digested`: the same digest and size)
+            data = value if isinstance(value, Digested) else _data(value)
+            digest.update(data.digest if isinstance(data, Digested) else _hash(data))
+            out.append(
+                (digest.digest(), data.size if isinstance(data, Digested) else len(data), None)
+            )
+            continue
+        if isinstance(value, Digested):
+            return None
+        for part in _parts(block.label, value, provider):
+            ttl = _lifetime(part)
+            data = _bytes(part)
+            digest.update(data)
+            out.append((digest.digest(), len(data), ttl))
+    return out
+
+
+def _parts(label: str, value: Any, provider: Provider) -> list[Any]:
+    """The provider's blocks in one of ours: tools one by one; Anthropic's system and message
+    content block by block."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return [bytes(value)]
+    if label == "tools" and isinstance(value, list):
+        return value
+    if provider == "anthropic":
+        if label == "system" and isinstance(value, list):
+            return value
+        if isinstance(value, dict) and isinstance(value.get("content"), list):
+            role = value.get("role")
+            return [{"role": role, **p} if isinstance(p, dict) else p for p in value["content"]]
+    return [value]
+
+
+def _lifetime(part: Any) -> Literal["5m", "1h"] | None:
+    control = part.get("cache_control") if isinstance(part, dict) else None
+    if not control:
+        return None
+    return "1h" if isinstance(control, dict) and control.get("ttl") == "1h" else "5m"
+
+
+def _bytes(part: Any) -> bytes:
+    """A block's bytes without its breakpoint marker (moving a marker keeps the prefix)."""
+    if isinstance(part, bytes):
+        return part
+    if isinstance(part, dict) and "cache_control" in part:
+        part = {k: v for k, v in part.items() if k != "cache_control"}
+    try:
+        return orjson.dumps(part)
+    except TypeError:  # a lone surrogate, an integer past 64 bits: counted by its repr
+        return repr(part).encode(errors="replace")
+
+
+@dataclass
+class MirrorView:
+    """What the mirror predicted for one request, settled by its answer (`settle`)."""
+
+    session: SessionMirror
+    provider: Provider
+    sent: Predicted
+    """The forwarded request, in the session's estimated tokens."""
+    direct: Predicted
+    """The client's own request, in the same tokens."""
+    written: tuple[bytes, ...] = ()
+    """The sent copy's prefix digests this request holds afterwards."""
+
+    def settle(self, read: int, total: int) -> tuple[float, int]:
+        """The provider answered: it read `read` of `total` prompt tokens. Returns the scale
+        from estimated to billed tokens for this request, and the drift: the provider's read
+        less the mirror's (billed tokens; 0 when it was right)."""
+        ratio = total / self.sent.total if self.sent.total > 0 else 1.0
+        drift = read - round(self.sent.read * ratio)
+        self.session.answered(self, total, drift)
+        return ratio, drift
+
+
+@dataclass
+class SessionMirror:
+    """One session's cache, as the provider holds it (`sent`) and as it would without
+    ctxbudget (`direct`)."""
+
+    provider: Provider
+    sent: AnthropicMirror | OpenAIMirror
+    direct: AnthropicMirror | OpenAIMirror
+    scale: float = 1 / BYTES_PER_TOKEN
+    """Billed tokens per byte of this session's blocks (the last answer's)."""
+    sent_bytes: int = 0
+    """Bytes of the newest request as forwarded (what `scale` is set from)."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def new(cls, provider: Provider) -> SessionMirror:
+        if provider == "anthropic":
+            return cls(provider, AnthropicMirror(), AnthropicMirror())
+        return cls(provider, OpenAIMirror(), OpenAIMirror())
+
+    @property
+    def weight(self) -> int:
+        return 512 + _ENTRY_BYTES * (len(self.sent) + len(self.direct))
+
+    def observe(
+        self,
+        sent: Sequence[tuple[bytes, int, Literal["5m", "1h"] | None]],
+        direct: Sequence[tuple[bytes, int, Literal["5m", "1h"] | None]],
+        *,
+        now: float,
+        model: str,
+        retention: str | None = None,
+    ) -> MirrorView:
+        """Both copies billed for one request at `now`; each then holds what it wrote."""
+        with self.lock:
+            scale = self.scale
+            sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
+            direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
+            self.sent_bytes = sum(n for _, n, _ in sent)
+            return MirrorView(
+                self,
+                self.provider,
+                self._bill(self.sent, sent_blocks, now, model, retention),
+                self._bill(self.direct, direct_blocks, now, model, retention),
+                tuple(b.key for b in sent_blocks if b.ttl is not None or self.provider == "openai"),
+            )
+
+    @staticmethod
+    def _bill(
+        mirror: AnthropicMirror | OpenAIMirror,
+        blocks: Sequence[MirrorBlock],
+        now: float,
+        model: str,
+        retention: str | None,
+    ) -> Predicted:
+        if isinstance(mirror, AnthropicMirror):
+            return mirror.bill(blocks, now=now, model=model)
+        return mirror.bill(blocks, now=now, retention=retention)
+
+    def answered(self, view: MirrorView, total: int, drift: int) -> None:
+        """Correct the mirror by an answer: the scale from its token count, and — when the
+        provider read less than the sent copy expected — the copy forgets what it held from
+        before (the provider no longer has it)."""
+        with self.lock:
+            if self.sent_bytes > 0 and total > 0:
+                self.scale = total / self.sent_bytes
+            # a token count estimated from bytes is off by a few percent: only a read well
+            # short of the prediction says the provider lost what it held
+            if view.sent.read > 0 and -drift > max(MISS_TOKENS, MISS_SHARE * total):
+                self.sent.forget_before(view.written)
+
+
+class Mirrors:
+    """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes`."""
+
+    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
+        self._kept: LRUCache[tuple[str, str], SessionMirror] = LRUCache(
+            maxsize=keep_bytes, getsizeof=lambda m: m.weight
+        )
+        self._lock = threading.Lock()
+
+    def observe(
+        self,
+        owner: str,
+        session: str,
+        provider: Provider,
+        blocks: Sequence[Block],
+        *,
+        now: float,
+        model: str,
+        retention: str | None = None,
+    ) -> MirrorView | None:
+        """Feed both copies of `owner`'s `session` with a request (`blocks`: ours, each as the
+        client sent it and as forwarded); None when the request cannot be mirrored."""
+        sent = mirror_blocks(blocks, provider, sent=True)
+        direct = mirror_blocks(blocks, provider, sent=False)
+        if sent is None or direct is None or not sent:
+            return None
+        key = (owner, session)
+        with self._lock:
+            mirror = self._kept.get(key)
+            if mirror is None or mirror.provider != provider:
+                mirror = SessionMirror.new(provider)
+        view = mirror.observe(sent, direct, now=now, model=model, retention=retention)
+        with self._lock:
+            try:
+                self._kept[key] = mirror  # again: its weight grew
+            except ValueError:  # one mirror larger than them all: not kept
+                pass
+        return view
+
+    def get(self, owner: str, session: str) -> SessionMirror | None:
+        with self._lock:
+            return self._kept.get((owner, session))

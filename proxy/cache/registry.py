@@ -210,6 +210,13 @@ CACHES: tuple[Cache, ...] = (
         invariant="the decisions this process read or took: applied while the database is down",
     ),
     Cache(
+        where="proxy/cache/mirrors.py:_kept",
+        key="owner, session",
+        bound="64 MB (each session's two mirrors weighed by the entries they hold)",
+        invariant="the provider's prompt cache as this process saw the session's requests: "
+        "what ctxbudget sent and what the client sent (issue 31)",
+    ),
+    Cache(
         where="proxy/pipeline/summaries.py:_owners",
         key="owner",
         bound="1,024 owners",

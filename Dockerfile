@@ -5,7 +5,7 @@
 #   docker run --rm -p 127.0.0.1:4141:4141 --env-file deploy/ctxbudget.env ctxbudget
 #
 # The image holds a plain (non-editable) install of the wheel and nothing of the checkout;
-# tests/e2e/test_container.py runs its CMD with its ENV from such an install (the machines
+# tests/e2e/test_install.py runs its CMD with its ENV from such an install (the machines
 # that test it have no container engine).
 FROM python:3.11-slim AS build
 WORKDIR /src

@@ -1,7 +1,8 @@
 """The package as users install it (issue 36): the wheel puts nothing but `ctxbudget` at the top
-level of site-packages, and the container image's command (the Dockerfile's CMD with its ENV and
-deploy/container.jsonc) serves from a plain install of that wheel. These machines have no
-container engine, so the image itself is not built here: what it runs is.
+level of site-packages; `pipx install .` and `uv tool install .` give a working `ctxbudget`; and
+the container image's command (the Dockerfile's CMD with its ENV and deploy/container.jsonc)
+serves from a plain install of that wheel. These machines have no container engine, so the
+image itself is not built here: what it runs is.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,14 +29,27 @@ from tests.standin import StandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "pk-container-test"
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of what the Dockerfile copies: a build in place leaves build/ in the checkout."""
+    source = tmp_path_factory.mktemp("source") / "ctxbudget"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for package in ("caps", "memory", "proxy"):
+        shutil.copytree(ROOT / package, source / package, ignore=IGNORED)
+    return source
+
+
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["--disable-pip-version-check", "--wheel-dir", str(out), str(ROOT)],
+        + ["--disable-pip-version-check", "--wheel-dir", str(out), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -107,6 +122,32 @@ def test_the_plain_install_says_its_version_and_imports_from_itself(installed: P
         [str(installed / "python"), "-c", "import proxy"], capture_output=True, cwd="/"
     )
     assert bare.returncode != 0
+
+
+@pytest.mark.parametrize("tool", ["pipx", "uv"])
+def test_a_tool_installer_gives_a_working_command(tool: str, source: Path, tmp_path: Path) -> None:
+    """The README's `pipx install .` and `uv tool install .`: each into its own directories
+    here (the package caches stay the user's: they make a second run take seconds)."""
+    bin_dir = Path(sys.executable).parent
+    home, bins = tmp_path / "home", tmp_path / "bin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXBUDGET")}
+    if tool == "pipx":
+        argv = [str(bin_dir / "pipx"), "install", str(source)]
+        env |= {"PIPX_HOME": str(home), "PIPX_BIN_DIR": str(bins)}
+    else:
+        argv = [str(bin_dir / "uv"), "tool", "install", str(source)]
+        env |= {"UV_TOOL_DIR": str(home), "UV_TOOL_BIN_DIR": str(bins)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    version = subprocess.run(
+        [str(bins / "ctxbudget"), "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("ctxbudget ")
+    # its environment has ctxbudget and its dependencies, and no top-level module of ours
+    (site,) = home.glob("**/site-packages")
+    assert (site / "ctxbudget" / "proxy" / "cli.py").exists()
+    assert not {"proxy", "caps", "memory"} & {p.name for p in site.iterdir()}
 
 
 def _image() -> tuple[list[str], dict[str, str]]:

@@ -37,6 +37,8 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        # our modules by their names in the repository (caps.x), installed as ctxbudget.caps.x
+        names = [n.removeprefix("ctxbudget.") for n in names]
         out.update(n for n in names if n in modules)
     return out
 
@@ -120,3 +122,44 @@ def test_rooms_import_only_downward() -> None:
             if ROOMS[_room(target)] >= ROOMS[room]:
                 wrong.append(f"{name} imports {target}")
     assert not wrong, "\n".join(wrong)
+
+
+def _bare_imports(path: Path) -> list[str]:
+    """Imports of `caps`, `memory` or `proxy` by their top-level names, anywhere in `path`."""
+    found = []
+    for node in ast.walk(_parsed(path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+            for n in names
+            if n.split(".")[0] in PACKAGES
+        ]
+    return found
+
+
+def test_everything_imports_our_packages_by_their_installed_names() -> None:
+    """They install as ctxbudget.caps, ctxbudget.memory and ctxbudget.proxy (issue 36): an
+    import of a bare `proxy` works only in the checkout, and would load a second copy of every
+    module beside the installed one (two registries, two sets of caches)."""
+    trees = [*PACKAGES, "tests", "bench"]
+    paths = [p for tree in trees for p in sorted((ROOT / tree).rglob("*.py"))]
+    wrong = [found for path in paths for found in _bare_imports(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_pyproject_lists_every_package_by_its_installed_name() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = sorted(
+        "ctxbudget." + ".".join(init.parent.relative_to(ROOT).parts)
+        for package in PACKAGES
+        for init in (ROOT / package).rglob("__init__.py")
+    )
+    assert sorted(project["packages"]) == on_disk
+    assert project["package-dir"] == {f"ctxbudget.{p}": p for p in PACKAGES}

@@ -16,9 +16,9 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memory import MemoryLimits, SQLiteMemoryStore  # noqa: E402
-from memory.pg import PgDatabase  # noqa: E402
-from memory.pgstore import PgMemoryStore  # noqa: E402
+from ctxbudget.memory import MemoryLimits, SQLiteMemoryStore  # noqa: E402
+from ctxbudget.memory.pg import PgDatabase  # noqa: E402
+from ctxbudget.memory.pgstore import PgMemoryStore  # noqa: E402
 
 Store = SQLiteMemoryStore | PgMemoryStore
 

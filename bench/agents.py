@@ -184,7 +184,7 @@ def replay(
 
 
 def _usd(usages: list[dict[str, int]], model: str) -> float:
-    from proxy.report.prices import prices
+    from ctxbudget.proxy.report.prices import prices
 
     p = prices(model)
     assert p is not None, model
@@ -257,7 +257,7 @@ def main() -> None:
         f"requests, {_prompt(tools_on):,} prompt tokens, ${on_usd:.4f}; the advice saves "
         f"${off_usd - on_usd:.4f} ({(off_usd - on_usd) / off_usd:.0%})"
     )
-    from proxy.report.prices import prices
+    from ctxbudget.proxy.report.prices import prices
 
     p = prices(model)
     assert p is not None

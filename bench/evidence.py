@@ -33,8 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from caps import Caps, clamp_request  # noqa: E402
-from caps.passages import pick  # noqa: E402
+from ctxbudget.caps import Caps, clamp_request  # noqa: E402
+from ctxbudget.caps.passages import pick  # noqa: E402
 from tests.openclaw import web_fetch_result  # noqa: E402
 
 LOCOMO = ROOT.parent / "shared" / "fixtures" / "locomo"

@@ -209,7 +209,7 @@ def policy_config(policy: str, model: str) -> tuple[dict[str, Any] | None, str]:
 def _accepts(pruning: dict[str, Any]) -> bool:
     from pydantic import ValidationError
 
-    from proxy.config.schema import Config
+    from ctxbudget.proxy.config.schema import Config
 
     try:
         Config.model_validate({"agents": {"defaults": {"contextPruning": pruning}}})

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._stores import Store, close_store, open_store, settle, size_mb  # noqa: E402
-from memory import MemoryLimits, NewMemory  # noqa: E402
-from memory.profiles import PROFILES  # noqa: E402
-from memory.selection import select_memories  # noqa: E402
-from proxy.tokens import TokenCounter  # noqa: E402
+from ctxbudget.memory import MemoryLimits, NewMemory  # noqa: E402
+from ctxbudget.memory.profiles import PROFILES  # noqa: E402
+from ctxbudget.memory.selection import select_memories  # noqa: E402
+from ctxbudget.proxy.tokens import TokenCounter  # noqa: E402
 
 WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "

@@ -34,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._stores import Store, close_store, open_store  # noqa: E402
-from memory import MemoryLimits, NewMemory  # noqa: E402
-from memory.profiles import PROFILES  # noqa: E402
-from memory.query import UserTurn  # noqa: E402
-from memory.recaller import Recaller, RecallRequest, RecallSettings  # noqa: E402
-from memory.selection import select_memories  # noqa: E402
-from proxy.tokens import TokenCounter  # noqa: E402
+from ctxbudget.memory import MemoryLimits, NewMemory  # noqa: E402
+from ctxbudget.memory.profiles import PROFILES  # noqa: E402
+from ctxbudget.memory.query import UserTurn  # noqa: E402
+from ctxbudget.memory.recaller import Recaller, RecallRequest, RecallSettings  # noqa: E402
+from ctxbudget.memory.selection import select_memories  # noqa: E402
+from ctxbudget.proxy.tokens import TokenCounter  # noqa: E402
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 HARD = (1, 3)

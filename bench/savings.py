@@ -54,7 +54,7 @@ def _free_port() -> int:
 
 
 def _prices(model: str) -> dict[str, float]:
-    from proxy.report.prices import prices
+    from ctxbudget.proxy.report.prices import prices
 
     p = prices(model)
     assert p is not None, model

@@ -19,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from caps import clamp_request  # noqa: E402
-from proxy.cache.sessions import ClientPrefix, SessionTracker, session_key  # noqa: E402
-from proxy.config.schema import Config  # noqa: E402
-from proxy.config.settings import settings_for  # noqa: E402
-from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses  # noqa: E402
+from ctxbudget.caps import clamp_request  # noqa: E402
+from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker, session_key  # noqa: E402
+from ctxbudget.proxy.config.schema import Config  # noqa: E402
+from ctxbudget.proxy.config.settings import settings_for  # noqa: E402
+from ctxbudget.proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses  # noqa: E402
 from tests.openclaw import format_fixtures  # noqa: E402
 
 

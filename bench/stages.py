@@ -55,8 +55,8 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proxy.app import create_app  # noqa: E402
-from proxy.config.schema import ConfigSource  # noqa: E402
+from ctxbudget.proxy.app import create_app  # noqa: E402
+from ctxbudget.proxy.config.schema import ConfigSource  # noqa: E402
 from tests.fakes import REPLIES, FakeUpstream  # noqa: E402
 from tests.openclaw import load_fixtures, openclaw_request  # noqa: E402
 from tests.replay import SESSIONS, load  # noqa: E402
@@ -133,27 +133,27 @@ async def run(app: Any, upstream: FakeUpstream, raw: bytes, n: int) -> float:
 
 
 STAGE_FUNCTIONS = (
-    ("proxy.pipeline.stages", "Pipeline.handle"),
-    ("proxy.pipeline.stages", "Pipeline._receive"),
-    ("proxy.wire.body", "read_body"),
-    ("proxy.pipeline.offload", "Offload.takes"),
-    ("proxy.wire.chat", "ChatCompletions.parse"),
-    ("proxy.wire.chat", "ChatCompletionsRequest.user_turn"),
-    ("proxy.pipeline.stages", "Pipeline._prepare"),
-    ("proxy.pipeline.stages", "Pipeline._change"),
-    ("proxy.pipeline.stages", "Pipeline._clamp"),
-    ("proxy.wire.chat", "ChatCompletionsRequest.blocks"),
-    ("proxy.cache.sessions", "ClientPrefix.__init__"),
-    ("proxy.cache.sessions", "session_key"),
-    ("proxy.pipeline.prune", "PruneStage.run"),
-    ("proxy.pipeline.stages", "Pipeline._recall"),
-    ("proxy.pipeline.recall", "RecallStage.inject"),
-    ("proxy.cache.sessions", "SessionTracker.observe"),
-    ("proxy.wire.types", "InProcessRequest.saved_tokens"),
-    ("proxy.pipeline.stages", "Pipeline._send"),
-    ("proxy.wire.chat", "ChatCompletionsRequest.encode"),
-    ("proxy.wire.chat", "ChatCompletions.upstream_headers"),
-    ("proxy.pipeline.relay", "read_whole"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline.handle"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._receive"),
+    ("ctxbudget.proxy.wire.body", "read_body"),
+    ("ctxbudget.proxy.pipeline.offload", "Offload.takes"),
+    ("ctxbudget.proxy.wire.chat", "ChatCompletions.parse"),
+    ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.user_turn"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._prepare"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._change"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._clamp"),
+    ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.blocks"),
+    ("ctxbudget.proxy.cache.sessions", "ClientPrefix.__init__"),
+    ("ctxbudget.proxy.cache.sessions", "session_key"),
+    ("ctxbudget.proxy.pipeline.prune", "PruneStage.run"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._recall"),
+    ("ctxbudget.proxy.pipeline.recall", "RecallStage.inject"),
+    ("ctxbudget.proxy.cache.sessions", "SessionTracker.observe"),
+    ("ctxbudget.proxy.wire.types", "InProcessRequest.saved_tokens"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._send"),
+    ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.encode"),
+    ("ctxbudget.proxy.wire.chat", "ChatCompletions.upstream_headers"),
+    ("ctxbudget.proxy.pipeline.relay", "read_whole"),
 )
 """What --functions times (module, attribute path), in the order of a request."""
 
@@ -313,7 +313,7 @@ async def main() -> None:
             route, bodies = session_bodies(args.session_once)
             for encoding in ("o200k_base", "cl100k_base"):  # loaded once a process (~0.6 s)
                 app.state.proxy.tokens.count("warm", encoding)
-            import proxy.tokens as _t
+            import ctxbudget.proxy.tokens as _t
 
             print("loaded", list(_t._encodings), file=sys.stderr)
             return await replay_once(app, floor, ours_upstream, floor_upstream, route, bodies)

@@ -3,10 +3,10 @@
 Pure functions: no I/O, no configuration files, no clock.
 """
 
-from caps._text import utf16_len
-from caps.clamp import clamp_request, prune_request
-from caps.prune import pays
-from caps.types import (
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.clamp import clamp_request, prune_request
+from ctxbudget.caps.prune import pays
+from ctxbudget.caps.types import (
     KEEP_WHOLE,
     SEGMENT_KINDS,
     Action,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from caps._text import utf16_head, utf16_len, utf16_tail
+from ctxbudget.caps._text import utf16_head, utf16_len, utf16_tail
 
 Marker = Callable[[int, int, int], str]
 """`marker(head units kept, tail units kept, original size)`: what stands for the cut part."""

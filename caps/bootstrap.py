@@ -48,10 +48,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from caps._cut import head_tail
-from caps._kept import weighed
-from caps._text import utf16_len
-from caps.types import Segment
+from ctxbudget.caps._cut import head_tail
+from ctxbudget.caps._kept import weighed
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.types import Segment
 
 _BLOCK_TITLE = "Project Context\n"
 _BLOCK_INTROS = (

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from caps import prune
-from caps._kept import ByIdentity, Generations, message_weight
-from caps.bootstrap import clamp_system_text
-from caps.instructions import clamp_instructions
-from caps.summariser import clamp_page
-from caps.toolresults import clamp_tool_results
-from caps.types import (
+from ctxbudget.caps import prune
+from ctxbudget.caps._kept import ByIdentity, Generations, message_weight
+from ctxbudget.caps.bootstrap import clamp_system_text
+from ctxbudget.caps.instructions import clamp_instructions
+from ctxbudget.caps.summariser import clamp_page
+from ctxbudget.caps.toolresults import clamp_tool_results
+from ctxbudget.caps.types import (
     Caps,
     ChatRequest,
     ClampResult,

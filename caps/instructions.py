@@ -61,9 +61,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from caps._text import utf16_len
-from caps.bootstrap import clamp_body
-from caps.types import Segment
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.bootstrap import clamp_body
+from ctxbudget.caps.types import Segment
 
 _REMINDER = "<system-reminder>\n"
 _REMINDER_END = "\n</system-reminder>"

@@ -41,7 +41,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from caps._text import utf16_head, utf16_len
+from ctxbudget.caps._text import utf16_head, utf16_len
 
 HEAD_SHARE = 0.2
 """What of the room goes to the head first: a page's title and what it is about."""

@@ -45,9 +45,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from caps._text import utf16_head, utf16_len, utf16_tail
-from caps.toolresults import tool_calls
-from caps.types import Action, Message, PrunePolicy, Segment
+from ctxbudget.caps._text import utf16_head, utf16_len, utf16_tail
+from ctxbudget.caps.toolresults import tool_calls
+from ctxbudget.caps.types import Action, Message, PrunePolicy, Segment
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from caps._text import utf16_head, utf16_len
+from ctxbudget.caps._text import utf16_head, utf16_len
 
 SNIPPET_MARKER = "\n[…truncated]"
 _MIN_CUT = 16

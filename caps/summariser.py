@@ -35,10 +35,10 @@ True
 
 from __future__ import annotations
 
-from caps._cut import head_tail
-from caps._text import utf16_len
-from caps.passages import pick, picked
-from caps.types import Segment
+from ctxbudget.caps._cut import head_tail
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.passages import pick, picked
+from ctxbudget.caps.types import Segment
 
 _PLAIN = "\nWeb page content:\n---\n"
 _PLAIN_END = "\n---\n\n"

@@ -44,9 +44,9 @@ from typing import Any
 
 import orjson
 
-from caps import _json, passages, webfetch
-from caps._cut import MIN_PART, head_tail
-from caps._text import utf16_len
+from ctxbudget.caps import _json, passages, webfetch
+from ctxbudget.caps._cut import MIN_PART, head_tail
+from ctxbudget.caps._text import utf16_len
 
 HEAD_SHARE = 0.5
 """What is kept goes half to the head (what ran), half to the tail (how it ended)."""

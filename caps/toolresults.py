@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from caps import _json, passages, question, snippets, tooloutput, webfetch
-from caps._kept import ByIdentity, footprint, message_weight, weighed
-from caps._text import utf16_len
-from caps.types import Caps, Message, Segment, SegmentKind, Strategy, ToolNames, evolve
+from ctxbudget.caps import _json, passages, question, snippets, tooloutput, webfetch
+from ctxbudget.caps._kept import ByIdentity, footprint, message_weight, weighed
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.types import Caps, Message, Segment, SegmentKind, Strategy, ToolNames, evolve
 
 _BRIDGE = "tool_call"
 

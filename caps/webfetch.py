@@ -44,8 +44,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from caps import passages
-from caps._text import utf16_head, utf16_len
+from ctxbudget.caps import passages
+from ctxbudget.caps._text import utf16_head, utf16_len
 
 _START = re.compile(r'<<<EXTERNAL_UNTRUSTED_CONTENT id="(?P<id>[^"\n]*)">>>\n')
 _END = '<<<END_EXTERNAL_UNTRUSTED_CONTENT id="{id}">>>'

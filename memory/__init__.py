@@ -1,7 +1,7 @@
 """Budget-aware memory: the store (recall, profiles and injection follow)."""
 
-from memory.store import MemoryStore, SQLiteMemoryStore
-from memory.types import DEFAULT_OWNER, InvalidMemory, Memory, MemoryLimits, NewMemory
+from ctxbudget.memory.store import MemoryStore, SQLiteMemoryStore
+from ctxbudget.memory.types import DEFAULT_OWNER, InvalidMemory, Memory, MemoryLimits, NewMemory
 
 __all__ = [
     "DEFAULT_OWNER",

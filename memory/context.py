@@ -10,7 +10,7 @@ or two after the turn that matches it).
 Memories added one at a time (`memory add`, a chat agent's notes) are each their own batch:
 separately added facts never lend each other relevance.
 
-    >>> from memory.types import Memory
+    >>> from ctxbudget.memory.types import Memory
     >>> def m(i, batch):
     ...     return Memory(id=i, owner="o", text="", category="fact", source="inferred",
     ...                   scope="global", created=0.0, last_accessed=0.0, access_count=0,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from memory.types import Memory
+from ctxbudget.memory.types import Memory
 
 SHARE = 0.2
 """Share of a neighbour's keyword score a memory gets (deep and balanced)."""

@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 
-from memory.schema import words_of
-from memory.store import STOPWORDS
-from memory.types import Memory
+from ctxbudget.memory.schema import words_of
+from ctxbudget.memory.store import STOPWORDS
+from ctxbudget.memory.types import Memory
 
 FROM = 5
 """First-hop memories the second hop's words are taken from (the best, by keyword score;
@@ -53,7 +53,7 @@ def sources(
     """The `n` first-hop memories the second hop reads: the best by keyword score, that of a
     memory whose speaker the query names (`named`, ids) counted `NAMED` times; ties by id.
 
-    >>> from memory.types import Memory
+    >>> from ctxbudget.memory.types import Memory
     >>> def m(i):
     ...     return Memory(id=i, owner="o", text="", category="fact", source="inferred",
     ...                   scope="global", created=0.0, last_accessed=0.0, access_count=0)

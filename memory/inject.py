@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from memory.types import Memory
+from ctxbudget.memory.types import Memory
 
 Placement = Literal["user", "system"]
 DAY = 86_400.0

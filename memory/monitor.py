@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memory.budget import BudgetProfile
-    from memory.pg import PgDatabase
-    from memory.sqlite import Database
+    from ctxbudget.memory.budget import BudgetProfile
+    from ctxbudget.memory.pg import PgDatabase
+    from ctxbudget.memory.sqlite import Database
 
 ORDER = ("specialist-narrow", "specialist-broad", "role-coordinator", "role-architect")
 

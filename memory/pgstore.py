@@ -30,10 +30,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from memory.monitor import Monitor
-from memory.pg import PgDatabase, PgTx, migrate
-from memory.schema import MIGRATIONS, words_of
-from memory.store import (
+from ctxbudget.memory.monitor import Monitor
+from ctxbudget.memory.pg import PgDatabase, PgTx, migrate
+from ctxbudget.memory.schema import MIGRATIONS, words_of
+from ctxbudget.memory.store import (
     _COLUMNS,
     STOPWORDS,
     _row,
@@ -41,7 +41,7 @@ from memory.store import (
     log_evicted,
     search_rarest_in_steps,
 )
-from memory.types import Memory, MemoryLimits, NewMemory, Rarest
+from ctxbudget.memory.types import Memory, MemoryLimits, NewMemory, Rarest
 
 log = logging.getLogger("ctxbudget.memory")
 

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from memory import context, speaker
+from ctxbudget.memory import context, speaker
 
 RetrievalProfileName = Literal["lean", "balanced", "deep"]
 RequestedProfile = Literal["lean", "balanced", "deep", "auto"]

@@ -16,14 +16,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.budget import DEFAULT_PROFILES, BudgetProfile, Complexity, Decision, bump, decide
-from memory.budget import detect as detect_complexity
-from memory.inject import Placement, line
-from memory.monitor import Usage, scope_of
-from memory.profiles import RequestedProfile, RetrievalProfile, choose
-from memory.query import UserTurn
-from memory.selection import select_memories
-from memory.store import MemoryStore
+from ctxbudget.memory.budget import (
+    DEFAULT_PROFILES,
+    BudgetProfile,
+    Complexity,
+    Decision,
+    bump,
+    decide,
+)
+from ctxbudget.memory.budget import detect as detect_complexity
+from ctxbudget.memory.inject import Placement, line
+from ctxbudget.memory.monitor import Usage, scope_of
+from ctxbudget.memory.profiles import RequestedProfile, RetrievalProfile, choose
+from ctxbudget.memory.query import UserTurn
+from ctxbudget.memory.selection import select_memories
+from ctxbudget.memory.store import MemoryStore
 
 DEFAULT_BUDGET_PROFILE = "specialist-narrow"
 

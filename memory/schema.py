@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from memory.pg import Migration
+from ctxbudget.memory.pg import Migration
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

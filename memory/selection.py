@@ -36,12 +36,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from memory import feedback, speaker
-from memory.context import around, context
-from memory.monitor import scope_of
-from memory.profiles import RetrievalProfile
-from memory.store import STOPWORDS, MemoryStore
-from memory.types import Memory, MemoryLimits
+from ctxbudget.memory import feedback, speaker
+from ctxbudget.memory.context import around, context
+from ctxbudget.memory.monitor import scope_of
+from ctxbudget.memory.profiles import RetrievalProfile
+from ctxbudget.memory.store import STOPWORDS, MemoryStore
+from ctxbudget.memory.types import Memory, MemoryLimits
 
 DAY = 86_400.0
 CONTEXT_FROM = 30

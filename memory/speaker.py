@@ -31,8 +31,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 
-from memory.store import STOPWORDS
-from memory.types import Memory
+from ctxbudget.memory.store import STOPWORDS
+from ctxbudget.memory.types import Memory
 
 POINTS = 25.0
 """What a memory said by someone the query names adds to its score (deep): half of what the

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from memory.monitor import Monitor
-from memory.schema import MIGRATIONS, VERSION, apply_sqlite, words_of
-from memory.sqlite import Database, peek, reader
-from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory, Rarest
+from ctxbudget.memory.monitor import Monitor
+from ctxbudget.memory.schema import MIGRATIONS, VERSION, apply_sqlite, words_of
+from ctxbudget.memory.sqlite import Database, peek, reader
+from ctxbudget.memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory, Rarest
 
 log = logging.getLogger("ctxbudget.memory")
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
+from ctxbudget.memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory
 
 _FIELDS = ("text", "category", "source", "scope", "created")
 _BULLET = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+(.*)$")

@@ -30,13 +30,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from caps import Clamp, clamp_request
-from memory.pg import DatabaseUnavailable
-from proxy.access.auth import check_metrics_reader, owner_for
-from proxy.access.guard import BrowserGuard
-from proxy.config.database import open_database
-from proxy.config.schema import ConfigSource
-from proxy.errors import (
+from ctxbudget.caps import Clamp, clamp_request
+from ctxbudget.memory.pg import DatabaseUnavailable
+from ctxbudget.proxy.access.auth import check_metrics_reader, owner_for
+from ctxbudget.proxy.access.guard import BrowserGuard
+from ctxbudget.proxy.config.database import open_database
+from ctxbudget.proxy.config.schema import ConfigSource
+from ctxbudget.proxy.errors import (
     CtxBudgetError,
     InternalError,
     MethodNotAllowed,
@@ -44,18 +44,24 @@ from proxy.errors import (
     RequestError,
     ServiceUnavailable,
 )
-from proxy.pipeline.offload import Offload
-from proxy.pipeline.relay import CLIENT_GONE
-from proxy.pipeline.stages import Pipeline
-from proxy.report import ReportStore, Sink
-from proxy.report.metrics import Metrics
-from proxy.report.telemetry import Telemetry
-from proxy.routes.memories import MemoryRoutes
-from proxy.routes.report import Reporting
-from proxy.routes.websocket import refuse as refuse_websocket
-from proxy.state import ProxyState
-from proxy.upstream.http import HttpUpstream, UpstreamClient
-from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, WireFormat, for_path
+from ctxbudget.proxy.pipeline.offload import Offload
+from ctxbudget.proxy.pipeline.relay import CLIENT_GONE
+from ctxbudget.proxy.pipeline.stages import Pipeline
+from ctxbudget.proxy.report import ReportStore, Sink
+from ctxbudget.proxy.report.metrics import Metrics
+from ctxbudget.proxy.report.telemetry import Telemetry
+from ctxbudget.proxy.routes.memories import MemoryRoutes
+from ctxbudget.proxy.routes.report import Reporting
+from ctxbudget.proxy.routes.websocket import refuse as refuse_websocket
+from ctxbudget.proxy.state import ProxyState
+from ctxbudget.proxy.upstream.http import HttpUpstream, UpstreamClient
+from ctxbudget.proxy.wire import (
+    AnthropicMessages,
+    ChatCompletions,
+    OpenAIResponses,
+    WireFormat,
+    for_path,
+)
 
 log = logging.getLogger("ctxbudget.proxy")
 
@@ -126,7 +132,7 @@ def create_app(
         settings = state.settings()
         state.stores.warm(settings)  # a database that is down is known before the first request
         if settings.routes or settings.rewrite is not None:
-            from proxy.upstream.litellm import preload_litellm
+            from ctxbudget.proxy.upstream.litellm import preload_litellm
 
             preload_litellm()
         _freeze_start_up()

@@ -35,12 +35,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from memory.pg import DatabaseUnavailable
-from memory.profiles import REQUESTED_PROFILES
-from proxy.errors import ConfigError
+from ctxbudget.memory.pg import DatabaseUnavailable
+from ctxbudget.memory.profiles import REQUESTED_PROFILES
+from ctxbudget.proxy.errors import ConfigError
 
 if TYPE_CHECKING:
-    from proxy.config.schema import ConfigSource
+    from ctxbudget.proxy.config.schema import ConfigSource
 
 # Set by `serve` for its uvicorn workers, which rebuild the app from them.
 _ENV_CONFIG = "CTXBUDGET_SERVE_CONFIG"
@@ -191,8 +191,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _source(config: str | None, overrides: dict[str, Any]) -> ConfigSource:
     """The config in force, after saying on stderr which file it is (stdout stays clean for
     `--json` and pipes)."""
-    from proxy.config.file import find_config
-    from proxy.config.schema import ConfigSource
+    from ctxbudget.proxy.config.file import find_config
+    from ctxbudget.proxy.config.schema import ConfigSource
 
     location = find_config(config, os.environ, cwd=Path.cwd(), home=Path.home())
     print(f"ctxbudget: {location.describe()}", file=sys.stderr)
@@ -231,10 +231,10 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from proxy.access.connections import GuardedHTTP
-    from proxy.report.metrics import shared_between_workers
-    from proxy.routes.websocket import Refusal
-    from proxy.urls import redact
+    from ctxbudget.proxy.access.connections import GuardedHTTP
+    from ctxbudget.proxy.report.metrics import shared_between_workers
+    from ctxbudget.proxy.routes.websocket import Refusal
+    from ctxbudget.proxy.urls import redact
 
     overrides = _overrides(args)
     if args.workers < 1:
@@ -266,7 +266,7 @@ def _serve(args: argparse.Namespace) -> None:
     # /metrics adds up every worker's figures (prometheus_client's multiprocess mode)
     with shared_between_workers(args.workers):
         uvicorn.run(
-            "proxy.cli:app_factory",
+            "ctxbudget.proxy.cli:app_factory",
             factory=True,
             host=cfg.proxy.host,
             port=cfg.proxy.port,
@@ -281,7 +281,7 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from proxy.demo.run import PortInUse, run_demo
+    from ctxbudget.proxy.demo.run import PortInUse, run_demo
 
     try:
         run_demo(args.port, out=sys.stdout, err=sys.stderr, serve_only=args.serve)
@@ -295,9 +295,9 @@ def _demo(args: argparse.Namespace) -> None:
 def _start_run(cfg: Any, run: str) -> None:
     """Record this serving run in the report (SQLite file or PostgreSQL) before workers start.
     A database that does not answer is said once here; each worker retries on its own."""
-    from memory.pg import DatabaseUnavailable
-    from proxy.config.database import open_database
-    from proxy.report import start_run
+    from ctxbudget.memory.pg import DatabaseUnavailable
+    from ctxbudget.proxy.config.database import open_database
+    from ctxbudget.proxy.report import start_run
 
     db = open_database(cfg.database, os.environ)
     if db is None:
@@ -314,8 +314,8 @@ def _start_run(cfg: Any, run: str) -> None:
 
 def _warn_if_open(cfg: Any) -> None:
     """Say it loudly when anyone on the network can use the proxy (and its upstream key)."""
-    from proxy.access.guard import is_loopback
-    from proxy.config.schema import proxy_keys
+    from ctxbudget.proxy.access.guard import is_loopback
+    from ctxbudget.proxy.config.schema import proxy_keys
 
     if is_loopback(cfg.proxy.host) or proxy_keys(cfg, os.environ):
         return
@@ -350,7 +350,7 @@ def running_there(host: str, port: int) -> str:
     as ctxbudget does, else nothing: a second `serve` is then the likelier mistake."""
     import httpx
 
-    from proxy.routes.report import page_url
+    from ctxbudget.proxy.routes.report import page_url
 
     base = page_url(host, port).removesuffix("/context/budget")
     try:
@@ -368,8 +368,8 @@ def running_there(host: str, port: int) -> str:
 def _warn_if_keys_without_upstream_key(cfg: Any) -> None:
     """With proxy keys, the client's credential is a proxy key and is not forwarded: without
     an upstream key every request reaches the provider with no credentials."""
-    from proxy.config.schema import proxy_keys, upstream_api_key
-    from proxy.urls import redact
+    from ctxbudget.proxy.config.schema import proxy_keys, upstream_api_key
+    from ctxbudget.proxy.urls import redact
 
     if proxy_keys(cfg, os.environ) and not upstream_api_key(cfg, os.environ):
         log.warning(
@@ -385,8 +385,8 @@ SWITCH_INTERVAL = 0.001
 
 def app_factory() -> Any:
     """Build the app inside a uvicorn worker from what `serve` put in the environment."""
-    from proxy.app import create_app
-    from proxy.config.schema import ConfigSource
+    from ctxbudget.proxy.app import create_app
+    from ctxbudget.proxy.config.schema import ConfigSource
 
     raw_path = os.environ.get(_ENV_CONFIG) or None
     overrides = json.loads(os.environ.get(_ENV_OVERRIDES) or "{}")
@@ -399,10 +399,10 @@ def app_factory() -> Any:
 
 
 def _memory(args: argparse.Namespace) -> None:
-    from memory import InvalidMemory, NewMemory
-    from memory.store import search_rows
-    from proxy.config.settings import settings_for
-    from proxy.stores import open_store
+    from ctxbudget.memory import InvalidMemory, NewMemory
+    from ctxbudget.memory.store import search_rows
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.stores import open_store
 
     cfg = _source(args.config, {}).get()
     store = open_store(settings_for(cfg, os.environ), os.environ)
@@ -450,7 +450,7 @@ def _memory(args: argparse.Namespace) -> None:
         elif args.action == "import":
             _import(args, store)
         elif args.action == "export":
-            from memory.transfer import export_jsonl
+            from ctxbudget.memory.transfer import export_jsonl
 
             sys.stdout.write(export_jsonl(store.all(args.owner, scope=args.scope)))
         elif args.action == "rm":
@@ -470,8 +470,8 @@ def _memory(args: argparse.Namespace) -> None:
 
 
 def _import(args: argparse.Namespace, store: Any) -> None:
-    from memory import InvalidMemory
-    from memory.transfer import not_stored, parse_jsonl, parse_markdown
+    from ctxbudget.memory import InvalidMemory
+    from ctxbudget.memory.transfer import not_stored, parse_jsonl, parse_markdown
 
     name = args.file
     try:
@@ -518,7 +518,7 @@ def _import(args: argparse.Namespace, store: Any) -> None:
 
 def _where(cfg: Any) -> str:
     """Where the memories are: the SQLite file, or the database (password hidden)."""
-    from proxy.urls import redact
+    from ctxbudget.proxy.urls import redact
 
     return redact(cfg.database.url) if cfg.database.url else str(cfg.memory.store.path)
 
@@ -536,12 +536,12 @@ def _plural(n: int, word: str) -> str:
 
 
 def _recall(args: argparse.Namespace) -> None:
-    from memory.query import UserTurn
-    from memory.recaller import Recaller, RecallRequest
-    from proxy.config.settings import settings_for
-    from proxy.stores import open_store
-    from proxy.tokens import TokenCounter
-    from proxy.upstream.rewrite import Rewriter
+    from ctxbudget.memory.query import UserTurn
+    from ctxbudget.memory.recaller import Recaller, RecallRequest
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.stores import open_store
+    from ctxbudget.proxy.tokens import TokenCounter
+    from ctxbudget.proxy.upstream.rewrite import Rewriter
 
     settings = settings_for(_source(args.config, {}).get(), os.environ)
     store = open_store(settings, os.environ)
@@ -607,9 +607,9 @@ def _recall(args: argparse.Namespace) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> None:
-    from memory.monitor import MIN_REQUESTS, analysis
-    from proxy.config.settings import settings_for
-    from proxy.stores import open_store
+    from ctxbudget.memory.monitor import MIN_REQUESTS, analysis
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.stores import open_store
 
     minimum = MIN_REQUESTS if args.min_requests is None else args.min_requests
     if minimum < 1:
@@ -636,8 +636,8 @@ def _analyze(args: argparse.Namespace) -> None:
 
 
 def _analysis_text(result: dict[str, Any], days: float, path: Path | None) -> str:
-    from proxy.config.file import snippet
-    from proxy.report.render import change_text, profile_of
+    from ctxbudget.proxy.config.file import snippet
+    from ctxbudget.proxy.report.render import change_text, profile_of
 
     needs = result["minRequests"]
     lines = [
@@ -699,7 +699,7 @@ def _config(args: argparse.Namespace) -> None:
     if args.action == "init":
         _config_init(args)
         return
-    from proxy.config.file import effective_values, nest, render_jsonc
+    from ctxbudget.proxy.config.file import effective_values, nest, render_jsonc
 
     source = _source(args.config, _overrides(args))
     config = source.get()
@@ -731,7 +731,7 @@ def _config(args: argparse.Namespace) -> None:
 
 
 def _config_init(args: argparse.Namespace) -> None:
-    from proxy.config.file import absolute, find_config, home_config, starter_text
+    from ctxbudget.proxy.config.file import absolute, find_config, home_config, starter_text
 
     if args.path and args.config and args.path != args.config:
         raise SystemExit("ctxbudget: give the file once: PATH or --config, not both")
@@ -770,15 +770,15 @@ def _config_init(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     """The report `serve` answers with the same config: the same file or database, the same
     recommendations, its page's address."""
-    from memory import SQLiteMemoryStore
-    from memory.pg import DatabaseUnavailable
-    from proxy.config.database import open_database
-    from proxy.config.settings import settings_for
-    from proxy.report import build_report, open_db, read_summary, render_text
-    from proxy.report.store import open_pg
-    from proxy.report.summary import parse_since
-    from proxy.routes.report import page_url, report_analysis
-    from proxy.stores import open_store
+    from ctxbudget.memory import SQLiteMemoryStore
+    from ctxbudget.memory.pg import DatabaseUnavailable
+    from ctxbudget.proxy.config.database import open_database
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.report import build_report, open_db, read_summary, render_text
+    from ctxbudget.proxy.report.store import open_pg
+    from ctxbudget.proxy.report.summary import parse_since
+    from ctxbudget.proxy.routes.report import page_url, report_analysis
+    from ctxbudget.proxy.stores import open_store
 
     try:
         since = parse_since(args.since) if args.since else None

@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from caps import Clamp, clamp_request
-from proxy.cache.mirrors import Mirrors
-from proxy.cache.sessions import SessionTracker
-from proxy.config.schema import ConfigSource
-from proxy.config.settings import Settings, settings_for
-from proxy.report import ReportStore
-from proxy.stores import MemoryStores
-from proxy.tokens import TokenCounter
-from proxy.upstream.http import UpstreamClient
+from ctxbudget.caps import Clamp, clamp_request
+from ctxbudget.proxy.cache.mirrors import Mirrors
+from ctxbudget.proxy.cache.sessions import SessionTracker
+from ctxbudget.proxy.config.schema import ConfigSource
+from ctxbudget.proxy.config.settings import Settings, settings_for
+from ctxbudget.proxy.report import ReportStore
+from ctxbudget.proxy.stores import MemoryStores
+from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.upstream.http import UpstreamClient
 
 
 class ProxyState:

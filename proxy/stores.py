@@ -17,11 +17,11 @@ from collections.abc import Hashable, Mapping
 
 from cachetools import LRUCache
 
-from memory import DEFAULT_OWNER, MemoryStore, SQLiteMemoryStore
-from memory.pg import DatabaseUnavailable
-from proxy.breaker import Breaker
-from proxy.config.database import open_database, redacted
-from proxy.config.settings import Settings
+from ctxbudget.memory import DEFAULT_OWNER, MemoryStore, SQLiteMemoryStore
+from ctxbudget.memory.pg import DatabaseUnavailable
+from ctxbudget.proxy.breaker import Breaker
+from ctxbudget.proxy.config.database import open_database, redacted
+from ctxbudget.proxy.config.settings import Settings
 
 log = logging.getLogger("ctxbudget.memory")
 
@@ -64,7 +64,7 @@ def open_store(settings: Settings, env: Mapping[str, str]) -> MemoryStore:
     pg = open_database(settings.database, env)
     if pg is None:
         return SQLiteMemoryStore(settings.memory_path, limits=settings.memory_limits)
-    from memory.pgstore import PgMemoryStore
+    from ctxbudget.memory.pgstore import PgMemoryStore
 
     try:
         return PgMemoryStore(pg, limits=settings.memory_limits)

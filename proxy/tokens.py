@@ -19,7 +19,7 @@ from typing import Any
 import xxhash
 from cachetools import LRUCache
 
-from caps import Segment
+from ctxbudget.caps import Segment
 
 _lock = threading.Lock()
 _encodings: dict[str, Any] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from caps import ClampResult
+from ctxbudget.caps import ClampResult
 
 
 def broken_clamp(request: dict[str, Any], caps: Any, *, tools: Any = None) -> ClampResult:

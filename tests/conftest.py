@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from memory import MemoryLimits, MemoryStore, SQLiteMemoryStore  # noqa: E402
+from ctxbudget.memory import MemoryLimits, MemoryStore, SQLiteMemoryStore  # noqa: E402
 from tests.inproc import close_offloads  # noqa: E402
 from tests.pg import Cluster, postgres_cluster  # noqa: E402
 
@@ -82,8 +82,8 @@ class Backend:
         if self.url is None:
             store = SQLiteMemoryStore(self._path, limits=limits, clock=clock)
         else:
-            from memory.pg import PgDatabase
-            from memory.pgstore import PgMemoryStore
+            from ctxbudget.memory.pg import PgDatabase
+            from ctxbudget.memory.pgstore import PgMemoryStore
 
             store = PgMemoryStore(PgDatabase(self.url, pool_size=4), limits=limits, clock=clock)
         self.opened.append(store)

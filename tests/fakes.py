@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamError
+from ctxbudget.proxy.errors import UpstreamError
 
 
 @dataclass

@@ -22,13 +22,13 @@ from typing import Any, TypeVar
 import httpx
 from starlette.applications import Starlette
 
-from caps import Clamp, clamp_request
-from proxy.app import create_app
-from proxy.config.schema import Config, ConfigSource
-from proxy.config.settings import Settings, settings_for
-from proxy.pipeline.offload import LARGE_BODY, Offload
-from proxy.report.store import ReportStore
-from proxy.state import ProxyState
+from ctxbudget.caps import Clamp, clamp_request
+from ctxbudget.proxy.app import create_app
+from ctxbudget.proxy.config.schema import Config, ConfigSource
+from ctxbudget.proxy.config.settings import Settings, settings_for
+from ctxbudget.proxy.pipeline.offload import LARGE_BODY, Offload
+from ctxbudget.proxy.report.store import ReportStore
+from ctxbudget.proxy.state import ProxyState
 from tests.fakes import FakeUpstream
 
 UPSTREAM = "http://upstream.test/v1"

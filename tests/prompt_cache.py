@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.report.prices import prices
+from ctxbudget.proxy.report.prices import prices
 
 TTL = Literal["5m", "1h"]
 ANTHROPIC_TTL_SECONDS: dict[str, float] = {"5m": 300.0, "1h": 3600.0}
@@ -237,7 +237,7 @@ def rates(model: str, provider: Literal["anthropic", "openai"]) -> Rates | None:
 
 
 def _entry(model: str) -> dict[str, Any]:
-    from proxy.report.prices import _model_map
+    from ctxbudget.proxy.report.prices import _model_map
 
     known = _model_map()
     for name in (model, model.rsplit("/", 1)[-1]):

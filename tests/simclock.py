@@ -63,7 +63,7 @@ def install(path: Path) -> None:
 
 def main() -> None:
     install(Path(sys.argv[1]))
-    from proxy.cli import main as ctxbudget
+    from ctxbudget.proxy.cli import main as ctxbudget
 
     ctxbudget(sys.argv[2:])
 

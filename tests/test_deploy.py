@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.schema import load_config
+from ctxbudget.proxy.config.schema import load_config
 from tests.e2e.deploy import DEPLOY, NAME, env_file, unit_entries
 from tests.e2e.server import CTXBUDGET
 

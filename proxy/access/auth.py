@@ -17,9 +17,9 @@ import base64
 import secrets
 from collections.abc import Mapping
 
-from memory import DEFAULT_OWNER
-from proxy.config.settings import Settings
-from proxy.errors import Forbidden, Unauthorized
+from ctxbudget.memory import DEFAULT_OWNER
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import Forbidden, Unauthorized
 
 
 def owner_for(headers: Mapping[str, str], settings: Settings, *, browser: bool = False) -> str:

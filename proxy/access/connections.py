@@ -35,9 +35,9 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from proxy.config.schema import LimitsConfig
-from proxy.errors import CtxBudgetError, RequestTimeout, TooManyConnections
-from proxy.wire import for_path
+from ctxbudget.proxy.config.schema import LimitsConfig
+from ctxbudget.proxy.errors import CtxBudgetError, RequestTimeout, TooManyConnections
+from ctxbudget.proxy.wire import for_path
 
 log = logging.getLogger("ctxbudget.connections")
 

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.config.schema import is_loopback
-from proxy.config.settings import Settings
+from ctxbudget.proxy.config.schema import is_loopback
+from ctxbudget.proxy.config.settings import Settings
 
 __all__ = ["BrowserGuard", "is_loopback", "refuse"]
 

@@ -32,8 +32,8 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from proxy.cache.mirror import AnthropicMirror, MirrorBlock, OpenAIMirror, Predicted
-from proxy.cache.sessions import Block, Digested, _data, _hash
+from ctxbudget.proxy.cache.mirror import AnthropicMirror, MirrorBlock, OpenAIMirror, Predicted
+from ctxbudget.proxy.cache.sessions import Block, Digested, _data, _hash
 
 Provider = Literal["anthropic", "openai"]
 KEEP_BYTES = 64 << 20

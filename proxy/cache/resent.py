@@ -22,7 +22,7 @@ from typing import Any
 
 import xxhash
 
-from caps._kept import ChangedInPlace, Generations
+from ctxbudget.caps._kept import ChangedInPlace, Generations
 
 __all__ = ["RESENT", "ChangedInPlace", "Resent"]
 

@@ -55,7 +55,7 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from caps._kept import ByIdentity, bytes_weight
+from ctxbudget.caps._kept import ByIdentity, bytes_weight
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from caps._kept import weighed
+from ctxbudget.caps._kept import weighed
 
 MCP_PREFIX = "mcp__"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from memory.pg import PgDatabase
-from proxy.config.schema import DatabaseConfig
-from proxy.urls import redact
+from ctxbudget.memory.pg import PgDatabase
+from ctxbudget.proxy.config.schema import DatabaseConfig
+from ctxbudget.proxy.urls import redact
 
 log = logging.getLogger("ctxbudget.database")
 

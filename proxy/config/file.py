@@ -28,9 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.config.schema import Config
-from proxy.errors import ConfigError
-from proxy.urls import redact
+from ctxbudget.proxy.config.schema import Config
+from ctxbudget.proxy.errors import ConfigError
+from ctxbudget.proxy.urls import redact
 
 ENV_CONFIG = "CTXBUDGET_CONFIG"
 LOCAL_FILES = ("ctxbudget.jsonc", "ctxbudget.json")
@@ -110,7 +110,7 @@ def find_config(
 
 def starter_text() -> str:
     """The commented starter config: `config.example.jsonc`, every field at its default."""
-    return (resources.files("proxy") / STARTER).read_text(encoding="utf-8")
+    return (resources.files("ctxbudget.proxy") / STARTER).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

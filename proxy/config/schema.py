@@ -45,13 +45,13 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from yarl import URL
 
-from caps import KEEP_WHOLE, Caps, ToolNames
-from memory.budget import DEFAULT_PROFILES
-from memory.inject import Placement
-from memory.profiles import RequestedProfile
-from memory.types import MemoryLimits
-from proxy.errors import ConfigError
-from proxy.urls import redact
+from ctxbudget.caps import KEEP_WHOLE, Caps, ToolNames
+from ctxbudget.memory.budget import DEFAULT_PROFILES
+from ctxbudget.memory.inject import Placement
+from ctxbudget.memory.profiles import RequestedProfile
+from ctxbudget.memory.types import MemoryLimits
+from ctxbudget.proxy.errors import ConfigError
+from ctxbudget.proxy.urls import redact
 
 log = logging.getLogger("ctxbudget.config")
 

@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from caps import Caps, PrunePolicy, ToolNames
-from memory import MemoryLimits
-from memory.budget import BudgetProfile
-from memory.recaller import RecallSettings
-from proxy.config.schema import (
+from ctxbudget.caps import Caps, PrunePolicy, ToolNames
+from ctxbudget.memory import MemoryLimits
+from ctxbudget.memory.budget import BudgetProfile
+from ctxbudget.memory.recaller import RecallSettings
+from ctxbudget.proxy.config.schema import (
     Config,
     ConfigSource,
     DatabaseConfig,
@@ -33,8 +33,8 @@ from proxy.config.schema import (
     tool_names,
     upstream_api_key,
 )
-from proxy.tokens import encoding_name
-from proxy.urls import join, split_base
+from ctxbudget.proxy.tokens import encoding_name
+from ctxbudget.proxy.urls import join, split_base
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,8 +33,8 @@ from typing import Any, TextIO
 import httpx
 import uvicorn
 
-from proxy.demo.upstream import create_upstream
-from proxy.routes.websocket import Refusal
+from ctxbudget.proxy.demo.upstream import create_upstream
+from ctxbudget.proxy.routes.websocket import Refusal
 
 DEFAULT_PORT = 4141
 """The port `serve` uses: the README's examples work against the demo too. When it is taken
@@ -50,7 +50,9 @@ nothing else (the user's `$CTXBUDGET_ADMIN_KEY` is not read)."""
 
 def sample_requests() -> list[dict[str, Any]]:
     """The bundled session's requests, in order, as OpenClaw 9.x sends them (streamed)."""
-    data = json.loads((resources.files("proxy.demo") / SESSION).read_text(encoding="utf-8"))
+    data = json.loads(
+        (resources.files("ctxbudget.proxy.demo") / SESSION).read_text(encoding="utf-8")
+    )
     return [
         {
             "model": data["model"],
@@ -147,8 +149,8 @@ def run_demo(
     """Run the demo on `port` (None: 4141, else any free port) until `stop` is set, or
     Ctrl-C / SIGTERM when it is not given. `serve_only` (`demo --serve`): no sample session,
     the report starts empty, and what is printed is where to point your own agent."""
-    from proxy.app import create_app
-    from proxy.config.schema import ConfigSource
+    from ctxbudget.proxy.app import create_app
+    from ctxbudget.proxy.config.schema import ConfigSource
 
     try:
         sock = bind(DEFAULT_PORT if port is None else port)

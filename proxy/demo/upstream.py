@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.tokens import TokenCounter
+from ctxbudget.proxy.tokens import TokenCounter
 
 ENCODING = "o200k_base"
 ANSWER = (

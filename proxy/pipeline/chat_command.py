@@ -13,7 +13,7 @@ it. Never from text the user did not type (issue 35): not from inside a reminder
 file), nor from a turn of tool results, nor with words apart by anything but what a keyboard's
 space bar, tab or enter types (`/context\\u00a0budget` is someone's paste, not the command).
 
->>> from memory.query import UserTurn
+>>> from ctxbudget.memory.query import UserTurn
 >>> def typed(text):
 ...     return UserTurn(index=0, text=text, last=True, typed=text)
 >>> find_command(typed("[Sun 2026-11-22 11:28 UTC] /context budget"))
@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from memory.query import UserTurn, clean, excerpt
+from ctxbudget.memory.query import UserTurn, clean, excerpt
 
 CommandMode = Literal["summary", "full", "json"]
 _NAMES = (["/context", "budget"], ["/ctxbudget"])

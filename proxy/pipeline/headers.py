@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from caps import Segment
-from memory.budget import TIERS, Complexity
-from memory.profiles import REQUESTED_PROFILES, RequestedProfile
-from proxy.errors import BadRequest
-from proxy.report.record import usd
+from ctxbudget.caps import Segment
+from ctxbudget.memory.budget import TIERS, Complexity
+from ctxbudget.memory.profiles import REQUESTED_PROFILES, RequestedProfile
+from ctxbudget.proxy.errors import BadRequest
+from ctxbudget.proxy.report.record import usd
 
 PREFIX = "x-context-budget"
 _ON = ("on", "true", "1")

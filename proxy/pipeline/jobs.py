@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import orjson
 
-from caps import Caps, Clamp, Segment, ToolNames, prune_request
-from memory.query import UserTurn
-from proxy.cache.sessions import (
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request
+from ctxbudget.memory.query import UserTurn
+from ctxbudget.proxy.cache.sessions import (
     Block,
     Digested,
     digested,
@@ -26,12 +26,12 @@ from proxy.cache.sessions import (
     read_by_ids,
     serial,
 )
-from proxy.cache.tools import InlineTools
-from proxy.pipeline.chat_command import find_command
-from proxy.pipeline.worker import ask, portable
-from proxy.tokens import TokenCounter, encoding_name
-from proxy.wire.responses import CallNames, OpenAIResponses
-from proxy.wire.types import WireFormat, WireRequest
+from ctxbudget.proxy.cache.tools import InlineTools
+from ctxbudget.proxy.pipeline.chat_command import find_command
+from ctxbudget.proxy.pipeline.worker import ask, portable
+from ctxbudget.proxy.tokens import TokenCounter, encoding_name
+from ctxbudget.proxy.wire.responses import CallNames, OpenAIResponses
+from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 _EMPTY = {ord("["): b"[]", ord("{"): b"{}", ord('"'): b'""'}
 SMALL_FIELD = 1 << 16

@@ -33,20 +33,20 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from caps import Caps, Clamp, Segment, ToolNames
-from memory.inject import Placement
-from memory.query import UserTurn
-from proxy.cache import sessions
-from proxy.cache.sessions import Block, Digested, PrefixChange
-from proxy.cache.tools import InlineTools
-from proxy.config.settings import Settings
-from proxy.pipeline import jobs
-from proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
-from proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker
-from proxy.tokens import TokenCounter
-from proxy.wire.history import HISTORIES
-from proxy.wire.responses import OpenAIResponses
-from proxy.wire.types import WireFormat, WireRequest
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.memory.inject import Placement
+from ctxbudget.memory.query import UserTurn
+from ctxbudget.proxy.cache import sessions
+from ctxbudget.proxy.cache.sessions import Block, Digested, PrefixChange
+from ctxbudget.proxy.cache.tools import InlineTools
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.pipeline import jobs
+from ctxbudget.proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
+from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker
+from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.wire.history import HISTORIES
+from ctxbudget.proxy.wire.responses import OpenAIResponses
+from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 LARGE_BODY = 1 << 20
 """Bodies past this many bytes are parsed, clamped, counted, hashed and spliced in the

@@ -26,15 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from caps import Segment, pays
-from memory.pg import DatabaseUnavailable
-from proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
-from proxy.config.settings import Settings
-from proxy.pipeline.summaries import Summarizer, summary_text
-from proxy.report.billing import write_price
-from proxy.report.ledger import PruneLedger
-from proxy.report.prices import prices
-from proxy.wire.types import WireRequest
+from ctxbudget.caps import Segment, pays
+from ctxbudget.memory.pg import DatabaseUnavailable
+from ctxbudget.proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.pipeline.summaries import Summarizer, summary_text
+from ctxbudget.proxy.report.billing import write_price
+from ctxbudget.proxy.report.ledger import PruneLedger
+from ctxbudget.proxy.report.prices import prices
+from ctxbudget.proxy.wire.types import WireRequest
 
 log = logging.getLogger("ctxbudget.prune")
 _T = TypeVar("_T")

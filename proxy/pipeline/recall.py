@@ -13,16 +13,16 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from memory.pg import DatabaseUnavailable
-from memory.query import UserTurn, message_text, runtime_agent
-from memory.recaller import Recaller, RecallReport, RecallRequest
-from proxy.config.settings import Settings
-from proxy.pipeline.headers import RequestOptions
-from proxy.report.prices import context_window
-from proxy.stores import MemoryStores
-from proxy.tokens import TokenCounter
-from proxy.upstream.rewrite import Rewriter
-from proxy.wire.types import WireRequest
+from ctxbudget.memory.pg import DatabaseUnavailable
+from ctxbudget.memory.query import UserTurn, message_text, runtime_agent
+from ctxbudget.memory.recaller import Recaller, RecallReport, RecallRequest
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.pipeline.headers import RequestOptions
+from ctxbudget.proxy.report.prices import context_window
+from ctxbudget.proxy.stores import MemoryStores
+from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.upstream.rewrite import Rewriter
+from ctxbudget.proxy.wire.types import WireRequest
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from caps.types import evolve
-from proxy.errors import UpstreamError
-from proxy.report import ReportStore, RequestRecord
-from proxy.report.record import billing, billing_is_quick
-from proxy.report.usage import UsageChunkDropper, UsageReader
-from proxy.tokens import TokenCounter
-from proxy.upstream.http import UpstreamReply
-from proxy.wire.types import ReplyWatcher, WireFormat
+from ctxbudget.caps.types import evolve
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.report import ReportStore, RequestRecord
+from ctxbudget.proxy.report.record import billing, billing_is_quick
+from ctxbudget.proxy.report.usage import UsageChunkDropper, UsageReader
+from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.upstream.http import UpstreamReply
+from ctxbudget.proxy.wire.types import ReplyWatcher, WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
 

@@ -32,39 +32,39 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from caps import Segment
-from caps.types import evolve
-from memory.query import UserTurn
-from memory.recaller import RecallReport
-from proxy.access.auth import owner_for
-from proxy.cache.mirrors import MirrorView
-from proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
-from proxy.config.schema import RouteConfig
-from proxy.config.settings import Settings
-from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
-from proxy.pipeline.chat_command import CommandMode, find_command, full_section
-from proxy.pipeline.headers import (
+from ctxbudget.caps import Segment
+from ctxbudget.caps.types import evolve
+from ctxbudget.memory.query import UserTurn
+from ctxbudget.memory.recaller import RecallReport
+from ctxbudget.proxy.access.auth import owner_for
+from ctxbudget.proxy.cache.mirrors import MirrorView
+from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
+from ctxbudget.proxy.config.schema import RouteConfig
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
+from ctxbudget.proxy.pipeline.chat_command import CommandMode, find_command, full_section
+from ctxbudget.proxy.pipeline.headers import (
     PREFIX,
     RequestOptions,
     budget_headers,
     money_headers,
     net_header,
 )
-from proxy.pipeline.offload import Offload
-from proxy.pipeline.prune import Pruned, PruneStage
-from proxy.pipeline.recall import RecallStage, Skipped
-from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
-from proxy.pipeline.summaries import Summarizer
-from proxy.report import RequestRecord
-from proxy.report.prices import input_price, prices
-from proxy.report.render import TEXT_SECTIONS, render_summary, render_text
-from proxy.report.usage import UsageChunkDropper, UsageReader
-from proxy.routes.report import Reporting
-from proxy.state import ProxyState
-from proxy.upstream.http import UpstreamReply
-from proxy.urls import redact
-from proxy.wire.body import read_body
-from proxy.wire.types import WireFormat, WireRequest
+from ctxbudget.proxy.pipeline.offload import Offload
+from ctxbudget.proxy.pipeline.prune import Pruned, PruneStage
+from ctxbudget.proxy.pipeline.recall import RecallStage, Skipped
+from ctxbudget.proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
+from ctxbudget.proxy.pipeline.summaries import Summarizer
+from ctxbudget.proxy.report import RequestRecord
+from ctxbudget.proxy.report.prices import input_price, prices
+from ctxbudget.proxy.report.render import TEXT_SECTIONS, render_summary, render_text
+from ctxbudget.proxy.report.usage import UsageChunkDropper, UsageReader
+from ctxbudget.proxy.routes.report import Reporting
+from ctxbudget.proxy.state import ProxyState
+from ctxbudget.proxy.upstream.http import UpstreamReply
+from ctxbudget.proxy.urls import redact
+from ctxbudget.proxy.wire.body import read_body
+from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 log = logging.getLogger("ctxbudget.proxy")
 _IDS = random.Random(secrets.randbits(64))
@@ -460,7 +460,7 @@ class Pipeline:
         if call.route is not None:
             values = await body.litellm_values()
             if values is not None:
-                from proxy.upstream.litellm import litellm_reply
+                from ctxbudget.proxy.upstream.litellm import litellm_reply
 
                 return await litellm_reply(
                     values, call.route, stream=body.stream, env=self.state.env

@@ -36,15 +36,15 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from caps import Segment
-from caps._text import utf16_head, utf16_len
-from proxy.config.settings import Settings
-from proxy.errors import UpstreamError
-from proxy.report import ReportStore, RequestRecord
-from proxy.report.prices import input_price, prices
-from proxy.report.record import storable
-from proxy.report.usage import UsageReader
-from proxy.upstream.http import UpstreamClient
+from ctxbudget.caps import Segment
+from ctxbudget.caps._text import utf16_head, utf16_len
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.report import ReportStore, RequestRecord
+from ctxbudget.proxy.report.prices import input_price, prices
+from ctxbudget.proxy.report.record import storable
+from ctxbudget.proxy.report.usage import UsageReader
+from ctxbudget.proxy.upstream.http import UpstreamClient
 
 log = logging.getLogger("ctxbudget.prune")
 
@@ -244,7 +244,7 @@ class Summarizer:
         model = body["model"]
         route = settings.route_for(model)
         if route is not None:
-            from proxy.upstream.litellm import litellm_reply
+            from ctxbudget.proxy.upstream.litellm import litellm_reply
 
             reply: Any = await litellm_reply(body, route, stream=False, env=self._env)
         else:

@@ -30,8 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from proxy.errors import CtxBudgetError
-from proxy.tokens import trim_memory
+from ctxbudget.proxy.errors import CtxBudgetError
+from ctxbudget.proxy.tokens import trim_memory
 
 
 class OffloadError(CtxBudgetError):
@@ -84,7 +84,7 @@ _Lookup = Callable[[str], Any]
 
 
 _BOOT = (
-    "import sys; sys.path[:] = sys.argv[2:]; from proxy.pipeline.worker import serve; "
+    "import sys; sys.path[:] = sys.argv[2:]; from ctxbudget.proxy.pipeline.worker import serve; "
     "serve(int(sys.argv[1]))"
 )
 """The worker's start: the parent's import path, then `serve`."""
@@ -142,9 +142,9 @@ def _resident() -> int:
 def _clear_caps_caches() -> None:
     """Past the worker's memory bound: everything kept from earlier jobs goes (the clamps'
     caches, what was kept of resent items and lists, what was kept by identity)."""
-    from caps._kept import clear_all
-    from proxy.cache.resent import RESENT
-    from proxy.wire.history import HISTORIES
+    from ctxbudget.caps._kept import clear_all
+    from ctxbudget.proxy.cache.resent import RESENT
+    from ctxbudget.proxy.wire.history import HISTORIES
 
     clear_all()  # the caps caches are `weighed` ones: `Generations` too
     RESENT.clear()

@@ -4,10 +4,10 @@
 JSON and the text, `page` the HTML page; `record` is one request.
 """
 
-from proxy.report.record import RequestRecord, report_entry, usd
-from proxy.report.render import build_report, money, render_text
-from proxy.report.store import SCHEMA_VERSION, ReportStore, Sink, open_db, start_run
-from proxy.report.summary import read_summary
+from ctxbudget.proxy.report.record import RequestRecord, report_entry, usd
+from ctxbudget.proxy.report.render import build_report, money, render_text
+from ctxbudget.proxy.report.store import SCHEMA_VERSION, ReportStore, Sink, open_db, start_run
+from ctxbudget.proxy.report.summary import read_summary
 
 __all__ = [
     "ReportStore",

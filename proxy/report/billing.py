@@ -35,8 +35,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from proxy.report.prices import Prices
-from proxy.report.usage import Usage
+from ctxbudget.proxy.report.prices import Prices
+from ctxbudget.proxy.report.usage import Usage
 
 
 @dataclass(frozen=True, kw_only=True)

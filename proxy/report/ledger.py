@@ -33,10 +33,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from memory.pg import DatabaseUnavailable, PgDatabase
-from memory.sqlite import Database, peek, reader
-from proxy.breaker import Breaker
-from proxy.report.record import storable
+from ctxbudget.memory.pg import DatabaseUnavailable, PgDatabase
+from ctxbudget.memory.sqlite import Database, peek, reader
+from ctxbudget.proxy.breaker import Breaker
+from ctxbudget.proxy.report.record import storable
 
 log = logging.getLogger("ctxbudget.prune")
 

@@ -47,11 +47,11 @@ import tempfile
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, get_args
 
-from caps import SEGMENT_KINDS
-from memory.profiles import RetrievalProfileName
+from ctxbudget.caps import SEGMENT_KINDS
+from ctxbudget.memory.profiles import RetrievalProfileName
 
 if TYPE_CHECKING:
-    from proxy.report.record import RequestRecord
+    from ctxbudget.proxy.report.record import RequestRecord
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where prometheus_client's multiprocess mode keeps every process's values."""

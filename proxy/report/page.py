@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from proxy.report.render import (
+from ctxbudget.proxy.report.render import (
     KIND_TITLES,
     MINUS,
     NET_ABOVE_GROSS,

@@ -14,15 +14,15 @@ from typing import Any, TypeVar
 
 import orjson
 
-from caps import Segment
-from caps._kept import ByIdentity
-from proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
-from proxy.cache.sessions import Digested, PrefixChange, block_tokens
-from proxy.cache.tools import InlineTools
-from proxy.report.billing import Shift, cost, without
-from proxy.report.prices import Prices
-from proxy.report.usage import Usage
-from proxy.tokens import TokenCounter, segment_size
+from ctxbudget.caps import Segment
+from ctxbudget.caps._kept import ByIdentity
+from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
+from ctxbudget.proxy.cache.sessions import Digested, PrefixChange, block_tokens
+from ctxbudget.proxy.cache.tools import InlineTools
+from ctxbudget.proxy.report.billing import Shift, cost, without
+from ctxbudget.proxy.report.prices import Prices
+from ctxbudget.proxy.report.usage import Usage
+from ctxbudget.proxy.tokens import TokenCounter, segment_size
 
 _T = TypeVar("_T")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")

@@ -31,19 +31,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from caps import SEGMENT_KINDS
-from memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
-from memory.sqlite import Database, connect
-from proxy.report.ledger import KEEP_DECISIONS, PruneLedger
-from proxy.report.record import (
+from ctxbudget.caps import SEGMENT_KINDS
+from ctxbudget.memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
+from ctxbudget.memory.sqlite import Database, connect
+from ctxbudget.proxy.report.ledger import KEEP_DECISIONS, PruneLedger
+from ctxbudget.proxy.report.record import (
     RequestRecord,
     entry_and_text,
     loads_entry,
     storable,
     storable_record,
 )
-from proxy.report.summary import HOUR, read_summary
-from proxy.tokens import TokenCounter, trim_memory
+from ctxbudget.proxy.report.summary import HOUR, read_summary
+from ctxbudget.proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 

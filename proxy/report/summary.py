@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from caps import SEGMENT_KINDS
-from proxy.report.record import loads_entry
+from ctxbudget.caps import SEGMENT_KINDS
+from ctxbudget.proxy.report.record import loads_entry
 
 HOUR = 3600
 Read = Callable[[str, Iterable[Any]], list[Any]]

@@ -24,11 +24,11 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from caps import SEGMENT_KINDS
+from ctxbudget.caps import SEGMENT_KINDS
 
 if TYPE_CHECKING:
-    from proxy.config.schema import TelemetryConfig
-    from proxy.report.record import RequestRecord
+    from ctxbudget.proxy.config.schema import TelemetryConfig
+    from ctxbudget.proxy.report.record import RequestRecord
 
 log = logging.getLogger("ctxbudget.telemetry")
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from proxy.sse import EVENT, LINE, Splitter, data_lines, event_data, split_events
+from ctxbudget.proxy.sse import EVENT, LINE, Splitter, data_lines, event_data, split_events
 
 MARKER = b'"usage"'
 """Bytes a reply line holds only where usage may be (a quote inside a string is escaped)."""

@@ -20,14 +20,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from memory import DEFAULT_OWNER, InvalidMemory, NewMemory
-from memory.store import search_rows
-from memory.types import unstorable
-from proxy.access.auth import is_admin, owner_for
-from proxy.config.settings import Settings
-from proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
-from proxy.state import ProxyState
-from proxy.wire.body import read_body
+from ctxbudget.memory import DEFAULT_OWNER, InvalidMemory, NewMemory
+from ctxbudget.memory.store import search_rows
+from ctxbudget.memory.types import unstorable
+from ctxbudget.proxy.access.auth import is_admin, owner_for
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from ctxbudget.proxy.state import ProxyState
+from ctxbudget.proxy.wire.body import read_body
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest memory request accepted: a list of a few thousand memories (read only after the
@@ -116,7 +116,7 @@ class MemoryRoutes:
         self, settings: Settings, caller: str | None, items: list[Any], request: Request
     ) -> Response:
         """A list: all added in one transaction, or a 400 naming the bad item and none."""
-        from memory.transfer import from_dict
+        from ctxbudget.memory.transfer import from_dict
 
         owner = self._owner(caller, request.query_params.get("owner"))
         new = []

@@ -13,15 +13,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from memory.monitor import Monitor, analysis
-from proxy.access.auth import report_viewer
-from proxy.config.settings import Settings
-from proxy.errors import BadRequest, NotFound
-from proxy.report import build_report
-from proxy.report.page import render_html
-from proxy.report.render import TEXT_SECTIONS, render_summary, render_text
-from proxy.report.summary import parse_since
-from proxy.state import ProxyState
+from ctxbudget.memory.monitor import Monitor, analysis
+from ctxbudget.proxy.access.auth import report_viewer
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import BadRequest, NotFound
+from ctxbudget.proxy.report import build_report
+from ctxbudget.proxy.report.page import render_html
+from ctxbudget.proxy.report.render import TEXT_SECTIONS, render_summary, render_text
+from ctxbudget.proxy.report.summary import parse_since
+from ctxbudget.proxy.state import ProxyState
 
 ANALYSIS_DAYS = 7.0
 """Window of the `analyze` recommendations in the report."""

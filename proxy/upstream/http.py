@@ -24,8 +24,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.errors import UpstreamError
-from proxy.urls import basic_auth, redact
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.urls import basic_auth, redact
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and ones we set ourselves are never copied across.
 _DROP_REQUEST = frozenset(

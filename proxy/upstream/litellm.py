@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from proxy.config.schema import RouteConfig
-from proxy.errors import UpstreamError
-from proxy.urls import redact
+from ctxbudget.proxy.config.schema import RouteConfig
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.urls import redact
 
 log = logging.getLogger("ctxbudget.providers")
 

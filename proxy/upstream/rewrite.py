@@ -17,8 +17,8 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from proxy.config.schema import RewriteConfig
-from proxy.upstream.litellm import import_litellm
+from ctxbudget.proxy.config.schema import RewriteConfig
+from ctxbudget.proxy.upstream.litellm import import_litellm
 
 log = logging.getLogger("ctxbudget.memory")
 

@@ -1,9 +1,9 @@
 """Wire adapters: one module per API format, behind the Protocols in `proxy.wire.types`."""
 
-from proxy.wire.chat import ChatCompletions, ChatCompletionsRequest
-from proxy.wire.messages import AnthropicMessages, MessagesRequest
-from proxy.wire.responses import CallNames, OpenAIResponses, ResponsesRequest
-from proxy.wire.types import Reply, ReplyWatcher, WireFormat, WireRequest
+from ctxbudget.proxy.wire.chat import ChatCompletions, ChatCompletionsRequest
+from ctxbudget.proxy.wire.messages import AnthropicMessages, MessagesRequest
+from ctxbudget.proxy.wire.responses import CallNames, OpenAIResponses, ResponsesRequest
+from ctxbudget.proxy.wire.types import Reply, ReplyWatcher, WireFormat, WireRequest
 
 
 def for_path(path: str) -> WireFormat:

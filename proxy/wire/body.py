@@ -36,11 +36,11 @@ import msgspec
 import orjson
 from starlette.requests import Request
 
-from caps._kept import ByIdentity, bytes_weight
-from proxy.cache.resent import RESENT
-from proxy.errors import BadRequest, PayloadTooLarge
-from proxy.wire.history import HISTORIES, Found
-from proxy.wire.scan import ITEMS, TAILS, TOO_DEEP, TOP, check_utf8, loads
+from ctxbudget.caps._kept import ByIdentity, bytes_weight
+from ctxbudget.proxy.cache.resent import RESENT
+from ctxbudget.proxy.errors import BadRequest, PayloadTooLarge
+from ctxbudget.proxy.wire.history import HISTORIES, Found
+from ctxbudget.proxy.wire.scan import ITEMS, TAILS, TOO_DEEP, TOP, check_utf8, loads
 
 _OUT_OF_RANGE = (
     "request body holds a number beyond a 64-bit float (like 1e999) where the proxy cannot "

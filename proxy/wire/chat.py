@@ -15,16 +15,16 @@ from typing import Any
 
 import orjson
 
-from caps import Caps, Clamp, Segment, ToolNames
-from memory.inject import Placement, inject
-from memory.query import UserTurn, user_turn
-from proxy.cache.sessions import Block
-from proxy.config.settings import Settings
-from proxy.errors import CtxBudgetError
-from proxy.upstream.http import forward_request_headers
-from proxy.wire.body import ChatBody, check_text_part, parse_chat_body
-from proxy.wire.types import InProcessRequest, Reply, WireRequest
-from proxy.wire.view import paired, with_text
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.memory.inject import Placement, inject
+from ctxbudget.memory.query import UserTurn, user_turn
+from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import CtxBudgetError
+from ctxbudget.proxy.upstream.http import forward_request_headers
+from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
+from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.view import paired, with_text
 
 _SYSTEM_ROLES = ("system", "developer")
 _TEXT_KINDS = ("text",)

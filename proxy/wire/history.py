@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import msgspec
 from cachetools import LRUCache
 
-from proxy.wire.scan import ITEMS, TAILS, TOP, structure
+from ctxbudget.proxy.wire.scan import ITEMS, TAILS, TOP, structure
 
 
 class _History(NamedTuple):

@@ -25,18 +25,24 @@ from typing import Any
 
 import orjson
 
-from caps import Caps, Clamp, Segment, ToolNames
-from memory.inject import Placement, block, inject
-from memory.query import UserTurn, user_turn
-from proxy.cache.sessions import Block
-from proxy.cache.tools import InlineTools, inline_mcp_tools
-from proxy.config.settings import Settings
-from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
-from proxy.upstream.http import forward_request_headers
-from proxy.urls import join
-from proxy.wire.body import JsonBody, check_model, check_text_part, parse_object, type_name
-from proxy.wire.types import InProcessRequest, Reply, WireRequest
-from proxy.wire.view import (
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.memory.inject import Placement, block, inject
+from ctxbudget.memory.query import UserTurn, user_turn
+from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.tools import InlineTools, inline_mcp_tools
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import BadRequest, CtxBudgetError, UpstreamError
+from ctxbudget.proxy.upstream.http import forward_request_headers
+from ctxbudget.proxy.urls import join
+from ctxbudget.proxy.wire.body import (
+    JsonBody,
+    check_model,
+    check_text_part,
+    parse_object,
+    type_name,
+)
+from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.view import (
     ChatView,
     arguments_json,
     paired,

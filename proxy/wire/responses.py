@@ -32,16 +32,22 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from caps import Caps, Clamp, Segment, ToolNames
-from memory.inject import Placement, block
-from memory.query import UserTurn, user_turn
-from proxy.cache.sessions import Block
-from proxy.config.settings import Settings
-from proxy.errors import BadRequest, CtxBudgetError
-from proxy.wire.body import JsonBody, check_model, check_text_part, parse_object, type_name
-from proxy.wire.chat import openai_headers
-from proxy.wire.types import InProcessRequest, Reply, WireRequest
-from proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.memory.inject import Placement, block
+from ctxbudget.memory.query import UserTurn, user_turn
+from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import BadRequest, CtxBudgetError
+from ctxbudget.proxy.wire.body import (
+    JsonBody,
+    check_model,
+    check_text_part,
+    parse_object,
+    type_name,
+)
+from ctxbudget.proxy.wire.chat import openai_headers
+from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
 _SYSTEM_ROLES = ("system", "developer")

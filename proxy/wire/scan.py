@@ -18,7 +18,7 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from proxy.errors import BadRequest
+from ctxbudget.proxy.errors import BadRequest
 
 TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 """A JSON object's top level: each value a slice of the document (checked, not decoded)."""

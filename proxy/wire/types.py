@@ -19,14 +19,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from caps import Caps, Clamp, Segment, ToolNames, prune_request
-from memory.inject import Placement
-from memory.query import UserTurn
-from proxy.cache.sessions import Block, PrefixChange, memory_added
-from proxy.cache.tools import InlineTools
-from proxy.config.settings import Settings
-from proxy.errors import CtxBudgetError
-from proxy.tokens import TokenCounter
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request
+from ctxbudget.memory.inject import Placement
+from ctxbudget.memory.query import UserTurn
+from ctxbudget.proxy.cache.sessions import Block, PrefixChange, memory_added
+from ctxbudget.proxy.cache.tools import InlineTools
+from ctxbudget.proxy.config.settings import Settings
+from ctxbudget.proxy.errors import CtxBudgetError
+from ctxbudget.proxy.tokens import TokenCounter
 
 
 @dataclass(frozen=True)

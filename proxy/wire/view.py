@@ -24,10 +24,10 @@ from typing import Any, Final
 
 import orjson
 
-from caps import Caps, Clamp, Segment, ToolNames
-from caps._kept import OfObjects
-from caps.types import evolve
-from proxy.cache.sessions import Block
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps._kept import OfObjects
+from ctxbudget.caps.types import evolve
+from ctxbudget.proxy.cache.sessions import Block
 
 Place = tuple[Any, ...]
 """Where a view message's text lives in the real request: `(kind, real index, ...)`; the

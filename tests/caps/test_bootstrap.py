@@ -7,9 +7,9 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import caps.bootstrap
-from caps._text import utf16_len
-from caps.bootstrap import clamp_body, clamp_system_text
+import ctxbudget.caps.bootstrap
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.bootstrap import clamp_body, clamp_system_text
 from tests.openclaw import default_files, load_fixtures, system_prompt
 
 MARKERS = re.compile(
@@ -25,7 +25,7 @@ def _outside_bodies(text: str) -> list[str]:
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(caps.bootstrap).failed == 0
+    assert doctest.testmod(ctxbudget.caps.bootstrap).failed == 0
 
 
 def test_9x_layout_clamps_each_file_to_its_cap() -> None:
@@ -179,8 +179,8 @@ _PROMPT = "# Project Context\nLoaded project context:\n"
 def _raw_size_by_trying_each_marker(body: str) -> int | None:
     """What `_raw_size` must answer: every probe tried in turn (the quadratic original)."""
     for probe, pattern in (
-        ("…(truncated ", caps.bootstrap._TRUNCATED),
-        ("[…truncated ", caps.bootstrap._TRUNCATED_COMPACT),
+        ("…(truncated ", ctxbudget.caps.bootstrap._TRUNCATED),
+        ("[…truncated ", ctxbudget.caps.bootstrap._TRUNCATED_COMPACT),
     ):
         for found in re.finditer(re.escape(probe), body):
             match = pattern.match(body, found.start())
@@ -196,7 +196,7 @@ _PIECES = "…(truncated |[…truncated |AGENTS.md|: kept |12|+|policy 3+| chars
 @given(st.lists(st.sampled_from(_PIECES.split("|")), max_size=40))
 def test_the_raw_size_is_the_first_marker_that_parses(pieces: list[str]) -> None:
     body = "".join(pieces)
-    assert caps.bootstrap._raw_size(body) == _raw_size_by_trying_each_marker(body)
+    assert ctxbudget.caps.bootstrap._raw_size(body) == _raw_size_by_trying_each_marker(body)
 
 
 def test_a_body_of_truncation_markers_is_read_in_linear_time() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import copy
 import doctest
 
-from caps import Caps, clamp_request, types
+from ctxbudget.caps import Caps, clamp_request, types
 from tests.openclaw import openclaw_request, system_prompt
 
 CAPS = Caps(bootstrap_max_chars=1000, memory_max_chars=500, web_fetch_max_chars=1500)
@@ -68,7 +68,7 @@ def test_caps_hash_by_their_fields_however_they_were_made() -> None:
     alike, and a copy with a field changed (`replace`, `evolve`) hashes as its own fields."""
     from dataclasses import replace
 
-    from caps.types import PrunePolicy, ToolNames, evolve
+    from ctxbudget.caps.types import PrunePolicy, ToolNames, evolve
 
     policy = PrunePolicy(min_chars=10)
     caps = Caps(bootstrap_max_chars=100, prune=policy, pruned=(("c1", None),))
@@ -92,14 +92,14 @@ def test_caps_sent_to_another_process_hash_as_that_process_hashes_them() -> None
     import subprocess
     import sys
 
-    from caps.types import PrunePolicy, ToolNames
+    from ctxbudget.caps.types import PrunePolicy, ToolNames
 
     caps = Caps(tool_output_max_chars=100, prune=PrunePolicy(deny=("exec",)), pruned=(("c", None),))
     tools = ToolNames(web_fetch=frozenset({"fetch"}))
     hash(caps), hash(tools)  # made here, as the request path does before handing them over
     check = (
         "import pickle, sys\n"
-        "from caps.types import Caps, PrunePolicy, ToolNames\n"
+        "from ctxbudget.caps.types import Caps, PrunePolicy, ToolNames\n"
         "caps, tools = pickle.loads(sys.stdin.buffer.read())\n"
         "made = Caps(tool_output_max_chars=100, prune=PrunePolicy(deny=('exec',)),"
         " pruned=(('c', None),))\n"

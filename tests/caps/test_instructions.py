@@ -5,10 +5,10 @@ import doctest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import caps.instructions
-from caps import Caps, clamp_request
-from caps._text import utf16_len
-from caps.instructions import clamp_instructions
+import ctxbudget.caps.instructions
+from ctxbudget.caps import Caps, clamp_request
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.instructions import clamp_instructions
 
 PREAMBLE = (
     "<system-reminder>\nCodebase and user instructions are shown below. Be sure to adhere to "
@@ -35,7 +35,7 @@ RULES = "".join(f"Rule {i}: keep answers short and the workspace tidy.\n" for i 
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(caps.instructions).failed == 0
+    assert doctest.testmod(ctxbudget.caps.instructions).failed == 0
 
 
 def test_each_claude_code_file_is_one_segment_and_only_bodies_change() -> None:

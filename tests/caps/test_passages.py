@@ -13,17 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import caps.passages
-import caps.question
-from caps import Caps, clamp_request, utf16_len
-from caps.passages import pick
-from caps.tooloutput import clamp_output
-from caps.webfetch import clamp_wrapped, wrap
+import ctxbudget.caps.passages
+import ctxbudget.caps.question
+from ctxbudget.caps import Caps, clamp_request, utf16_len
+from ctxbudget.caps.passages import pick
+from ctxbudget.caps.tooloutput import clamp_output
+from ctxbudget.caps.webfetch import clamp_wrapped, wrap
 
 STRATEGIES = ["query", "head"]
 
 
-@pytest.mark.parametrize("module", [caps.passages, caps.question])
+@pytest.mark.parametrize("module", [ctxbudget.caps.passages, ctxbudget.caps.question])
 def test_doctests(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 

@@ -6,9 +6,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from caps import Caps, PrunePolicy, clamp_request, prune, prune_request
-from caps._text import utf16_len
-from caps.prune import prunable, pruned_text
+from ctxbudget.caps import Caps, PrunePolicy, clamp_request, prune, prune_request
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.prune import prunable, pruned_text
 
 POLICY = PrunePolicy(keep_last_assistants=2, min_chars=100, soft_max_chars=400)
 

@@ -5,10 +5,10 @@ import doctest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import caps.summariser
-from caps import Caps, clamp_request
-from caps._text import utf16_len
-from caps.summariser import clamp_page
+import ctxbudget.caps.summariser
+from ctxbudget.caps import Caps, clamp_request
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.summariser import clamp_page
 
 RULES = (
     "Provide a concise response based only on the content above. In your response:\n"
@@ -36,7 +36,7 @@ def fenced(page: str, prompt: str = "Summarise the page") -> str:
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(caps.summariser).failed == 0
+    assert doctest.testmod(ctxbudget.caps.summariser).failed == 0
 
 
 def test_the_page_is_cut_and_the_prompt_kept_in_both_layouts() -> None:

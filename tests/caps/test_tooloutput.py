@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import caps._cut
-import caps.tooloutput
-from caps import Caps, ToolNames, clamp_request
-from caps._text import utf16_len
-from caps.tooloutput import clamp_output
+import ctxbudget.caps._cut
+import ctxbudget.caps.tooloutput
+from ctxbudget.caps import Caps, ToolNames, clamp_request
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.tooloutput import clamp_output
 from tests.openclaw import tool_call, wrap_untrusted
 
 CAP = 2000
@@ -32,7 +32,7 @@ def _request(name: str, content: Any, call_id: str = "call_1") -> dict[str, Any]
     }
 
 
-@pytest.mark.parametrize("module", [caps._cut, caps.tooloutput])
+@pytest.mark.parametrize("module", [ctxbudget.caps._cut, ctxbudget.caps.tooloutput])
 def test_doctests(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 

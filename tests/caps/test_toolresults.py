@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import caps._json
-import caps.snippets
-import caps.webfetch
-from caps import Caps, ToolNames, clamp_request
-from caps._text import utf16_len
-from caps.toolresults import clamp_tool_results
+import ctxbudget.caps._json
+import ctxbudget.caps.snippets
+import ctxbudget.caps.webfetch
+from ctxbudget.caps import Caps, ToolNames, clamp_request
+from ctxbudget.caps._text import utf16_len
+from ctxbudget.caps.toolresults import clamp_tool_results
 from tests.openclaw import (
     load_fixtures,
     memory_get_result,
@@ -37,7 +37,9 @@ def _turn(name: str, content: Any, args: dict[str, Any] | None = None) -> list[d
     ]
 
 
-@pytest.mark.parametrize("module", [caps._json, caps.snippets, caps.webfetch])
+@pytest.mark.parametrize(
+    "module", [ctxbudget.caps._json, ctxbudget.caps.snippets, ctxbudget.caps.webfetch]
+)
 def test_doctests(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 
@@ -234,7 +236,7 @@ def test_memory_get_properties(text: str, cap: int) -> None:
 
 
 def test_an_unwrapped_page_is_left_whole_and_says_why() -> None:
-    from caps import Caps, clamp_request
+    from ctxbudget.caps import Caps, clamp_request
 
     payload = {"url": "https://e.com", "text": "plain page " * 2000}
     request = {
@@ -292,7 +294,7 @@ def test_what_the_clamps_keep_is_bounded_by_its_size_not_a_count() -> None:
     import gc
     import tracemalloc
 
-    from caps import Caps, ToolNames, clamp_request
+    from ctxbudget.caps import Caps, ToolNames, clamp_request
 
     caps = Caps(tool_output_max_chars=16_000)
     tracemalloc.start()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy.report.render import money
+from ctxbudget.proxy.report.render import money
 from tests.e2e.server import CTXBUDGET
 
 

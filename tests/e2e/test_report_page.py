@@ -18,7 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from proxy.report.render import MINUS, money
+from ctxbudget.proxy.report.render import MINUS, money
 from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memory import Memory
+from ctxbudget.memory import Memory
 
 NOW = 2_000_000_000.0
 

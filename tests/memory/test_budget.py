@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from memory.budget import DEFAULT_PROFILES, bump, decide, detect
+from ctxbudget.memory.budget import DEFAULT_PROFILES, bump, decide, detect
 
 
 def test_complexity_is_detected_and_explained() -> None:

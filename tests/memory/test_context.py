@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import doctest
 
-from memory import MemoryLimits, NewMemory
-from memory import context as context_module
-from memory.context import context
-from memory.profiles import PROFILES, RetrievalProfileName
-from memory.selection import select_memories
+from ctxbudget.memory import MemoryLimits, NewMemory
+from ctxbudget.memory import context as context_module
+from ctxbudget.memory.context import context
+from ctxbudget.memory.profiles import PROFILES, RetrievalProfileName
+from ctxbudget.memory.selection import select_memories
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
 

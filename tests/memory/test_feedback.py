@@ -5,11 +5,11 @@ import doctest
 
 import pytest
 
-from memory import MemoryLimits, NewMemory, feedback, speaker
-from memory.feedback import candidate_words, second_hop, sources
-from memory.profiles import PROFILES
-from memory.selection import select_memories
-from memory.store import STOPWORDS
+from ctxbudget.memory import MemoryLimits, NewMemory, feedback, speaker
+from ctxbudget.memory.feedback import candidate_words, second_hop, sources
+from ctxbudget.memory.profiles import PROFILES
+from ctxbudget.memory.selection import select_memories
+from ctxbudget.memory.store import STOPWORDS
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
 

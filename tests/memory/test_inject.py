@@ -3,9 +3,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from memory import Memory
-from memory.inject import DAY, age, inject, line
-from memory.types import Source
+from ctxbudget.memory import Memory
+from ctxbudget.memory.inject import DAY, age, inject, line
+from ctxbudget.memory.types import Source
 
 NOW = 2_000_000_000.0
 LINES = ["- Fact: Deploys on Tuesdays (today, you told me)", "- Fact: Oat milk (today, inferred)"]

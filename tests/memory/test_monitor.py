@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from memory.budget import DEFAULT_PROFILES
-from memory.monitor import MIN_REQUESTS, Usage, analyze
+from ctxbudget.memory.budget import DEFAULT_PROFILES
+from ctxbudget.memory.monitor import MIN_REQUESTS, Usage, analyze
 from tests.conftest import Backend
 
 

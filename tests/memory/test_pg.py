@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from memory.pg import DatabaseUnavailable, PgDatabase
+from ctxbudget.memory.pg import DatabaseUnavailable, PgDatabase
 from tests.pg import Cluster, postgres_cluster
 
 # each test starts, stops and restarts a PostgreSQL server of its own: with the real servers

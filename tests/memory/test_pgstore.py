@@ -10,16 +10,16 @@ import threading
 import psycopg
 import pytest
 
-from memory import MemoryLimits, NewMemory
-from memory.pg import PgDatabase
-from memory.pgstore import PgMemoryStore, tokens
-from memory.schema import VERSION
+from ctxbudget.memory import MemoryLimits, NewMemory
+from ctxbudget.memory.pg import PgDatabase
+from ctxbudget.memory.pgstore import PgMemoryStore, tokens
+from ctxbudget.memory.schema import VERSION
 
 ADDER = """
 import sys
-from memory import MemoryLimits, NewMemory
-from memory.pg import PgDatabase
-from memory.pgstore import PgMemoryStore
+from ctxbudget.memory import MemoryLimits, NewMemory
+from ctxbudget.memory.pg import PgDatabase
+from ctxbudget.memory.pgstore import PgMemoryStore
 store = PgMemoryStore(PgDatabase(sys.argv[1]), limits=MemoryLimits(max_memories=1000))
 for i in range(60):
     store.add(NewMemory(owner="default", text=f"{sys.argv[2]} memory {i}"))

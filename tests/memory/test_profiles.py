@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from memory.profiles import PROFILES, REQUESTED_PROFILES, RetrievalProfileName, choose
+from ctxbudget.memory.profiles import PROFILES, REQUESTED_PROFILES, RetrievalProfileName, choose
 
 TWENTY_FIVE = " ".join(f"word{i}" for i in range(25))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import doctest
 import random
 
-import memory.query
-from memory.query import QUERY_HEAD, QUERY_TAIL, UserTurn, excerpt
-from proxy.pipeline.chat_command import find_command
+import ctxbudget.memory.query
+from ctxbudget.memory.query import QUERY_HEAD, QUERY_TAIL, UserTurn, excerpt
+from ctxbudget.proxy.pipeline.chat_command import find_command
 
 
 def _paste(chars: int, seed: int = 1) -> str:
@@ -18,7 +18,7 @@ def _paste(chars: int, seed: int = 1) -> str:
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(memory.query).failed == 0
+    assert doctest.testmod(ctxbudget.memory.query).failed == 0
 
 
 def test_a_long_turn_is_read_as_its_head_and_tail_only() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from memory import NewMemory
-from memory.store import rarest_first, search_rarest_in_steps
+from ctxbudget.memory import NewMemory
+from ctxbudget.memory.store import rarest_first, search_rarest_in_steps
 from tests.conftest import Backend
 
 TEXTS = [

@@ -3,10 +3,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from memory import MemoryLimits, MemoryStore, NewMemory
-from memory.profiles import PROFILES
-from memory.query import UserTurn
-from memory.recaller import Recaller, RecallRequest, RecallResult, RecallSettings
+from ctxbudget.memory import MemoryLimits, MemoryStore, NewMemory
+from ctxbudget.memory.profiles import PROFILES
+from ctxbudget.memory.query import UserTurn
+from ctxbudget.memory.recaller import Recaller, RecallRequest, RecallResult, RecallSettings
 from tests.conftest import Backend
 
 NOW = 2_000_000_000.0

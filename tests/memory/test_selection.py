@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from memory import MemoryLimits, MemoryStore, NewMemory
-from memory.inject import inject, line
-from memory.profiles import PROFILES, RetrievalProfile, choose
-from memory.selection import DAY, Selection, recency_points, rewrite, select_memories
+from ctxbudget.memory import MemoryLimits, MemoryStore, NewMemory
+from ctxbudget.memory.inject import inject, line
+from ctxbudget.memory.profiles import PROFILES, RetrievalProfile, choose
+from ctxbudget.memory.selection import DAY, Selection, recency_points, rewrite, select_memories
 from tests.conftest import Backend
 
 NOW = 2_000_000_000.0

@@ -3,10 +3,10 @@ from __future__ import annotations
 import dataclasses
 import doctest
 
-from memory import MemoryLimits, NewMemory, speaker
-from memory.profiles import PROFILES, RetrievalProfileName
-from memory.selection import Selection, select_memories
-from memory.speaker import named, points
+from ctxbudget.memory import MemoryLimits, NewMemory, speaker
+from ctxbudget.memory.profiles import PROFILES, RetrievalProfileName
+from ctxbudget.memory.selection import Selection, select_memories
+from ctxbudget.memory.speaker import named, points
 from tests.conftest import Backend
 from tests.memory.memories import NOW, memory
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.sqlite import Database, connect, peek, reader
+from ctxbudget.memory.sqlite import Database, connect, peek, reader
 
 
 @pytest.fixture

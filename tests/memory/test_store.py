@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memory import InvalidMemory, MemoryLimits, MemoryStore, NewMemory, SQLiteMemoryStore
-from memory.schema import MIGRATIONS, apply_sqlite
+from ctxbudget.memory import InvalidMemory, MemoryLimits, MemoryStore, NewMemory, SQLiteMemoryStore
+from ctxbudget.memory.schema import MIGRATIONS, apply_sqlite
 from tests.conftest import Backend
 
 
@@ -118,7 +118,7 @@ def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
 ADDER = """
 import sys
 from pathlib import Path
-from memory import MemoryLimits, NewMemory, SQLiteMemoryStore
+from ctxbudget.memory import MemoryLimits, NewMemory, SQLiteMemoryStore
 store = SQLiteMemoryStore(Path(sys.argv[1]), limits=MemoryLimits(max_memories=1000))
 for i in range(60):
     store.add(NewMemory(owner="default", text=f"{sys.argv[2]} memory {i}"))

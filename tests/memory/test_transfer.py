@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memory import InvalidMemory, MemoryLimits, NewMemory, SQLiteMemoryStore
-from memory.transfer import export_jsonl, parse_jsonl, parse_markdown
+from ctxbudget.memory import InvalidMemory, MemoryLimits, NewMemory, SQLiteMemoryStore
+from ctxbudget.memory.transfer import export_jsonl, parse_jsonl, parse_markdown
 from tests.conftest import Backend
 from tests.proxy.test_cli import Dirs, dirs, run, write_config  # noqa: F401 (a fixture)
 

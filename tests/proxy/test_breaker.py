@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from proxy.breaker import Breaker
+from ctxbudget.proxy.breaker import Breaker
 
 
 def test_down_from_a_trip_until_a_check_passes() -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from memory import SQLiteMemoryStore
-from memory.monitor import Usage
-from proxy.cli import _warn_if_keys_without_upstream_key, main
-from proxy.config.schema import Config, load_config
+from ctxbudget.memory import SQLiteMemoryStore
+from ctxbudget.memory.monitor import Usage
+from ctxbudget.proxy.cli import _warn_if_keys_without_upstream_key, main
+from ctxbudget.proxy.config.schema import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,7 +189,7 @@ def test_serve_names_its_config_on_stderr_and_in_the_banner(
 ) -> None:
     import uvicorn
 
-    from proxy import cli
+    from ctxbudget.proxy import cli
 
     config = write_config(dirs.home_config, dirs)
     started: list[dict[str, Any]] = []

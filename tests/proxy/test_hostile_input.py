@@ -85,7 +85,7 @@ def test_too_many_or_too_large_headers_are_a_431(tmp_path: Path) -> None:
 
 
 def test_credentials_in_the_upstream_url_are_never_shown() -> None:
-    from proxy.urls import redact
+    from ctxbudget.proxy.urls import redact
 
     assert redact("https://user:sk-9@api.example/v1/x?a=1") == "https://***@api.example/v1/x?a=***"
     assert redact("http://127.0.0.1:9/v1") == "http://127.0.0.1:9/v1"

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from proxy.cache.mirror import OPENAI_STEP, AnthropicMirror, MirrorBlock, OpenAIMirror, Predicted
+from ctxbudget.proxy.cache.mirror import (
+    OPENAI_STEP,
+    AnthropicMirror,
+    MirrorBlock,
+    OpenAIMirror,
+    Predicted,
+)
 from tests.prompt_cache import AnthropicCache, OpenAICache, SimClock, canonical, tokens_of
 from tests.replay import Schedule, recorded
 

@@ -5,8 +5,8 @@ import doctest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import sse
-from proxy.sse import EVENT, LINE, Splitter, split_events
+from ctxbudget.proxy import sse
+from ctxbudget.proxy.sse import EVENT, LINE, Splitter, split_events
 
 STREAM = (
     b'event: message_start\ndata: {"usage": {"input_tokens": 5}}\n\n'

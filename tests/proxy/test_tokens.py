@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import sys
 
-from proxy.tokens import OBJECTS_WEIGHT, TokenCounter, encoding_name
+from ctxbudget.proxy.tokens import OBJECTS_WEIGHT, TokenCounter, encoding_name
 
 
 def test_tokens_are_counted_offline_with_the_models_encoding() -> None:
@@ -16,7 +16,7 @@ def test_tokens_are_counted_offline_with_the_models_encoding() -> None:
 
 
 def test_a_huge_text_is_counted_in_pieces_to_the_same_total() -> None:
-    from proxy.tokens import PIECE_CHARS, _count, _encoding
+    from ctxbudget.proxy.tokens import PIECE_CHARS, _count, _encoding
 
     enc = _encoding("o200k_base")
     texts = [
@@ -49,7 +49,7 @@ def test_a_block_counted_by_identity_has_its_own_count_and_the_kept_bytes_are_bo
 
 
 def test_a_segment_counted_by_identity_has_its_own_saving_in_each_encoding() -> None:
-    from caps import Segment
+    from ctxbudget.caps import Segment
 
     counter, fresh = TokenCounter(), TokenCounter()
     segments = [
@@ -87,7 +87,7 @@ def test_what_the_counter_keeps_of_segments_is_bounded_by_all_they_hold() -> Non
     import gc
     import tracemalloc
 
-    from caps import Segment
+    from ctxbudget.caps import Segment
 
     counter = TokenCounter()
     counter.count("warm", "o200k_base")

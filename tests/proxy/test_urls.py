@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import proxy.urls
-from proxy.config.schema import ConfigSource
-from proxy.errors import ConfigError
-from proxy.urls import basic_auth, join, redact, split_base
+import ctxbudget.proxy.urls
+from ctxbudget.proxy.config.schema import ConfigSource
+from ctxbudget.proxy.errors import ConfigError
+from ctxbudget.proxy.urls import basic_auth, join, redact, split_base
 from tests.inproc import config_for, proxy_app
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.urls).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.urls).failed == 0
 
 
 @pytest.mark.parametrize(

@@ -115,8 +115,8 @@ def test_opening_the_report_page_from_a_link_still_works(tmp_path: Path) -> None
 def test_listening_beyond_loopback_without_keys_is_warned_about(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from proxy.cli import _warn_if_open
-    from proxy.config.schema import Config
+    from ctxbudget.proxy.cli import _warn_if_open
+    from ctxbudget.proxy.config.schema import Config
 
     monkeypatch.delenv("CTXBUDGET_PROXY_KEYS", raising=False)
     with caplog.at_level(logging.WARNING, logger="ctxbudget"):
@@ -131,7 +131,7 @@ def test_listening_beyond_loopback_without_keys_is_warned_about(
 
 
 def test_dns_names_that_look_like_loopback_are_not(tmp_path: Path) -> None:
-    from proxy.access.guard import is_loopback
+    from ctxbudget.proxy.access.guard import is_loopback
 
     for name in ("127.attacker.example", "127.0.0.1.nip.io", "localhost.evil.example"):
         assert not is_loopback(name), name

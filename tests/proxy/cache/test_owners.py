@@ -3,7 +3,7 @@ value (a text, bytes, their digest) is keyed by owner too, so key B's request fo
 sent does the work again, as for a text no one sent; the same key's next request still hits.
 
 The work is counted where it happens, by wrapping the dependency that does it: the bootstrap
-clamp (`caps.bootstrap.clamp_body`) and tiktoken's encoder."""
+clamp (`ctxbudget.caps.bootstrap.clamp_body`) and tiktoken's encoder."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import tiktoken
 
-import caps.bootstrap
+import ctxbudget.caps.bootstrap
 from tests.inproc import InProcess, proxy_app, state_of
 from tests.openclaw import openclaw_request
 
@@ -72,7 +72,9 @@ def test_a_clamp_another_key_made_is_made_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clamps = _Calls()
-    monkeypatch.setattr(caps.bootstrap, "clamp_body", clamps.wrap(caps.bootstrap.clamp_body))
+    monkeypatch.setattr(
+        ctxbudget.caps.bootstrap, "clamp_body", clamps.wrap(ctxbudget.caps.bootstrap.clamp_body)
+    )
     with proxy_app(tmp_path, env=ENV) as (client, _):
         _send(client, ALICE)
         assert clamps.n == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from proxy.cache.registry import CACHES, registered, table
+from ctxbudget.proxy.cache.registry import CACHES, registered, table
 
 ROOT = Path(__file__).resolve().parents[3]
 _MADE = re.compile(

@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 import pytest
 
-from caps import Caps, ToolNames
-from caps._kept import ByIdentity, Generations
-from proxy.cache.resent import RESENT, ChangedInPlace, Resent
-from proxy.wire.body import parse_chat_body
-from proxy.wire.scan import ITEMS as _ITEMS
+from ctxbudget.caps import Caps, ToolNames
+from ctxbudget.caps._kept import ByIdentity, Generations
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace, Resent
+from ctxbudget.proxy.wire.body import parse_chat_body
+from ctxbudget.proxy.wire.scan import ITEMS as _ITEMS
 from tests.fakes import REPLIES, chat_completion
 from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request, tool_call
@@ -146,9 +146,9 @@ def test_a_session_forwards_the_same_bytes_with_and_without_the_reuse(tmp_path: 
 def test_doctests() -> None:
     import doctest
 
-    import caps._kept
+    import ctxbudget.caps._kept
 
-    assert doctest.testmod(caps._kept).failed == 0
+    assert doctest.testmod(ctxbudget.caps._kept).failed == 0
 
 
 def test_the_generations_keep_what_is_used_within_their_bound() -> None:
@@ -195,9 +195,9 @@ def test_a_recorded_session_is_forwarded_as_without_the_reuse(tmp_path: Path, na
 
 
 def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> None:
-    from caps import toolresults
-    from proxy.pipeline.worker import _clear_caps_caches
-    from proxy.wire.history import HISTORIES
+    from ctxbudget.caps import toolresults
+    from ctxbudget.proxy.pipeline.worker import _clear_caps_caches
+    from ctxbudget.proxy.wire.history import HISTORIES
 
     raw = json.dumps(openclaw_request(version="9.x", size_bytes=60_000)).encode()
     assert parse_chat_body(raw, "worker-owner").messages

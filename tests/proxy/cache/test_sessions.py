@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from caps import Caps, ClampResult, ToolNames, clamp_request
-from proxy.cache.sessions import ClientPrefix, SessionTracker, serial, session_key
-from proxy.report.billing import Shift, cost, without
-from proxy.report.prices import Prices, prices
-from proxy.report.usage import Usage
-from proxy.wire.chat import ChatCompletions
+from ctxbudget.caps import Caps, ClampResult, ToolNames, clamp_request
+from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker, serial, session_key
+from ctxbudget.proxy.report.billing import Shift, cost, without
+from ctxbudget.proxy.report.prices import Prices, prices
+from ctxbudget.proxy.report.usage import Usage
+from ctxbudget.proxy.wire.chat import ChatCompletions
 from tests.fakes import chat_completion
 from tests.inproc import config_for, proxy_app, state_of
 from tests.openclaw import openclaw_request, tool_call
@@ -63,9 +63,9 @@ def test_without_a_session_id_the_stable_prefix_names_the_session() -> None:
 
 _IDS = """
 import json, sys
-from proxy.cache.sessions import ClientPrefix, session_key
-from proxy.pipeline.jobs import _digested_blocks
-from proxy.wire.chat import ChatCompletions
+from ctxbudget.proxy.cache.sessions import ClientPrefix, session_key
+from ctxbudget.proxy.pipeline.jobs import _digested_blocks
+from ctxbudget.proxy.wire.chat import ChatCompletions
 body = ChatCompletions().parse(sys.stdin.buffer.read())
 ids = []
 for blocks in (_digested_blocks(body.blocks(), "o200k_base", "default"), body.blocks()):
@@ -405,7 +405,7 @@ def test_a_resent_block_is_found_by_the_bytes_the_client_sent(
 ) -> None:
     # An agent resends its history every turn: the session stage hashes what the client sent
     # and serialises only blocks it has not seen, with the same bytes and digests either way.
-    import proxy.cache.sessions as sessions
+    import ctxbudget.proxy.cache.sessions as sessions
 
     body = openclaw_request(version="9.x", size_bytes=60_000)
     body["messages"][1]["content"] = [

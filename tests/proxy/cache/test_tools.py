@@ -6,15 +6,15 @@ import doctest
 
 import orjson
 
-import proxy.cache.tools
-import proxy.report.render
-from proxy.cache.tools import inline_mcp_tools
+import ctxbudget.proxy.cache.tools
+import ctxbudget.proxy.report.render
+from ctxbudget.proxy.cache.tools import inline_mcp_tools
 from tests.agents import claude_code_request
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.cache.tools).failed == 0
-    assert doctest.testmod(proxy.report.render).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.cache.tools).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.report.render).failed == 0
 
 
 def test_only_mcp_tools_without_defer_loading_count() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import file as configfile
-from proxy.config.file import (
+from ctxbudget.proxy.config import file as configfile
+from ctxbudget.proxy.config.file import (
     ConfigLocation,
     effective_values,
     find_config,
@@ -16,8 +16,8 @@ from proxy.config.file import (
     snippet,
     starter_text,
 )
-from proxy.config.schema import Config, load_config
-from proxy.errors import ConfigError
+from ctxbudget.proxy.config.schema import Config, load_config
+from ctxbudget.proxy.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from proxy.config.schema import (
+from ctxbudget.proxy.config.schema import (
     BudgetProfileConfig,
     Config,
     ConfigSource,
@@ -22,7 +22,7 @@ from proxy.config.schema import (
     tool_names,
     upstream_api_key,
 )
-from proxy.errors import ConfigError
+from ctxbudget.proxy.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "config.example.jsonc"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.config.schema import ConfigSource, load_config
-from proxy.config.settings import settings_for
+from ctxbudget.proxy.config.schema import ConfigSource, load_config
+from ctxbudget.proxy.config.settings import settings_for
 
 
 def test_memory_cap_is_the_effective_cap_with_the_budget_on_else_the_feature_limit(

@@ -7,15 +7,17 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from proxy.config.schema import ConfigSource
-from proxy.demo.run import demo_config, sample_requests
-from proxy.demo.upstream import DemoUpstream, create_upstream
+from ctxbudget.proxy.config.schema import ConfigSource
+from ctxbudget.proxy.demo.run import demo_config, sample_requests
+from ctxbudget.proxy.demo.upstream import DemoUpstream, create_upstream
 from tests.inproc import InProcess
 from tests.openclaw import sample_session
 
 
 def test_the_bundled_session_is_built_by_the_openclaw_builder() -> None:
-    shipped = json.loads((resources.files("proxy.demo") / "sample-session.json").read_text())
+    shipped = json.loads(
+        (resources.files("ctxbudget.proxy.demo") / "sample-session.json").read_text()
+    )
     assert shipped == sample_session(), "regenerate: python -m tests.openclaw > proxy/demo/…"
     requests = sample_requests()
     assert len(requests) == 4

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from memory.query import user_turn
-from proxy.pipeline.chat_command import find_command
-from proxy.report import render
+from ctxbudget.memory.query import user_turn
+from ctxbudget.proxy.pipeline.chat_command import find_command
+from ctxbudget.proxy.report import render
 from tests.agents import claude_code_request
 from tests.fakes import REPLIES, chat_completion
 from tests.inproc import InProcess, proxy_app, state_of

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from proxy.app import create_app
-from proxy.config.schema import ConfigSource
+from ctxbudget.proxy.app import create_app
+from ctxbudget.proxy.config.schema import ConfigSource
 from tests.fakes import FakeUpstream
 from tests.inproc import config_for
 

@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from caps import Segment
-from proxy.access.auth import basic_password, bearer, owner_for
-from proxy.config.schema import Config
-from proxy.config.settings import Settings, settings_for
-from proxy.errors import BadRequest, Unauthorized
-from proxy.pipeline.headers import RequestOptions, budget_headers, money_headers
+from ctxbudget.caps import Segment
+from ctxbudget.proxy.access.auth import basic_password, bearer, owner_for
+from ctxbudget.proxy.config.schema import Config
+from ctxbudget.proxy.config.settings import Settings, settings_for
+from ctxbudget.proxy.errors import BadRequest, Unauthorized
+from ctxbudget.proxy.pipeline.headers import RequestOptions, budget_headers, money_headers
 
 
 def _segment(action: str, before: int, after: int) -> Segment:
@@ -122,7 +122,7 @@ def test_a_bare_base64_key_stays_whole() -> None:
 
 
 def test_a_non_ascii_key_works_as_a_bearer_token_sent_as_utf8() -> None:
-    from proxy.access.auth import is_admin
+    from ctxbudget.proxy.access.auth import is_admin
 
     settings = settings_for(Config(), {"CTXBUDGET_ADMIN_KEY": "adm-ß-key"})
     as_sent = "Bearer adm-ß-key".encode().decode("latin-1")  # how Starlette reads the bytes

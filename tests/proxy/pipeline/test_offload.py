@@ -21,14 +21,14 @@ from typing import Any
 import orjson
 import pytest
 
-import proxy.cache.sessions
-from caps import Caps, ChatRequest, Clamp, ClampResult, ToolNames, clamp_request
-from proxy.app import create_app
-from proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
-from proxy.config.schema import Config, ConfigSource
-from proxy.config.settings import settings_for
-from proxy.pipeline.offload import LARGE_BODY, MANY_OBJECTS, Offload, OffloadedRequest
-from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses
+import ctxbudget.proxy.cache.sessions
+from ctxbudget.caps import Caps, ChatRequest, Clamp, ClampResult, ToolNames, clamp_request
+from ctxbudget.proxy.app import create_app
+from ctxbudget.proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
+from ctxbudget.proxy.config.schema import Config, ConfigSource
+from ctxbudget.proxy.config.settings import settings_for
+from ctxbudget.proxy.pipeline.offload import LARGE_BODY, MANY_OBJECTS, Offload, OffloadedRequest
+from ctxbudget.proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses
 from tests.clamps import broken_clamp
 from tests.fakes import FakeUpstream, chat_chunks, chat_completion
 from tests.inproc import _OFFLOADS, InProcess, config_for, proxy_app, shared_offload, state_of
@@ -526,7 +526,7 @@ def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -
 
 
 def test_the_digested_examples_hold() -> None:
-    assert doctest.testmod(proxy.cache.sessions).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.cache.sessions).failed == 0
 
 
 @pytest.mark.e2e  # starts and stops an offload worker of its own

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-import proxy.pipeline.jobs
-import proxy.pipeline.worker
-from proxy.app import create_app
-from proxy.cache.sessions import PrefixChange
-from proxy.config.schema import ConfigSource
-from proxy.pipeline.offload import Offload
-from proxy.report import ReportStore, RequestRecord
+import ctxbudget.proxy.pipeline.jobs
+import ctxbudget.proxy.pipeline.worker
+from ctxbudget.proxy.app import create_app
+from ctxbudget.proxy.cache.sessions import PrefixChange
+from ctxbudget.proxy.config.schema import ConfigSource
+from ctxbudget.proxy.pipeline.offload import Offload
+from ctxbudget.proxy.report import ReportStore, RequestRecord
 from tests.fakes import FakeUpstream, chat_chunks
 from tests.inproc import config_for, shared_offload, state_of
 from tests.openclaw import openclaw_request
@@ -42,7 +42,7 @@ def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
         stuck = offload.pid
         assert stuck is not None
         os.kill(stuck, signal.SIGSTOP)  # a worker that never answers (swapping, a bug)
-        monkeypatch.setattr(proxy.pipeline.worker, "JOB_SECONDS", 1.0)
+        monkeypatch.setattr(ctxbudget.proxy.pipeline.worker, "JOB_SECONDS", 1.0)
         started = time.monotonic()
         r = client.post("/v1/chat/completions", json=openclaw_request(stream=False))
         took = time.monotonic() - started
@@ -61,7 +61,9 @@ def test_a_stuck_worker_is_stopped_and_the_next_large_body_gets_a_new_one(
 def test_too_many_large_bodies_waiting_get_a_503_to_retry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(proxy.pipeline.worker, "MAX_WAITING", 0)  # as if the queue were full
+    monkeypatch.setattr(
+        ctxbudget.proxy.pipeline.worker, "MAX_WAITING", 0
+    )  # as if the queue were full
     with _proxy(tmp_path, config_for(tmp_path), Offload(threshold=0)) as (client, fake):
         r = client.post("/v1/messages", json=_messages_request())
     assert r.status_code == 503
@@ -148,8 +150,12 @@ def test_a_worker_that_dies_while_encoding_leaves_a_record_and_the_headers(
     real = Offload.call
 
     def dies_on_encode(self: Offload, work: Any, *args: Any, **kwargs: Any) -> Any:
-        if work is proxy.pipeline.jobs.finish:  # the second trip, after the recorder exists
-            raise proxy.pipeline.worker.OffloadError("the worker process exited (EOFError())")
+        if (
+            work is ctxbudget.proxy.pipeline.jobs.finish
+        ):  # the second trip, after the recorder exists
+            raise ctxbudget.proxy.pipeline.worker.OffloadError(
+                "the worker process exited (EOFError())"
+            )
         return real(self, work, *args, **kwargs)
 
     monkeypatch.setattr(Offload, "call", dies_on_encode)
@@ -195,7 +201,7 @@ def test_a_client_that_leaves_while_its_body_waits_costs_no_job(tmp_path: Path) 
 def test_a_body_that_waits_too_long_for_the_worker_gets_a_503(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(proxy.pipeline.worker, "WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(ctxbudget.proxy.pipeline.worker, "WAIT_SECONDS", 0.5)
     offload = Offload(threshold=0)
     with _proxy(tmp_path, config_for(tmp_path), offload) as (client, fake):
         offload._lock.acquire()  # another body holds the worker

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from caps.prune import pruned_text
-from caps.types import PrunePolicy
-from proxy.report.store import ReportStore
+from ctxbudget.caps.prune import pruned_text
+from ctxbudget.caps.types import PrunePolicy
+from ctxbudget.proxy.report.store import ReportStore
 from tests.conftest import Backend
 from tests.fakes import FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of

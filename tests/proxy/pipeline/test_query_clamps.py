@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from caps import utf16_len
-from proxy.config.schema import load_config
-from proxy.errors import ConfigError
+from ctxbudget.caps import utf16_len
+from ctxbudget.proxy.config.schema import load_config
+from ctxbudget.proxy.errors import ConfigError
 from tests.agents import claude_code_request, summariser_request
 from tests.fakes import REPLIES
 from tests.inproc import config_for, proxy_app

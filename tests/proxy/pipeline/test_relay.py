@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.pipeline.relay import CLIENT_GONE, relay
-from proxy.wire.chat import ChatCompletions
+from ctxbudget.proxy.pipeline.relay import CLIENT_GONE, relay
+from ctxbudget.proxy.wire.chat import ChatCompletions
 
 CHAT = [b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]
 MESSAGES = [

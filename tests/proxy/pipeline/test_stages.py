@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from caps import ClampResult
-from proxy.errors import UpstreamError
+from ctxbudget.caps import ClampResult
+from ctxbudget.proxy.errors import UpstreamError
 from tests.e2e.checks import check_received
 from tests.fakes import chat_chunks, chat_completion
 from tests.inproc import UPSTREAM, config_for, proxy_app, state_of
@@ -269,7 +269,7 @@ def test_the_report_store_gets_one_record_per_request(tmp_path: Path) -> None:
 
 
 def test_a_huge_json_answer_passes_through_without_being_held(tmp_path: Path) -> None:
-    from proxy.pipeline.relay import BUFFER_BYTES
+    from ctxbudget.proxy.pipeline.relay import BUFFER_BYTES
 
     piece = b" " * (1 << 20)
     chunks = [b'{"id": "big", "pad": "'] + [piece] * 10 + [b'"}']

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamError
+from ctxbudget.proxy.errors import UpstreamError
 from tests.fakes import FakeReply, FakeUpstream, Sent, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, state_of
 

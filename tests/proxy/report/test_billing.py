@@ -7,14 +7,14 @@ import doctest
 
 import pytest
 
-import proxy.report.billing
-from proxy.report.billing import Shift, cost, without, write_price, writes_cost
-from proxy.report.prices import Prices, prices
-from proxy.report.usage import Usage
+import ctxbudget.proxy.report.billing
+from ctxbudget.proxy.report.billing import Shift, cost, without, write_price, writes_cost
+from ctxbudget.proxy.report.prices import Prices, prices
+from ctxbudget.proxy.report.usage import Usage
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.report.billing).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.report.billing).failed == 0
 
 
 def test_the_map_prices_anthropic_writes_by_lifetime() -> None:
@@ -57,9 +57,9 @@ def test_without_bills_new_blocks_at_the_lifetime_of_the_requests_writes() -> No
 def test_a_json_answer_is_priced_where_it_is_unless_it_has_much_to_count() -> None:
     # Pricing a JSON answer counts the blocks ctxbudget moved: done on the loop when they are
     # counted already (an agent's clamped blocks, every later turn) or small, else in a thread.
-    from proxy.cache.sessions import Moved, PrefixChange
-    from proxy.report.record import INLINE_COUNT_BYTES, RequestRecord, billing_is_quick
-    from proxy.tokens import TokenCounter
+    from ctxbudget.proxy.cache.sessions import Moved, PrefixChange
+    from ctxbudget.proxy.report.record import INLINE_COUNT_BYTES, RequestRecord, billing_is_quick
+    from ctxbudget.proxy.tokens import TokenCounter
 
     tokens = TokenCounter()
     big = b'{"role":"system","content":"' + b"word " * INLINE_COUNT_BYTES + b'"}'

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from memory.pg import DatabaseUnavailable
-from memory.sqlite import Database
-from proxy.report.ledger import PruneLedger, loaded, stored
-from proxy.report.store import open_db
+from ctxbudget.memory.pg import DatabaseUnavailable
+from ctxbudget.memory.sqlite import Database
+from ctxbudget.proxy.report.ledger import PruneLedger, loaded, stored
+from ctxbudget.proxy.report.store import open_db
 
 
 class Flaky(Database):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from memory import NewMemory, SQLiteMemoryStore
-from proxy.errors import UpstreamError
-from proxy.report.metrics import MULTIPROCESS_ENV, Metrics, shared_between_workers
+from ctxbudget.memory import NewMemory, SQLiteMemoryStore
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.report.metrics import MULTIPROCESS_ENV, Metrics, shared_between_workers
 from tests.fakes import chat_chunks
 from tests.inproc import InProcess, config_for, proxy_app, state_of
 from tests.openclaw import openclaw_request, web_fetch_result
@@ -230,8 +230,8 @@ def test_several_workers_share_a_fresh_directory_removed_after() -> None:
 
 _WORKER = """
 import sys
-from proxy.report.metrics import Metrics
-from proxy.report.record import RequestRecord
+from ctxbudget.proxy.report.metrics import Metrics
+from ctxbudget.proxy.report.record import RequestRecord
 m = Metrics()
 segs = [{"kind": "web_fetch", "action": "clamped", "saved": 100, "savedTokens": 25,
          "savedUsd": 0.5}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.demo.run import sample_requests
+from ctxbudget.proxy.demo.run import sample_requests
 from tests.fakes import chat_completion
 from tests.inproc import config_for, proxy_app
 

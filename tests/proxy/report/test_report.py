@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from caps import Segment
-from memory.pg import DatabaseUnavailable, PgDatabase
-from proxy.report import ReportStore, RequestRecord, build_report, render_text
-from proxy.report import store as report_module
-from proxy.report.page import render_html
-from proxy.report.usage import Usage
+from ctxbudget.caps import Segment
+from ctxbudget.memory.pg import DatabaseUnavailable, PgDatabase
+from ctxbudget.proxy.report import ReportStore, RequestRecord, build_report, render_text
+from ctxbudget.proxy.report import store as report_module
+from ctxbudget.proxy.report.page import render_html
+from ctxbudget.proxy.report.usage import Usage
 from tests.pg import postgres_cluster
 
 Where = Callable[[], Path | PgDatabase]
@@ -403,7 +403,7 @@ def _entry_text(store: ReportStore) -> str:
 
 def test_a_loss_is_shown_plainly_with_a_minus_sign() -> None:
     """Issue 23: a negative saving printed as `$-0.000060`."""
-    from proxy.report.render import headline, money, net_text
+    from ctxbudget.proxy.report.render import headline, money, net_text
 
     assert money(-0.00006) == "−$0.000060" and money(0.00006) == "$0.000060"
     assert money(-4e-9) == "$0.000000"  # rounds to nothing: no sign
@@ -473,8 +473,8 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
     """The writer keeps a segment's entry by the segment (a session resends the same ones):
     the same segment with other tokens or another price gets its own figures, and what is
     kept for that stays bounded."""
-    from proxy.report.record import _SEGMENTS, report_entry
-    from proxy.tokens import TokenCounter
+    from ctxbudget.proxy.report.record import _SEGMENTS, report_entry
+    from ctxbudget.proxy.tokens import TokenCounter
 
     tokens = TokenCounter()
     segment = Segment(kind="web_fetch", label="u", before=900, after=400, action="clamped", cap=400)
@@ -513,8 +513,8 @@ def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
     import gc
     import tracemalloc
 
-    from proxy.report.record import _SEGMENTS, report_entry
-    from proxy.tokens import TokenCounter
+    from ctxbudget.proxy.report.record import _SEGMENTS, report_entry
+    from ctxbudget.proxy.tokens import TokenCounter
 
     tokens = TokenCounter()
     gc.collect()

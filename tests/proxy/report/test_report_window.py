@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.report.render import money
+from ctxbudget.proxy.report.render import money
 from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request
 from tests.proxy.test_cli import Dirs, dirs, run, write_config  # noqa: F401 (a fixture)

@@ -17,11 +17,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from memory import NewMemory, SQLiteMemoryStore
-from proxy.app import create_app
-from proxy.config.schema import ConfigSource, TelemetryConfig
-from proxy.report import ReportStore
-from proxy.report.telemetry import Telemetry, wanted
+from ctxbudget.memory import NewMemory, SQLiteMemoryStore
+from ctxbudget.proxy.app import create_app
+from ctxbudget.proxy.config.schema import ConfigSource, TelemetryConfig
+from ctxbudget.proxy.report import ReportStore
+from ctxbudget.proxy.report.telemetry import Telemetry, wanted
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn, run_standin, serve_app
 
@@ -190,8 +190,8 @@ def test_off_means_the_sdk_is_never_imported(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from proxy.app import create_app\n"
-        "from proxy.config.schema import ConfigSource\n"
+        "from ctxbudget.proxy.app import create_app\n"
+        "from ctxbudget.proxy.config.schema import ConfigSource\n"
         f"p = Path({str(tmp_path / 'c.json')!r})\n"
         f'p.write_text(\'{{"report": {{"path": "{tmp_path / "r.db"}"}}}}\')\n'
         "create_app(ConfigSource(p, {}, {}), env={})\n"

@@ -12,9 +12,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import proxy.report.usage
-from proxy.errors import UpstreamError
-from proxy.report.usage import Usage, UsageChunkDropper, UsageReader
+import ctxbudget.proxy.report.usage
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.report.usage import Usage, UsageChunkDropper, UsageReader
 from tests.fakes import FakeReply, FakeUpstream, Sent, chat_chunks, chat_completion
 from tests.inproc import config_for, proxy_app
 
@@ -41,7 +41,7 @@ RESPONSES_USAGE = {
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.report.usage).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.report.usage).failed == 0
 
 
 def sse(event: str | None, data: Any) -> bytes:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
-from caps import clamp_request
-from proxy.app import create_app
-from proxy.config.schema import ConfigSource
+from ctxbudget.caps import clamp_request
+from ctxbudget.proxy.app import create_app
+from ctxbudget.proxy.config.schema import ConfigSource
 from tests.fakes import FakeUpstream
 from tests.inproc import config_for, shared_offload
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.errors import UpstreamError
-from proxy.upstream.http import HttpUpstream, forward_request_headers, response_headers
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.upstream.http import HttpUpstream, forward_request_headers, response_headers
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config.schema import RouteConfig
-from proxy.errors import UpstreamError
-from proxy.upstream.litellm import LitellmReply, _upstream_error
+from ctxbudget.proxy.config.schema import RouteConfig
+from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.upstream.litellm import LitellmReply, _upstream_error
 
 ROUTE = RouteConfig(model="anthropic/claude-x")
 

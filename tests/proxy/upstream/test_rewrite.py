@@ -6,8 +6,8 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from proxy.config.schema import RewriteConfig
-from proxy.upstream.rewrite import PROMPT, Rewriter
+from ctxbudget.proxy.config.schema import RewriteConfig
+from ctxbudget.proxy.upstream.rewrite import PROMPT, Rewriter
 
 CFG = RewriteConfig(model="openai/mini", api_key_env="REWRITE_KEY", timeout_seconds=0.2)
 

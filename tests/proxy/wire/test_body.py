@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import proxy.wire.body
-from proxy.errors import BadRequest
-from proxy.wire.body import TAILS, parse_chat_body, parse_object
+import ctxbudget.proxy.wire.body
+from ctxbudget.proxy.errors import BadRequest
+from ctxbudget.proxy.wire.body import TAILS, parse_chat_body, parse_object
 from tests.fakes import chat_completion
 from tests.inproc import proxy_app
 from tests.openclaw import openclaw_request
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.wire.body).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.wire.body).failed == 0
 
 
 def test_unchanged_fields_are_spliced_back_byte_for_byte() -> None:

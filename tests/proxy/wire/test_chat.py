@@ -6,9 +6,9 @@ import asyncio
 
 import orjson
 
-from caps import Caps, ToolNames, clamp_request
-from proxy.errors import BadRequest, UpstreamError
-from proxy.wire import ChatCompletions
+from ctxbudget.caps import Caps, ToolNames, clamp_request
+from ctxbudget.proxy.errors import BadRequest, UpstreamError
+from ctxbudget.proxy.wire import ChatCompletions
 from tests.inproc import settings
 from tests.openclaw import INTERNAL_CONTEXT, openclaw_request
 

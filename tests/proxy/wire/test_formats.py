@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import UpstreamError
+from ctxbudget.proxy.errors import UpstreamError
 from tests.inproc import config_for, proxy_app, state_of
 from tests.openclaw import INTERNAL_CONTEXT, system_prompt, web_fetch_result
 

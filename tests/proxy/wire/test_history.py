@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-import proxy.wire.history
-import proxy.wire.scan
-from proxy.errors import BadRequest
-from proxy.wire.body import parse_object
-from proxy.wire.history import HISTORIES
+import ctxbudget.proxy.wire.history
+import ctxbudget.proxy.wire.scan
+from ctxbudget.proxy.errors import BadRequest
+from ctxbudget.proxy.wire.body import parse_object
+from ctxbudget.proxy.wire.history import HISTORIES
 from tests.openclaw import openclaw_request, tool_call
 
 _FRESH = itertools.count()
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(proxy.wire.history).failed == 0
-    assert doctest.testmod(proxy.wire.scan).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.wire.history).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.wire.scan).failed == 0
 
 
 def _read(raw: bytes, owner: str) -> dict[str, Any]:
@@ -162,8 +162,8 @@ def test_what_the_history_keeps_is_its_bodies_and_nothing_they_were_cut_from() -
 def test_what_is_kept_weighs_at_least_what_it_keeps_alive() -> None:
     # a client must not hold more of the process than the bounds say by sending items that
     # parse large (`{}` is 2 bytes and a 64-byte dict) or messages whose text is small
-    from caps._kept import footprint, message_weight
-    from proxy.cache.resent import _weight
+    from ctxbudget.caps._kept import footprint, message_weight
+    from ctxbudget.proxy.cache.resent import _weight
 
     item = json.dumps({"x": [{} for _ in range(10_000)]}).encode()
     assert _weight(item) >= (footprint(json.loads(item)) or 0)
@@ -176,8 +176,8 @@ def test_what_is_kept_weighs_at_least_what_it_keeps_alive() -> None:
 def test_the_view_caches_weigh_what_they_keep_and_keep_calls_per_owner() -> None:
     # the second review: a call's arguments (Claude Code's Write carries whole files), a
     # large key, many tiny parts were kept while weighing a few hundred bytes each
-    from caps._kept import footprint
-    from proxy.wire import view
+    from ctxbudget.caps._kept import footprint
+    from ctxbudget.proxy.wire import view
 
     assert (footprint({"k" * 2**20: 1}) or 0) >= 2**20
     before = view._VIEWS.weight
@@ -198,7 +198,7 @@ def test_a_requests_blocks_do_not_outlive_it() -> None:
     # worker: a 30 MB body's) until the next request came
     import gc
 
-    from proxy.wire.chat import ChatCompletions
+    from ctxbudget.proxy.wire.chat import ChatCompletions
 
     raw = _session()[0]
     request = ChatCompletions().parse(raw, owner="outlive")

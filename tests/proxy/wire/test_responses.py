@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caps import Caps, ToolNames, clamp_request
-from proxy.errors import BadRequest, UpstreamError
-from proxy.wire import CallNames, OpenAIResponses
+from ctxbudget.caps import Caps, ToolNames, clamp_request
+from ctxbudget.proxy.errors import BadRequest, UpstreamError
+from ctxbudget.proxy.wire import CallNames, OpenAIResponses
 from tests.inproc import settings as proxy_settings
 from tests.openclaw import (
     INTERNAL_CONTEXT,

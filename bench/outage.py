@@ -15,7 +15,16 @@ Prints, per scene, when each request finished (seconds after they were sent), it
 whether memories were injected. The stand-in and the client threads share one process: 6 chat
 requests at once take ~0.4 s with the database up (the baseline printed first).
 
+`--pruning` (issue 35, item 1) runs what an agent sees instead: `contextPruning` on (a 1 s
+cache lifetime, so the real clock expires it), agent sessions whose requests carry tool
+results of 8.6 KB before their newest assistant turns (prunable: nearly every request of a
+long session), each pruned once after an idle gap; then the database stops, and each session
+sends 5 more requests in a row (an idle gap before the 4th: a new prune would be due), while
+6 new sessions send their first requests at once. Prints status codes, latency (median and
+worst) and whether every result pruned before the outage went out the same way.
+
     .venv/bin/python bench/outage.py            # ~1.5 minutes
+    .venv/bin/python bench/outage.py --pruning  # ~30 s
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import itertools
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -160,5 +170,98 @@ def main() -> None:
         scene("4. long outage", lines)
 
 
+def tool_session(turns: int, name: str) -> dict[str, Any]:
+    """An agent session's request: `turns` tool calls, each answered with 8.6 KB."""
+    output = "".join(f"line {i}: " + "ok " * 20 + "\n" for i in range(120))
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"[{name}] fix the failing test"},
+    ]
+    for i in range(turns):
+        call = {"id": f"call_{i}", "type": "function",
+                "function": {"name": "exec", "arguments": '{"cmd": "pytest"}'}}  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"run {i}\n{output}"},
+        ]
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def tool_call(server: ProxyServer, standin: StandIn, turns: int, name: str) -> tuple[Any, ...]:
+    """Status, seconds, the pruning-skipped header, and the tool results the stand-in got."""
+    sent = time.monotonic()
+    reply = httpx.post(
+        f"{server.base_url}/chat/completions", json=tool_session(turns, name), timeout=60
+    )
+    took = time.monotonic() - sent
+    got = {}
+    if reply.status_code == 200:
+        body = standin.received[-1].json
+        got = {m["tool_call_id"]: m["content"] for m in body["messages"] if m["role"] == "tool"}
+    return reply.status_code, took, reply.headers.get("x-context-budget-pruning-skipped"), got
+
+
+def pruning() -> None:
+    with ExitStack() as stack:
+        standin = stack.enter_context(run_standin())  # recorded: what went upstream
+        cluster: Cluster = stack.enter_context(postgres_cluster())
+        url = cluster.new_database()
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        found = config(folder, standin, url)
+        found["agents"]["defaults"]["contextPruning"] = {"ttl": "1s"}
+        found["memory"]["inject"] = {"enabled": False}
+        server = stack.enter_context(serve(folder, found))
+        names = [f"agent {i}" for i in range(4)]
+        for name in names:
+            tool_call(server, standin, 6, name)
+        time.sleep(1.5)  # an idle gap: each session's next request prunes call_0-call_2
+        held: dict[str, dict[str, str]] = {}
+        for name in names:
+            *_, got = tool_call(server, standin, 7, name)
+            held[name] = {i: t for i, t in got.items() if "tool result pruned" in t}
+        up = [tool_call(server, standin, 8, name) for name in names]
+        cluster.stop()
+        time.sleep(1.2)  # past what a worker trusts of its last read
+        during: list[tuple[Any, ...]] = []
+        same = pruned_new = 0
+        for turns in range(9, 14):
+            if turns == 12:
+                time.sleep(1.5)  # another idle gap: call_4-call_7 would be pruned now
+            for name in names:
+                status, took, header, got = tool_call(server, standin, turns, name)
+                during.append((status, took, header))
+                if status == 200:
+                    same += all(got[i] == t for i, t in held[name].items())
+                    pruned_new += sum(
+                        "tool result pruned" in t for i, t in got.items() if i not in held[name]
+                    )
+        with ThreadPoolExecutor(6) as pool:
+            fresh = list(
+                pool.map(lambda i: tool_call(server, standin, 8, f"new {i}")[:3], range(6))
+            )
+        cluster.start()
+
+        def line(title: str, rows: list[tuple[Any, ...]]) -> str:
+            codes = Counter(r[0] for r in rows)
+            times = sorted(r[1] for r in rows)
+            headers = Counter(r[2] for r in rows if r[2])
+            return (
+                f"{title}: {dict(codes)}, median {times[len(times) // 2] * 1000:.0f} ms, "
+                f"worst {times[-1] * 1000:.0f} ms"
+                + (f", pruning-skipped {dict(headers)}" if headers else "")
+            )
+
+        scene(
+            "pruning: 4 agent sessions, results of 8.6 KB, pruned once before the outage",
+            [
+                line("database up, 4 requests", up),
+                line(f"database down, {len(during)} requests in a row", during),
+                f"  pruned results sent as before: {same} of {sum(r[0] == 200 for r in during)}"
+                f" answered requests; results pruned anew during the outage: {pruned_new}",
+                line("database down, 6 new sessions at once", fresh),
+            ],
+        )
+
+
 if __name__ == "__main__":
-    main()
+    pruning() if "--pruning" in sys.argv[1:] else main()

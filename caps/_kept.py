@@ -234,7 +234,13 @@ def message_weight(message: Any, result: Any) -> int | None:
     if isinstance(content, str):
         size = len(content)
     elif isinstance(content, list):
-        size = sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+        # a part's text that is not a string is the client's mistake, left as sent: not ours
+        # to raise on (the clamp would give up on the whole request)
+        size = sum(
+            len(text)
+            for p in content
+            if isinstance(p, dict) and isinstance(text := p.get("text"), str)
+        )
     else:
         return None
     if size < 1024:

@@ -83,28 +83,29 @@ HEAD_SHARE = 0.75
 """Share of the space left after the marker that goes to the head (OpenClaw 9.x)."""
 
 
-def clamp_system_text(text: str, cap: int | None) -> tuple[str, list[Segment]]:
+def clamp_system_text(text: str, cap: int | None, owner: str = "") -> tuple[str, list[Segment]]:
     """Clamp each bootstrap file body in one system-prompt text to `cap` UTF-16 units.
 
     Returns the text (the same object when nothing changed) and one segment per file found.
-    `cap=None` clamps nothing but still reports every file.
+    `cap=None` clamps nothing but still reports every file. `owner`: whose text it is (what
+    is remembered of it is found by the owner too: `Caps.owner`).
     """
     if "Project Context\n" not in text:
         return text, []
-    new, segments = _clamp_cached(text, cap)
+    new, segments = _clamp_cached(text, cap, owner)
     # Hand back the caller's own object when nothing changed (the cache may hold an equal one).
     return (text if new == text else new), list(segments)
 
 
 @weighed(16 << 20)
-def _clamp_cached(text: str, cap: int | None) -> tuple[str, tuple[Segment, ...]]:
+def _clamp_cached(text: str, cap: int | None, owner: str) -> tuple[str, tuple[Segment, ...]]:
     # An agent sends the same system prompt on every turn of a session: hashing it (~25 µs
     # for 50 KB) is several times cheaper than finding and measuring its files again.
-    new, segments = _clamp(text, cap)
+    new, segments = _clamp(text, cap, owner)
     return new, tuple(segments)
 
 
-def _clamp(text: str, cap: int | None) -> tuple[str, list[Segment]]:
+def _clamp(text: str, cap: int | None, owner: str) -> tuple[str, list[Segment]]:
     segments: list[Segment] = []
     pieces: list[str] = []
     done = 0
@@ -115,7 +116,7 @@ def _clamp(text: str, cap: int | None) -> tuple[str, list[Segment]]:
         if cap is None or before <= cap:
             segments.append(_segment(path, before, before, "kept", cap, note, body, body))
             continue
-        clamped = clamp_body(body, cap, name)
+        clamped = clamp_body(body, cap, name, owner)
         segments.append(
             _segment(path, before, utf16_len(clamped), "clamped", cap, note, body, clamped)
         )
@@ -128,12 +129,13 @@ def _clamp(text: str, cap: int | None) -> tuple[str, list[Segment]]:
 
 
 @weighed(8 << 20)
-def clamp_body(body: str, cap: int, name: str) -> str:
+def clamp_body(body: str, cap: int, name: str, owner: str = "") -> str:
     """Cut `body` to at most `cap` UTF-16 units as head + marker + tail.
 
     The marker reports the original size: for a body OpenClaw already truncated, the raw size
     its own marker states, so a second cut is not counted as the first. Cached: an agent sends
-    the same files on every turn, and the function is pure.
+    the same files on every turn, and the function is pure; by `owner` too, which changes
+    nothing of the result (`Caps.owner`).
     """
     size = utf16_len(body)
     if size <= cap:

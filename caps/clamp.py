@@ -76,7 +76,7 @@ def clamp_request(
         new_messages = tool_messages
         changed = True
     if caps.prune is not None:
-        segments.extend(_prunable(new_messages, caps.prune))
+        segments.extend(_prunable(new_messages, caps.prune, caps.owner))
 
     if not changed:
         return ClampResult(request=request, segments=tuple(segments), changed=False)
@@ -101,11 +101,11 @@ def _clamp_texts_at(
 
 
 def _system_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
-    return clamp_system_text(text, caps.bootstrap_max_chars)
+    return clamp_system_text(text, caps.bootstrap_max_chars, caps.owner)
 
 
 def _first_user_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
-    new, found = clamp_instructions(text, caps.bootstrap_max_chars)
+    new, found = clamp_instructions(text, caps.bootstrap_max_chars, caps.owner)
     if found:
         return new, found
     return clamp_page(text, caps.web_fetch_max_chars)
@@ -159,12 +159,12 @@ def prune_request(
     return ClampResult(request={**request, "messages": new}, segments=tuple(segments), changed=True)
 
 
-def _prunable(messages: list[Any], policy: PrunePolicy) -> list[Segment]:
+def _prunable(messages: list[Any], policy: PrunePolicy, owner: str) -> list[Segment]:
     """A `prunable` segment for each result pruning could take, `after` what would stand for
     it (the caller decides whether it does)."""
     out = []
     for found in prune.prunable(messages, policy):
-        key = (found.text, found.tool, found.call_id, policy)
+        key = (owner, found.text, found.tool, found.call_id, policy)
         kept = _PRUNABLE.get(key)
         if kept is None:
             kept = (_prunable_segment(found.text, found.tool, found.call_id, found.chars, policy),)

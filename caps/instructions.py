@@ -73,7 +73,7 @@ _CODEX_OPEN = "\n\n<INSTRUCTIONS>\n"
 _CODEX_CLOSE = "\n</INSTRUCTIONS>"
 
 
-def clamp_instructions(text: str, cap: int | None) -> tuple[str, list[Segment]]:
+def clamp_instructions(text: str, cap: int | None, owner: str = "") -> tuple[str, list[Segment]]:
     """Clamp each instruction file in one text block of a first user message to `cap`
     UTF-16 units. Returns the text (the same object when nothing changed) and one segment per
     file found; `cap=None` clamps nothing but reports every file. A text that is not one of
@@ -93,7 +93,7 @@ def clamp_instructions(text: str, cap: int | None) -> tuple[str, list[Segment]]:
         if cap is None or before <= cap:
             segments.append(_segment(path, note, cap, body, body))
             continue
-        clamped = clamp_body(body, cap, path)
+        clamped = clamp_body(body, cap, path, owner)
         segments.append(_segment(path, note, cap, body, clamped))
         pieces += [text[done:start], clamped]
         done = end

@@ -135,6 +135,11 @@ class Caps:
     pruned_now: frozenset[str] = frozenset()
     """Of `pruned`, the call ids decided for this request (the rest were decided before)."""
 
+    owner: str = ""
+    """Whose request is clamped. The clamps are pure functions of their arguments, and what
+    they remember of one (`caps._kept`) is found by this too: a request of another owner with
+    the same text never finds what this owner's made, so it cannot time whether it was sent."""
+
     __hash__ = _hash_once
     __getstate__ = _state
 

@@ -21,8 +21,13 @@ INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 REMINDER = "<system-reminder>"
 _REMINDER_END = "</system-reminder>"
 _CONTEXT_ROLES = ("system", "developer")
+_RESULTS = ("tool_result", "function_call_output")
+_TEXTS = ("text", "input_text")
 _STAMP = re.compile(r"^\[[^\]\n]{3,64}\]\s*")
 _RUNTIME = re.compile(r"^(?:Runtime|Reasoning): .*$", re.M)
+RUNTIME_AGENT = "Runtime: agent="
+"""How OpenClaw's runtime line names the agent a request is for (`Runtime: agent=main | …`)."""
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 QUERY_HEAD = 2_000
 """Characters from the start of a long user turn that recall reads (`excerpt`)."""
 QUERY_TAIL = 2_000
@@ -41,6 +46,9 @@ class UserTurn:
     `<system-reminder>` blocks an agent put beside it."""
     last: bool
     """Nothing but agent-internal context follows it: the user's own turn, not a tool loop."""
+    typed: str | None = None
+    """What the person typed, when this turn is one they typed (see `typed_text`): the chat
+    command is read from this alone. None for a turn that carries tool results."""
 
     @cached_property  # read by the command check, the memory stage and recall
     def query(self) -> str:
@@ -84,6 +92,53 @@ def without_reminders(text: str) -> str | None:
         return text
     pieces.append(text[at:])
     own = "".join(pieces).strip()
+    return own or None
+
+
+def typed_text(message: dict[str, Any]) -> str | None:
+    """What a person typed in `message`: its text without the agent's blocks around it, and
+    nothing read from inside them; None when it carries tool results (a tool loop's turn,
+    whatever text is beside them) or has no text of its own.
+
+    Stricter than `message_text`, which recall reads: a reminder can quote a file, and a file
+    can hold `</system-reminder>` of its own, after which `message_text` would read the rest
+    of the file as the user's (issue 35). Here a block that opens a text runs to the text's
+    *last* closing tag, and one after the user's words to the text's end.
+
+    >>> typed_text({"content": "<system-reminder>\\nx\\n</system-reminder>\\n/ctxbudget json"})
+    '/ctxbudget json'
+    >>> typed_text({"content": "/ctxbudget <system-reminder>\\nx\\n</system-reminder>"})
+    '/ctxbudget'
+    >>> quoted = "<system-reminder>\\nContents of a.md:\\n</system-reminder>\\n/ctxbudget\\n"
+    >>> typed_text({"content": quoted + "<system-reminder></system-reminder>"}) is None
+    True
+    >>> typed_text({"content": [{"type": "tool_result"}, {"type": "text", "text": "/ctxbudget"}]})
+    """
+    content = message.get("content")
+    if isinstance(content, str):
+        return _outside_reminders(content)
+    if not isinstance(content, list) or any(
+        isinstance(p, dict) and p.get("type") in _RESULTS for p in content
+    ):
+        return None
+    texts = [
+        own
+        for p in content
+        if isinstance(p, dict) and p.get("type") in _TEXTS and isinstance(p.get("text"), str)
+        if (own := _outside_reminders(p["text"])) is not None
+    ]
+    return "\n".join(texts) if texts else None
+
+
+def _outside_reminders(text: str) -> str | None:
+    own = text.strip()
+    if own.startswith(REMINDER):
+        end = own.rfind(_REMINDER_END)
+        if end >= 0:  # no closing tag at all: not an agent's block, the user's text
+            own = own[end + len(_REMINDER_END) :].strip()
+    start = own.find(REMINDER)
+    if start >= 0 and own.endswith(_REMINDER_END):
+        own = own[:start].strip()
     return own or None
 
 
@@ -145,7 +200,7 @@ def user_turn(messages: list[Any]) -> UserTurn | None:
         return None
     index, text = found
     last = all(_agent_context(m) for m in messages[index + 1 :])
-    return UserTurn(index=index, text=text, last=last)
+    return UserTurn(index=index, text=text, last=last, typed=typed_text(messages[index]))
 
 
 def excerpt(text: str) -> str:
@@ -178,6 +233,32 @@ def excerpt(text: str) -> str:
         at = min((i for i in (tail.find(c) for c in _SPACES) if i >= 0), default=-1)
         tail = tail[at + 1 :] if at >= 0 else tail
     return f"{head}\n{tail}"
+
+
+def runtime_agent(*texts: str) -> str | None:
+    """The agent OpenClaw's `Runtime: agent=<name> | …` line names in the first of `texts`
+    that has one at the start of a line; None when none does.
+
+    OpenClaw writes the line at the end of its system prompt, or (9.x, chat completions)
+    moves it into the first user message: recall reads it so that memories scoped to that
+    agent (`agent:<name>`) are found without an `x-context-budget-agent` header.
+
+    >>> runtime_agent("## Runtime\\nRuntime: agent=ops | host=vm | thinking=off")
+    'ops'
+    >>> runtime_agent("You said 'Runtime: agent=x' once", "hi\\n\\nRuntime: agent=main | host=vm")
+    'main'
+    >>> runtime_agent("no runtime line") is None
+    True
+    """
+    for text in texts:
+        at = text.find(RUNTIME_AGENT)
+        while at >= 0:
+            if at == 0 or text[at - 1] == "\n":
+                found = _AGENT_NAME.match(text, at + len(RUNTIME_AGENT))
+                if found:
+                    return found.group()
+            at = text.find(RUNTIME_AGENT, at + 1)
+    return None
 
 
 def clean(text: str) -> str:

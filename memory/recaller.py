@@ -56,7 +56,9 @@ class RecallRequest:
 
     owner: str
     agent: str | None = None
-    """`x-context-budget-agent`; None: `RecallSettings.default_agent` (and no agent scope)."""
+    """The agent the request is for (`x-context-budget-agent`, else OpenClaw's
+    `Runtime: agent=…` line); None: `RecallSettings.default_agent`. Memories scoped
+    `agent:<that agent>` are recalled besides the global ones."""
     profile: RequestedProfile | None = None
     """Requested retrieval profile; None: `RecallSettings.profile`."""
     complexity: Complexity | None = None
@@ -215,7 +217,7 @@ class Recaller:
             max_chars=request.max_chars,
             count_tokens=request.count_tokens,
             max_tokens=decision.tokens,
-            scope=request.agent,
+            scope=agent,  # the agent the usage record names: its memories are recalled
             scope_weights=budget_profile.scope_weights,
             extra_words=request.extra_words,
             format_line=lambda m: line(m, now=now),

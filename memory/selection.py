@@ -15,6 +15,14 @@
           + source               user_explicit 10, inferred 0
           + log(access_count + 1) × 2
 
+The report and `ctxbudget recall` show relevance on a 0-100 scale, the best candidate 100
+(`Scored.signals`: `relevance`, and its parts `keyword`, `hop`, `context`), so
+`score = relevance / 2 + speaker + recency + …`. A candidate is never injected when its
+relevance rounds to 0 (`NO_RELEVANCE`), and a query word counts only when it is not a stop
+word (`memory.store.STOPWORDS`: function words and asking verbs such as "use", "should",
+"please"): a memory that matches the turn's stop words alone is no candidate, and a turn
+of stop words only recalls nothing.
+
 Recency is a step function rather than an exponential decay: a person reading
 `recall --json` can check it at a glance, and a memory's rank does not drift between two
 requests of the same tool loop (which would change the injected block and break the provider's
@@ -39,6 +47,10 @@ DAY = 86_400.0
 CONTEXT_FROM = 30
 """The best candidates (by keyword score) whose neighbours get context points, divided by the
 profile's context window (deep, two either side: 15), so that as many neighbours are read."""
+NO_RELEVANCE = 0.005
+"""Relevance (0-1, the best candidate 1) below which a candidate matched nothing that
+counts: it shows as 0 on the 0-100 scale, e.g. a word in half the owner's memories, which
+BM25 weighs at its floor (2e-6), or only neighbours of such matches. Never injected."""
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -79,10 +91,14 @@ class Scored:
         return self.relevance + self.hop + self.context
 
     def signals(self) -> dict[str, float]:
+        """The score's signals as the report and `recall` show them. Relevance on a scale a
+        person reads, 0-100 (the best candidate of this recall 100): `relevance` the whole,
+        `keyword`, `hop` and `context` its parts; it adds `relevance / 2` points to `score`."""
         return {
-            "relevance": round(50 * self.relevance, 3),
-            "hop": round(50 * self.hop, 3),
-            "context": round(50 * self.context, 3),
+            "relevance": round(100 * self.total, 1),
+            "keyword": round(100 * self.relevance, 1),
+            "hop": round(100 * self.hop, 1),
+            "context": round(100 * self.context, 1),
             "speaker": self.speaker,
             "recency": self.recency,
             "category": round(self.category, 3),
@@ -197,8 +213,12 @@ def select_memories(
     words = rewrite(query) if profile.expand else [w.lower() for w in _WORD.findall(query)]
     words = list(dict.fromkeys([*words, *(w.lower() for w in extra_words)]))
     result = Selection(profile=profile.name, reason=reason, query_words=words)
-    # the rarest words while their matches fit the profile's scan, searched in one step
-    content = [w for w in words if w not in STOPWORDS] or words
+    # the rarest words while their matches fit the profile's scan, searched in one step;
+    # a turn of stop words only ("what should I use?") asks for no memory
+    content = [w for w in words if w not in STOPWORDS]
+    if not content:
+        result.bound_by = "only stop words in the query"
+        return result
     first = store.search_rarest(
         owner, content, scan=profile.scan, limit=profile.pool, prefix=profile.prefix
     )
@@ -343,6 +363,8 @@ def _pack(
 
 def _distrust(cand: Scored, profile: RetrievalProfile, now: float) -> str | None:
     memory = cand.memory
+    if cand.total < NO_RELEVANCE:  # every profile, deep's floor of 0 included
+        return "relevance 0: it matches no query word that tells memories apart"
     if len(memory.text) < profile.min_chars:
         return f"shorter than {profile.min_chars} chars"
     if profile.max_age_days is not None:

@@ -97,11 +97,18 @@ class MemoryStore(Protocol):
 
 
 _COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count, batch"
-# Words that say nothing about which memory is meant, yet match most of them.
+# Words that say nothing about which memory is meant, yet match most of them: function
+# words, and the verbs and fillers of how people ask an agent for something ("should I use",
+# "please show me"). Recall injects a memory only for a match on some other word of the turn
+# (`memory/selection.py`): "Use tabs in Makefiles" is no answer to "how should I use orion?".
 STOPWORDS = frozenset(
     "a an and are as at be but by can could did do does for from had has have how i if in is it"
     " its me my of on or our so than that the their them then there these they this to us was"
-    " we were what when where which who why will with would you your".split()
+    " we were what when where which who why will with would you your"
+    # issue 36: a memory matching only "use" was injected. Asking words only: "like", "more",
+    # "she" and the like took 1-2 points off recall of LoCoMo's questions (docs/benchmarks.md)
+    " also am been being get gets got just let may might must need needs please shall should"
+    " tell use used uses using".split()
 )
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -176,6 +183,22 @@ def search_rarest_in_steps(
     kept, skipped = rarest_first(words, counts, scan)
     found = store.search(owner, " ".join(kept), limit=limit, prefix=prefix) if kept else []
     return Rarest(found=found, words=kept, skipped=skipped)
+
+
+def search_rows(found: Sequence[tuple[Memory, float]]) -> list[dict[str, object]]:
+    """`search` hits as the CLI and `GET /v1/memories?q=` show them: each memory with its
+    `relevance` on a scale a person reads, 0-100, the best hit of this search 100 (to one
+    decimal), and BM25's own number (`bm25`, 4 significant digits: 2.21e-06 for a word in
+    most memories, which a person cannot read as "as good as the best")."""
+    best = max((score for _, score in found), default=0.0)
+    return [
+        {
+            **m.to_dict(),
+            "relevance": round(100 * score / best, 1) if best > 0 else 0.0,
+            "bm25": float(f"{score:.4g}"),
+        }
+        for m, score in found
+    ]
 
 
 def log_evicted(evicted: Sequence[Memory], limits: MemoryLimits) -> None:

@@ -55,12 +55,11 @@ from proxy.routes.report import Reporting
 from proxy.routes.websocket import refuse as refuse_websocket
 from proxy.state import ProxyState
 from proxy.upstream.http import HttpUpstream, UpstreamClient
-from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, WireFormat
+from proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses, WireFormat, for_path
 
 log = logging.getLogger("ctxbudget.proxy")
 
 CHAT = ChatCompletions()
-MESSAGES = AnthropicMessages()
 
 
 _FROZEN: list[bool] = []
@@ -207,6 +206,7 @@ def create_app(
     )
     app.state.proxy = state
     app.state.offload = pipeline.offload
+    app.state.pipeline = pipeline
     return app
 
 
@@ -214,7 +214,7 @@ async def _error_response(request: Request, exc: Exception) -> Response:
     """Every error, as JSON in the shape of the client's wire format: the route's own when an
     endpoint ran, else by path (Anthropic's shape under `/v1/messages`, OpenAI's elsewhere),
     so an SDK raises its own typed error with our message."""
-    wire: WireFormat = getattr(request.state, "wire", None) or _wire_by_path(request.url.path)
+    wire: WireFormat = getattr(request.state, "wire", None) or for_path(request.url.path)
     if isinstance(exc, DatabaseUnavailable):
         exc = ServiceUnavailable(
             f"{exc}; this route needs the database (database.url), proxied requests do not"
@@ -233,10 +233,6 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     logged as one, with two tracebacks)."""
     log.info("client disconnected while sending %s %s", request.method, request.url.path)
     return Response(status_code=CLIENT_GONE)
-
-
-def _wire_by_path(path: str) -> WireFormat:
-    return MESSAGES if path.startswith(("/v1/messages", "/messages")) else CHAT
 
 
 def _route_error(request: Request, exc: HTTPException) -> CtxBudgetError:

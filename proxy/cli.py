@@ -10,7 +10,7 @@
     ctxbudget recall QUERY [--budget lean|balanced|deep|auto] [--agent NAME] [--owner O] [--json]
     ctxbudget config init [PATH] [--force]
     ctxbudget config show|check [--config PATH] [--host H] [--port P] [--json]
-    ctxbudget demo [--port P]
+    ctxbudget demo [--port P] [--serve]
     ctxbudget --version
 
 Every command takes `--config PATH` (else `$CTXBUDGET_CONFIG`, else `./ctxbudget.jsonc` or
@@ -33,7 +33,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from memory.pg import DatabaseUnavailable
 from memory.profiles import REQUESTED_PROFILES
@@ -143,6 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--port", type=int, help="port to serve on (default 4141, or any free one if taken)"
     )
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="no sample session: print where to point OpenClaw, Claude Code or Codex, and serve",
+    )
 
     config = sub.add_parser(
         "config", help="write a starter config, show the one in force, check it"
@@ -226,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from proxy.access.connections import GuardedHTTP
     from proxy.report.metrics import shared_between_workers
+    from proxy.routes.websocket import Refusal
     from proxy.urls import redact
 
     overrides = _overrides(args)
@@ -254,6 +261,8 @@ def _serve(args: argparse.Namespace) -> None:
         budget,
         source.path or "built-in defaults",
     )
+    # uvicorn calls the protocol factory as it would its own class
+    http = cast("type[asyncio.Protocol]", GuardedHTTP(cfg.proxy.limits))
     # /metrics adds up every worker's figures (prometheus_client's multiprocess mode)
     with shared_between_workers(args.workers):
         uvicorn.run(
@@ -265,6 +274,9 @@ def _serve(args: argparse.Namespace) -> None:
             log_level=level,
             access_log=level == "debug",
             timeout_graceful_shutdown=5,
+            http=http,
+            timeout_keep_alive=cfg.proxy.limits.keep_alive_timeout_seconds,
+            ws=Refusal,  # every WebSocket handshake gets the app's 426, malformed ones too
         )
 
 
@@ -272,7 +284,7 @@ def _demo(args: argparse.Namespace) -> None:
     from proxy.demo.run import PortInUse, run_demo
 
     try:
-        run_demo(args.port, out=sys.stdout, err=sys.stderr)
+        run_demo(args.port, out=sys.stdout, err=sys.stderr, serve_only=args.serve)
     except PortInUse as exc:
         raise SystemExit(
             f"ctxbudget demo: {exc}{running_there('127.0.0.1', args.port)}: pass another "
@@ -387,7 +399,8 @@ def app_factory() -> Any:
 
 
 def _memory(args: argparse.Namespace) -> None:
-    from memory import InvalidMemory, Memory, NewMemory
+    from memory import InvalidMemory, NewMemory
+    from memory.store import search_rows
     from proxy.config.settings import settings_for
     from proxy.stores import open_store
 
@@ -419,25 +432,18 @@ def _memory(args: argparse.Namespace) -> None:
                 for gone in evicted:
                     print(f"evicted memory {gone.id} (least recently used): {gone.text}")
         elif args.action in ("list", "search"):
-            rows: list[tuple[Memory, float | None]]
+            rows: list[dict[str, Any]]
             if args.action == "list":
-                rows = [(m, None) for m in store.all(args.owner, scope=args.scope)]
+                rows = [m.to_dict() for m in store.all(args.owner, scope=args.scope)]
             else:
-                rows = [(m, score) for m, score in store.search(args.owner, args.query)]
+                # relevance 0-100, the best hit 100 (BM25's own number is in --json's `bm25`)
+                rows = search_rows(store.search(args.owner, args.query))
             if args.json:
-                print(
-                    json.dumps(
-                        [
-                            {**m.to_dict(), **({"relevance": round(s, 4)} if s is not None else {})}
-                            for m, s in rows
-                        ],
-                        ensure_ascii=False,
-                    )
-                )
+                print(json.dumps(rows, ensure_ascii=False))
             else:
-                for m, score in rows:
-                    extra = f" relevance={score:.3g}" if score is not None else ""
-                    print(f"{m.id}\t{m.category}\t{m.scope}\t{m.text}{extra}")
+                for m in rows:
+                    extra = f" relevance={m['relevance']:g}" if "relevance" in m else ""
+                    print(f"{m['id']}\t{m['category']}\t{m['scope']}\t{m['text']}{extra}")
                 if not rows:
                     # On stderr: a pipe reading the rows gets none, a person sees why.
                     print(_nothing_found(args, _where(cfg)), file=sys.stderr)
@@ -589,8 +595,9 @@ def _recall(args: argparse.Namespace) -> None:
     for m in info["memories"]:
         print(f"  {m['score']:7.2f}  {m['text']}")
         print(
-            f"           relevance {m['relevance']}, second hop {m['hop']}, context "
-            f"{m['context']}, speaker {m.get('speaker', 0)}, recency {m['recency']}, category "
+            f"           relevance {m['relevance']:g}/100 (keywords {m['keyword']:g}, second hop "
+            f"{m['hop']:g}, context {m['context']:g}), speaker {m.get('speaker', 0)}, "
+            f"recency {m['recency']}, category "
             f"{m['category']}, source {m['source']}, access {m['access']}"
         )
     if info.get("secondHopWords"):
@@ -813,6 +820,9 @@ def _report(args: argparse.Namespace) -> None:
     finally:
         memory.close()
     report["page"] = page_url(cfg.proxy.host, cfg.proxy.port)
+    # said here, not in the server's report: a command run in another directory than `serve`
+    # must show which files it read (the HTTP report does not name the server's files)
+    report["data"] = {"report": str(path) if pg is None else _where(cfg), "memories": _where(cfg)}
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:

@@ -3,18 +3,20 @@
     CtxBudgetError
     ├── ConfigError            broken config file, bad value, unknown key (never reaches a client
     │                          as a 500: the last good config stays in force)
-    ├── RequestError           the client's request is wrong: 400 / 401 / 403 / 404 / 413
+    ├── RequestError           the client's request is wrong: 400 / 401 / 403 / 404 / 408 / 413
     │   ├── BadRequest         400: malformed JSON, schema errors
     │   ├── Unauthorized       401: proxy key missing or wrong
     │   ├── Forbidden          403: admin endpoint without the admin key
     │   ├── NotFound           404: no such route, request record or memory
     │   ├── MethodNotAllowed   405: a route asked with a method it does not serve
+    │   ├── RequestTimeout     408: headers or body sent too slowly (proxy.limits)
     │   └── PayloadTooLarge    413: body over proxy.maxBodyBytes
     ├── UpstreamError          the provider failed: its own status (429, 5xx), 502, 504
     ├── ClampError             500: a clamp raised and contextBudget.failClosed is true
     ├── InternalError          500: a bug of ctxbudget's (logged with its traceback)
     └── ServiceUnavailable     503: the database (database.url) did not answer; plain
-                               forwarding does not need it and goes on
+        │                      forwarding does not need it and goes on
+        └── TooManyConnections 503: a peer over proxy.limits.maxConnectionsPerClient
 
 Every error reaches a client from one handler (`proxy/app.py`), in the shape of the client's
 wire format (`WireFormat.error_body`): OpenAI's
@@ -94,6 +96,14 @@ class MethodNotAllowed(RequestError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(RequestError):
+    """The client sent its request too slowly (`proxy.limits`): answered by the connection
+    itself, which then closes (`proxy/access/connections.py`)."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class PayloadTooLarge(RequestError):
     status = 413
     code = "request_too_large"
@@ -146,3 +156,9 @@ class ServiceUnavailable(CtxBudgetError):
     status = 503
     type = "server_error"
     code = "database_unavailable"
+
+
+class TooManyConnections(ServiceUnavailable):
+    """A peer already holds `proxy.limits.maxConnectionsPerClient` connections."""
+
+    code = "too_many_connections"

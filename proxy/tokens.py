@@ -111,26 +111,29 @@ class TokenCounter:
     """Counts tokens of texts, remembering recent ones.
 
     Agents resend the same bootstrap files and tool results on every turn of a tool loop, so
-    most texts have been counted before; the cache turns those into a hash lookup.
+    most texts have been counted before; the cache turns those into a hash lookup. Each count
+    is kept for the owner whose request asked for it (`owner`): another owner's request for
+    the same text counts it again, as it would a text no one sent, so it cannot time whether
+    the text was sent (issue 35).
     """
 
     def __init__(self, *, max_entries: int = 4096) -> None:
-        self._cache: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=max_entries)
+        self._cache: LRUCache[tuple[str, str, int, int], int] = LRUCache(maxsize=max_entries)
         self._lock = threading.Lock()  # the event loop and recall's worker threads share it
-        self._objects: dict[tuple[int, str], tuple[object, int]] = {}
+        self._objects: dict[tuple[int, str, str], tuple[object, int]] = {}
         self._objects_weight = 0
         """`count_bytes` of large blocks and `saved` of segments by the object (kept in the
         entry, so its id names no other): found without hashing its bytes again (~3 µs per
         50 KB) or looking up two texts (~3 µs)."""
 
-    def count(self, text: str, encoding: str) -> int:
-        """Tokens in `text` under `encoding` (e.g. `o200k_base`)."""
+    def count(self, text: str, encoding: str, *, owner: str = "") -> int:
+        """Tokens in `text` under `encoding` (e.g. `o200k_base`), for `owner`'s request."""
         if not text:
             return 0
         # str hashes are cached on the object, and clamped texts are shared objects from the
         # caps caches: this key costs nothing for them and one pass for a new original. A
         # collision (64-bit hash and length equal) would misreport one count; never a clamp.
-        key = (encoding, hash(text), len(text))
+        key = (owner, encoding, hash(text), len(text))
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -140,16 +143,16 @@ class TokenCounter:
             self._cache[key] = n
         return n
 
-    def count_bytes(self, data: bytes, encoding: str) -> int:
+    def count_bytes(self, data: bytes, encoding: str, *, owner: str = "") -> int:
         """Tokens in UTF-8 `data` (undecodable bytes as U+FFFD) under `encoding`. Known by its
         digest: a block the report prices every turn (a clamped 50 KB system prompt) is not
         decoded and hashed again to be found (~40 µs a turn)."""
         if not data:
             return 0
-        same = self._of_object(data, encoding)  # a moved block's, every turn
+        same = self._of_object(data, encoding, owner)  # a moved block's, every turn
         if same is not None:
             return same
-        key = (encoding, xxhash.xxh3_64_intdigest(data), -len(data))  # never a str's key
+        key = (owner, encoding, xxhash.xxh3_64_intdigest(data), -len(data))  # never a str's
         with self._lock:
             hit = self._cache.get(key)
         if hit is None:
@@ -157,42 +160,44 @@ class TokenCounter:
             with self._lock:
                 self._cache[key] = hit
         if len(data) >= OBJECT_BYTES:
-            self._keep_object(data, encoding, hit, len(data))
+            self._keep_object(data, encoding, owner, hit, len(data))
         return hit
 
-    def _of_object(self, obj: object, encoding: str) -> int | None:
+    def _of_object(self, obj: object, encoding: str, owner: str) -> int | None:
         """What was counted for this very object before (`_keep_object`), or None."""
         with self._lock:
-            same = self._objects.get((id(obj), encoding))
+            same = self._objects.get((id(obj), encoding, owner))
         return same[1] if same is not None and same[0] is obj else None
 
-    def _keep_object(self, obj: object, encoding: str, count: int, weight: int) -> None:
+    def _keep_object(self, obj: object, encoding: str, owner: str, count: int, weight: int) -> None:
         if weight > OBJECTS_WEIGHT // 8:
             return
         with self._lock:
             if self._objects_weight + weight > OBJECTS_WEIGHT:
                 self._objects.clear()
                 self._objects_weight = 0
-            self._objects[(id(obj), encoding)] = (obj, count)
+            self._objects[(id(obj), encoding, owner)] = (obj, count)
             self._objects_weight += weight
 
-    def knows_bytes(self, data: bytes, encoding: str) -> bool:
-        """Whether `count_bytes(data, encoding)` is a cache hit."""
-        key = (encoding, xxhash.xxh3_64_intdigest(data), -len(data))
+    def knows_bytes(self, data: bytes, encoding: str, *, owner: str = "") -> bool:
+        """Whether `count_bytes(data, encoding, owner=owner)` is a cache hit."""
+        key = (owner, encoding, xxhash.xxh3_64_intdigest(data), -len(data))
         with self._lock:
             return key in self._cache
 
-    def saved(self, segment: Segment, encoding: str) -> int:
+    def saved(self, segment: Segment, encoding: str, *, owner: str = "") -> int:
         """Tokens a clamp saved (or would save) on `segment`: before minus after."""
         if segment.action == "kept" or segment.saved <= 0:
             return 0
-        same = self._of_object(segment, encoding)  # a session resends the same segments
+        same = self._of_object(segment, encoding, owner)  # a session resends the same ones
         if same is not None:
             return same
         saved = max(
-            0, self.count(segment.original, encoding) - self.count(segment.clamped, encoding)
+            0,
+            self.count(segment.original, encoding, owner=owner)
+            - self.count(segment.clamped, encoding, owner=owner),
         )
-        self._keep_object(segment, encoding, saved, segment_size(segment))
+        self._keep_object(segment, encoding, owner, saved, segment_size(segment))
         return saved
 
 

@@ -27,6 +27,7 @@ from proxy.app import create_app
 from proxy.config.schema import Config, ConfigSource
 from proxy.config.settings import Settings, settings_for
 from proxy.pipeline.offload import LARGE_BODY, Offload
+from proxy.report.store import ReportStore
 from proxy.state import ProxyState
 from tests.fakes import FakeUpstream
 
@@ -90,6 +91,12 @@ class InProcess:
     def delete(self, url: str, **kwargs: Any) -> httpx.Response:
         return self.request("DELETE", url, **kwargs)
 
+    def settle(self) -> None:
+        """Wait for the work an answer left running in the background (pruning's summaries),
+        then for the report's writer to store everything queued."""
+        self._run(self.app.state.pipeline.prune.summarizer.idle())
+        self.app.state.proxy.reports.flush()
+
     def close(self) -> None:
         try:
             self._run(self._client.aclose())
@@ -130,9 +137,11 @@ def proxy_app(
     run: str = "test",
     offload: Offload | None = None,
     clock: Callable[[], float] = time.time,
+    reports: ReportStore | None = None,
 ) -> Iterator[tuple[InProcess, FakeUpstream]]:
     """The app with `config` (default `config_for(tmp_path)`) in front of a fake upstream;
-    large bodies go to `offload`, else to the run's shared worker."""
+    large bodies go to `offload`, else to the run's shared worker; `reports`, when given, is
+    the report store (the caller closes it)."""
     path = tmp_path / "ctxbudget.json"
     path.write_text(json.dumps(config if config is not None else config_for(tmp_path)))
     fake = upstream or FakeUpstream()
@@ -144,6 +153,7 @@ def proxy_app(
         run=run,
         offload=offload or shared_offload(),
         clock=clock,
+        reports=reports,
     )
     client = InProcess(app)
     try:

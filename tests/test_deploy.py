@@ -64,6 +64,8 @@ def test_the_deploy_config_loads_and_the_env_file_holds_every_key_it_names() -> 
     assert str(config.memory.store.path).startswith("/var/lib/ctxbudget/")
     assert proxy.host == "127.0.0.1"
     assert proxy.allowed_hosts == [NAME]
+    # behind nginx every client has nginx's address: no cap per address (nginx caps them)
+    assert proxy.limits.max_connections_per_client is None
 
 
 def test_nginx_sends_to_the_proxy_under_the_name_it_allows_and_outwaits_it() -> None:

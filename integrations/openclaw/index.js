@@ -1,7 +1,8 @@
-// ctxbudget for OpenClaw: `/ctxbudget [full|json]` and `/context budget [full|json]` answered
-// with the ctxbudget proxy's report (GET <proxyUrl>/context/budget): a chat-sized summary,
-// the whole text report (`full`) or the JSON, in every chat surface that goes through the
-// gateway (Control UI, `openclaw tui`, channels).
+// ctxbudget for OpenClaw: `/ctxbudget [full [SECTION]|json]` and `/context budget [full
+// [SECTION]|json]` answered with the ctxbudget proxy's report (GET <proxyUrl>/context/budget):
+// a chat-sized summary, the whole text report (`full`), one section of it (`full caps`; the
+// proxy knows the sections, `section=`) or the JSON, in every chat surface that goes through
+// the gateway (Control UI, `openclaw tui`, channels).
 //
 // `context` is a reserved command name, so `/context budget` is caught by a `reply_dispatch`
 // hook, which runs before OpenClaw's own `/context` handler; every other message (plain
@@ -19,21 +20,39 @@ const CONFIG_KEY = "plugins.entries.ctxbudget.config";
 const MODES = ["full", "json"];
 /** What each mode asks the proxy for: the chat-sized summary, the whole text, the JSON. */
 const QUERY = { summary: "?format=summary", full: "?format=text", json: "" };
+// `full <section>` is the mode "full:<section>": the proxy answers a section it does not
+// have with a 400 that lists the ones it has.
+const SECTION = /^[a-z]{1,20}$/;
 
-/** "summary", "full" or "json" when `text` is `/context budget [full|json]`, else null. */
+function fullSection(word) {
+  return SECTION.test(word) ? `full:${word}` : null;
+}
+
+function query(mode) {
+  if (String(mode).startsWith("full:")) {
+    return `${QUERY.full}&section=${encodeURIComponent(mode.slice(5))}`;
+  }
+  return QUERY[mode] ?? QUERY.summary;
+}
+
+/** "summary", "full", "full:<section>" or "json" when `text` is `/context budget [full
+ * [SECTION]|json]`, else null. */
 export function contextBudgetMode(text) {
   const words = String(text ?? "").trim().toLowerCase().split(/\s+/);
   if (words[0] !== "/context" || words[1] !== "budget") return null;
   if (words.length === 2) return "summary";
   if (words.length === 3 && MODES.includes(words[2])) return words[2];
+  if (words.length === 4 && words[2] === "full") return fullSection(words[3]);
   return null;
 }
 
-/** "summary", "full" or "json" for the arguments of `/ctxbudget`, else null. */
+/** "summary", "full", "full:<section>" or "json" for the arguments of `/ctxbudget`, else
+ * null. */
 export function ctxbudgetMode(args) {
   const words = String(args ?? "").trim().toLowerCase().split(/\s+/).filter(Boolean);
   if (words.length === 0) return "summary";
   if (words.length === 1 && MODES.includes(words[0])) return words[0];
+  if (words.length === 2 && words[0] === "full") return fullSection(words[1]);
   return null;
 }
 
@@ -56,7 +75,7 @@ export async function report(mode, config = {}, env = process.env) {
     }
     headers.authorization = `Bearer ${key}`;
   }
-  const url = `${base}/context/budget${QUERY[mode] ?? QUERY.summary}`;
+  const url = `${base}/context/budget${query(mode)}`;
   let status;
   let body;
   try {
@@ -106,7 +125,8 @@ function refused(base, status, body, config) {
   return `ctxbudget: the proxy at ${base} answered ${status}: ${message}${fix}`;
 }
 
-const USAGE = "Usage: /ctxbudget [full|json] (or /context budget [full|json])";
+const USAGE =
+  "Usage: /ctxbudget [full [caps|money|kinds|requests|memory]|json] (or /context budget …)";
 // What OpenClaw 2026.9.6 answers an unauthorized sender of a plugin command such as
 // /ctxbudget (its executeRegisteredPluginCommand), so that both spellings answer alike.
 const NOT_AUTHORIZED = "⚠️ This command requires authorization.";
@@ -178,7 +198,7 @@ export default {
     api.registerCommand({
       name: "ctxbudget",
       description:
-        "What ctxbudget saved, net, and clamped (add full for every request, json for the raw report)",
+        "What ctxbudget saved, net, and clamped (add full for every request, full caps|money|kinds|requests|memory for one part, json for the raw report)",
       acceptsArgs: true,
       // requireAuth (the default): OpenClaw runs it only for authorized senders
       handler: async (ctx) => {

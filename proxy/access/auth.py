@@ -4,6 +4,9 @@
 - With proxy keys: `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic clients
   send it) names the owner (constant-time compare);
   the report page also takes HTTP Basic with the key as the password, so a browser can ask.
+- The admin key and the metrics key are Bearer tokens only (the report page: HTTP Basic too).
+  `x-api-key` is how Anthropic clients send a *chat* key; no client sends an admin key there,
+  and taking it would give a second header every admin route must be checked against.
 - `/metrics` counts every owner's requests, so with proxy keys (or a metrics key) only the
   metrics key or the admin key may read it; a proxy key may not.
 """
@@ -46,7 +49,7 @@ def is_admin(headers: Mapping[str, str], settings: Settings, *, browser: bool = 
     `browser`, also as the password of HTTP Basic."""
     if not settings.admin_key:
         return False
-    given = credential(headers, browser=browser)
+    given = credential(headers, browser=browser, api_key=False)
     return given is not None and same_secret(given, settings.admin_key)
 
 
@@ -67,10 +70,11 @@ def check_metrics_reader(headers: Mapping[str, str], settings: Settings) -> None
     if not settings.proxy_keys and not settings.metrics_key:
         return
     readers = [key for key in (settings.metrics_key, settings.admin_key) if key]
+    reader = credential(headers, api_key=False)
+    if reader is not None and any(same_secret(reader, key) for key in readers):
+        return
     given = credential(headers)
     if given is not None:
-        if any(same_secret(given, key) for key in readers):
-            return
         if any(same_secret(given, key) for key in settings.proxy_keys):
             raise Forbidden(
                 "a proxy key may not read /metrics: it counts every key's requests. Scrape "
@@ -89,13 +93,15 @@ def check_metrics_reader(headers: Mapping[str, str], settings: Settings) -> None
     )
 
 
-def credential(headers: Mapping[str, str], *, browser: bool = False) -> bytes | None:
-    """The secret the request presents, as bytes: a Bearer token or else `x-api-key` (the
-    header's own bytes: Starlette decodes headers as latin-1), or with `browser` an HTTP
-    Basic password (UTF-8)."""
+def credential(
+    headers: Mapping[str, str], *, browser: bool = False, api_key: bool = True
+) -> bytes | None:
+    """The secret the request presents, as bytes: a Bearer token or else (with `api_key`, for
+    proxy keys) `x-api-key` (the header's own bytes: Starlette decodes headers as latin-1), or
+    with `browser` an HTTP Basic password (UTF-8)."""
     header = headers.get("authorization")
     token = bearer(header)
-    if token is None:
+    if token is None and api_key:
         token = headers.get("x-api-key") or None  # Anthropic clients send their key here
     if token is not None:
         return token.encode("latin-1", "replace")

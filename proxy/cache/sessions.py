@@ -402,15 +402,15 @@ def _metadata_session(user_id: Any) -> str | None:
     return tail if sep and tail else None
 
 
-_STABLE_KNOWN: LRUCache[bytes, str] = LRUCache(maxsize=1024)
-"""Stable-prefix hashes by the digests they came from: an agent resends the same system
-prompt every turn, and reading its text up to the boundary is the costly part."""
+_STABLE_KNOWN: LRUCache[tuple[str, bytes], str] = LRUCache(maxsize=1024)
+"""Stable-prefix hashes by owner and the digests they came from: an agent resends the same
+system prompt every turn, and reading its text up to the boundary is the costly part."""
 
 
 def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
     head = (model or "").encode(errors="surrogatepass") + b"\0"
     key = head + b"".join(prefix.digests[:2])
-    known = _STABLE_KNOWN.get(key)
+    known = _STABLE_KNOWN.get((prefix.owner, key))
     if known is not None:
         return known
     digest = hashlib.sha256(head)
@@ -420,7 +420,7 @@ def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
             continue
         digest.update(_stable_text(block.client).encode(errors="surrogatepass"))
         break  # the first block after the tools: the system prompt (or the first message)
-    known = _STABLE_KNOWN[key] = digest.hexdigest()[:16]
+    known = _STABLE_KNOWN[prefix.owner, key] = digest.hexdigest()[:16]
     return known
 
 

@@ -43,20 +43,21 @@ class InlineTools:
     """Their tokens, when already counted (a large body's, in the offload process)."""
 
 
-def inline_mcp_tools(raw_tools: Any) -> InlineTools | None:
+def inline_mcp_tools(raw_tools: Any, owner: str = "") -> InlineTools | None:
     """The MCP tools of a Messages request's `tools` (its JSON bytes, or the parsed list)
-    that are sent inline; None when there are none."""
+    that are sent inline; None when there are none. `owner`: whose request (what is kept of
+    the bytes is found by owner too: another owner's same tools are parsed again)."""
     if raw_tools is None:
         return None
     if isinstance(raw_tools, bytes | bytearray | memoryview):
         if b'"mcp__' not in raw_tools:  # one C scan: no MCP tool at all
             return None
-        return _inline(bytes(raw_tools))
+        return _inline(bytes(raw_tools), owner)
     return _from_list(raw_tools)
 
 
 @weighed(8 << 20)
-def _inline(raw: bytes) -> InlineTools | None:
+def _inline(raw: bytes, owner: str) -> InlineTools | None:
     # Claude Code sends the same tools on every request of a session: parse them once
     try:
         return _from_list(orjson.loads(raw))

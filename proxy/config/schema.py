@@ -135,6 +135,23 @@ class RouteConfig(_Model):
     """Environment variable holding this provider's key."""
 
 
+class LimitsConfig(_Model):
+    header_timeout_seconds: float | None = Field(20.0, gt=0)
+    """Seconds from a request's first byte for its request line and headers to arrive (408
+    after; null: no limit)."""
+    body_timeout_seconds: float | None = Field(20.0, gt=0)
+    """Seconds a request body may take, plus one for every `bodyMinBytesPerSecond` bytes
+    received: a steady upload is never cut, a trickle is (408 after; null: no limit)."""
+    body_min_bytes_per_second: int = Field(500, ge=0)
+    """Bytes of body that earn one more second (0: `bodyTimeoutSeconds` is the whole body's)."""
+    keep_alive_timeout_seconds: int = Field(5, ge=1)
+    """Seconds a connection may wait, idle, for its next request (or its first) before it is
+    closed."""
+    max_connections_per_client: int | None = Field(128, ge=1)
+    """Connections one peer address may hold at once, per worker process; one more gets 503
+    (null: no cap, for behind a reverse proxy, where every client is its address)."""
+
+
 class ProxyConfig(_Model):
     host: str = "127.0.0.1"
     """Address to listen on."""
@@ -159,6 +176,9 @@ class ProxyConfig(_Model):
     """Browser origins (`https://app.example`) allowed to call the proxy; others are refused."""
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 above)."""
+    limits: LimitsConfig = LimitsConfig()
+    """How long a client may take to send a request, and how many connections it may hold
+    (read when `serve` starts)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the server."""
 
@@ -328,7 +348,8 @@ class BudgetsConfig(_Model):
     default_profile: str = "specialist-narrow"
     """Budget profile of agents not listed in `agents`."""
     default_agent: str = "main"
-    """Agent of requests without an x-context-budget-agent header."""
+    """Agent of requests without an x-context-budget-agent header or OpenClaw `Runtime: agent=`
+    line; its `agent:<name>` memories are recalled."""
     context_windows: dict[str, int] = {}
     """Model → context window in tokens, where litellm's model map does not know it."""
 
@@ -481,6 +502,7 @@ def load_config(
     """Each problem, and where its value came from (`file`, `env`, `cli`)."""
     if path is not None:
         data = _read_file(path)
+        _beside(data, path.parent)
         for key in _leaves(data):
             origins[key] = "file"
             sources[key] = str(path)
@@ -524,6 +546,24 @@ def load_config(
     config._origins = origins
     config._sources = sources
     return config
+
+
+FILE_PATHS = (("memory", "store", "path"), ("report", "path"))
+"""The config's file paths (`FilePath`): relative ones in a config file are beside it."""
+
+
+def _beside(data: dict[str, Any], folder: Path) -> None:
+    """Relative file paths in a config file, made relative to the file's folder: the
+    databases a config names are the same files whichever directory a command runs in (they
+    were relative to it, so `report` run elsewhere read another file). `~` and absolute paths
+    are left as written; a value of the wrong type is left for validation to name."""
+    for keys in FILE_PATHS:
+        node: Any = data
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            node[keys[-1]] = str(folder / value)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -129,6 +129,16 @@ class Settings:
     pruning: Pruning | None = None
     """`agents.defaults.contextPruning` when its mode is not off (with the budget on)."""
     _encodings: dict[str | None, str] = field(default_factory=dict, repr=False)
+    _owned_caps: dict[str, Caps] = field(default_factory=dict, repr=False)
+
+    def caps_for(self, owner: str) -> Caps:
+        """`caps` for `owner`'s requests: what the clamps remember is found by owner too
+        (`Caps.owner`). One per owner and config version (owners are the configured keys),
+        so a request neither makes one nor hashes it again."""
+        found = self._owned_caps.get(owner)
+        if found is None:
+            found = self._owned_caps[owner] = replace(self.caps, owner=owner)
+        return found
 
     def upstream_url(self, path: str, query: str = "") -> str:
         """`proxy.upstream.baseUrl` + `path`, its own query and then the client's `query`."""

@@ -9,11 +9,16 @@ Everything the demo writes — its config, report and memories — is in a tempo
 removed when it stops: it never reads or writes `~/.ctxbudget`, `./ctxbudget.jsonc` or a
 `database.url`, ignores `$CTXBUDGET_*` and `$OTEL_*`, and sends no key anywhere (its upstream
 is on this machine and answers itself).
+
+Its memory routes take an admin key drawn at random for the run and printed with its URL:
+the port is open to every local user and process, and without a key any of them could add
+memories that the demo then injects into what the user sends through it (issue 35).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import socket
 import tempfile
@@ -29,6 +34,7 @@ import httpx
 import uvicorn
 
 from proxy.demo.upstream import create_upstream
+from proxy.routes.websocket import Refusal
 
 DEFAULT_PORT = 4141
 """The port `serve` uses: the README's examples work against the demo too. When it is taken
@@ -37,6 +43,9 @@ MEMORY = "The release deadline moved to Friday the 28th, after the design review
 """The memory the demo adds, as `ctxbudget memory add` would: recall injects it (a cost the
 report counts against the savings)."""
 SESSION = "sample-session.json"
+ADMIN_KEY_ENV = "CTXBUDGET_ADMIN_KEY"
+"""Where the demo's config finds its admin key: in the demo's own environment, which holds
+nothing else (the user's `$CTXBUDGET_ADMIN_KEY` is not read)."""
 
 
 def sample_requests() -> list[dict[str, Any]]:
@@ -63,6 +72,9 @@ def demo_config(tmp: Path, upstream: str, port: int) -> dict[str, Any]:
             "host": "127.0.0.1",
             "port": port,
             "upstream": {"baseUrl": upstream, "apiKeyEnv": None},
+            "adminKeyEnv": ADMIN_KEY_ENV,
+            # Claude Code's and Codex's formats go to the same stand-in, never to a provider
+            "anthropic": {"baseUrl": upstream.removesuffix("/v1"), "apiKeyEnv": None},
         },
         "agents": {"defaults": {"contextBudget": {"enabled": True}}},
         "report": {"path": str(tmp / "report.db")},
@@ -89,7 +101,7 @@ def bind(port: int) -> socket.socket:
 @contextmanager
 def serving(app: Any, sock: socket.socket) -> Iterator[int]:
     """Serve `app` on `sock` with uvicorn in a thread; yield its port; stop it after."""
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, ws=Refusal)
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="ctxbudget-demo", daemon=True
@@ -108,10 +120,15 @@ def serving(app: Any, sock: socket.socket) -> Iterator[int]:
         sock.close()
 
 
-def replay(root: str) -> None:
-    """Add the demo's memory, then send the sample session through the proxy at `root`."""
+def replay(root: str, admin_key: str) -> None:
+    """Add the demo's memory (with its admin key), then send the sample session through the
+    proxy at `root`."""
     with httpx.Client(base_url=root, timeout=60) as client:
-        added = client.post("/v1/memories", json={"text": MEMORY, "category": "fact"})
+        added = client.post(
+            "/v1/memories",
+            json={"text": MEMORY, "category": "fact"},
+            headers={"authorization": f"Bearer {admin_key}"},
+        )
         added.raise_for_status()
         for body in sample_requests():
             with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -125,9 +142,11 @@ def run_demo(
     out: TextIO,
     err: TextIO,
     stop: threading.Event | None = None,
+    serve_only: bool = False,
 ) -> None:
     """Run the demo on `port` (None: 4141, else any free port) until `stop` is set, or
-    Ctrl-C / SIGTERM when it is not given."""
+    Ctrl-C / SIGTERM when it is not given. `serve_only` (`demo --serve`): no sample session,
+    the report starts empty, and what is printed is where to point your own agent."""
     from proxy.app import create_app
     from proxy.config.schema import ConfigSource
 
@@ -150,29 +169,66 @@ def run_demo(
                 "./ctxbudget.jsonc, ~/.ctxbudget and $CTXBUDGET_* are not read)",
                 file=err,
             )
-            env: dict[str, str] = {}  # the user's CTXBUDGET_*, OTEL_* and keys stay out
+            admin_key = secrets.token_urlsafe(24)
+            # the user's CTXBUDGET_*, OTEL_* and keys stay out
+            env: dict[str, str] = {ADMIN_KEY_ENV: admin_key}
             app = create_app(ConfigSource(config, env, {}), env=env, run="demo")
             with serving(app, sock) as proxy_port:
                 root = f"http://127.0.0.1:{proxy_port}"
-                replay(root)
-                summary = httpx.get(f"{root}/context/budget?format=summary", timeout=30)
-                summary.raise_for_status()
-                out.write(summary.text)
-                out.write(_next_steps(root, len(sample_requests())))
+                if serve_only:
+                    out.write(agent_setup(root, admin_key))
+                else:
+                    replay(root, admin_key)
+                    summary = httpx.get(f"{root}/context/budget?format=summary", timeout=30)
+                    summary.raise_for_status()
+                    out.write(summary.text)
+                    out.write(_next_steps(root, len(sample_requests()), admin_key))
                 out.flush()
                 stop.wait()
     print("ctxbudget demo: stopped; its temporary files are gone", file=err)
 
 
-def _next_steps(root: str, requests: int) -> str:
+def _next_steps(root: str, requests: int, admin_key: str) -> str:
     return (
         f"\nThat was a sample OpenClaw session ({requests} requests) through the proxy, "
         "answered by a built-in stand-in (no provider, no key).\n"
         f"The page: {root}/context/budget (open it in a browser)\n"
         f"The whole report: curl {root}/context/budget?format=text\n"
         f"Point an agent at it: base URL {root}/v1 (answers are the stand-in's)\n"
+        f"Memories take this run's admin key: curl -H 'authorization: Bearer {admin_key}' "
+        f"{root}/v1/memories\n"
         "Serving until Ctrl-C.\n"
     )
+
+
+def agent_setup(root: str, admin_key: str) -> str:
+    """What `demo --serve` prints: where to point each agent at the proxy on `root`."""
+    return f"""ctxbudget demo --serve: the proxy on {root}, the caps on, in front of a built-in
+stand-in that answers every request itself (no provider, no key: any key will do).
+Point an agent at it, then ask it anything and see what was clamped:
+
+OpenClaw (~/.openclaw/openclaw.json), then use the model ctxbudget/gpt-5.5:
+  {{ models: {{ mode: "merge", providers: {{ ctxbudget: {{
+      baseUrl: "{root}/v1", apiKey: "any", api: "openai-completions",
+      models: [{{ id: "gpt-5.5", name: "GPT-5.5 via ctxbudget", contextWindow: 1050000,
+                 maxTokens: 8192 }}] }} }} }} }}
+  (OpenClaw on Claude: the anthropic provider with baseUrl: "{root}")
+Claude Code:
+  ENABLE_TOOL_SEARCH=true ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY=any claude
+Codex (~/.codex/config.toml; run it with OPENAI_API_KEY=any):
+  model_provider = "ctxbudget"
+  [model_providers.ctxbudget]
+  name = "ctxbudget demo"
+  base_url = "{root}/v1"
+  wire_api = "responses"
+  env_key = "OPENAI_API_KEY"
+Any SDK or curl: base URL {root}/v1 (Anthropic's SDK: {root})
+
+The page: {root}/context/budget (open it in a browser)
+The whole report: curl {root}/context/budget?format=text
+Memories take this run's admin key: curl -H 'authorization: Bearer {admin_key}' {root}/v1/memories
+Serving until Ctrl-C.
+"""
 
 
 def _until_signalled() -> threading.Event:

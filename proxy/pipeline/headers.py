@@ -5,8 +5,9 @@ Request: `x-context-budget: on|off` (the caps), `-memories: on|off` (injection),
 Response: request id, enabled, segments clamped, chars/tokens removed (or that would be,
 with the budget off) and their value at the input price (`-gross-saved-usd`), memories
 injected and the profile applied, `-memories-skipped: database-unavailable` when recall
-could not run (`proxy/pipeline/recall.py`), and where the request's report entry is
-(`-report`).
+could not run (`proxy/pipeline/recall.py`), `-pruning-skipped: database-unavailable` when a
+request with prunable results got only the decisions the process holds, and no new prune
+(`proxy/pipeline/prune.py`), and where the request's report entry is (`-report`).
 `-saved-usd` is what the request saved net of cache effects — its cost without ctxbudget
 minus its cost, from the reply's usage — on a JSON answer (read whole before its headers
 go); a stream's headers leave before its usage, so a stream has none and its report entry

@@ -159,32 +159,33 @@ def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
         turn=turn,
         system_text=request.system_text(),
         segments=tuple(replace(s, original="", clamped="") for s in segments),
-        segment_tokens=tuple(_tokens().saved(s, encoding) for s in segments),
+        segment_tokens=tuple(_tokens().saved(s, encoding, owner=job.owner) for s in segments),
         failure=failure,
         encoding=encoding,
         # token counting has no session: no blocks to hash
-        blocks=_digested_blocks(request.blocks(), encoding) if wire.generates else (),
+        blocks=_digested_blocks(request.blocks(), encoding, job.owner) if wire.generates else (),
         fields=_small_fields(request, raw),
         asks_usage=request.ask_usage(),  # asked after encoding: only the answer is kept
-        tools_inline=_counted(request.inline_tools(), encoding),
+        tools_inline=_counted(request.inline_tools(), encoding, job.owner),
     )
     return found, encoded
 
 
-def _counted(tools: InlineTools | None, encoding: str) -> InlineTools | None:
+def _counted(tools: InlineTools | None, encoding: str, owner: str) -> InlineTools | None:
     if tools is None:
         return None
-    return InlineTools(tools.count, tokens=_tokens().count_bytes(tools.definitions, encoding))
+    counted = _tokens().count_bytes(tools.definitions, encoding, owner=owner)
+    return InlineTools(tools.count, tokens=counted)
 
 
-def _digested_blocks(blocks: Sequence[Block], encoding: str) -> tuple[Block, ...]:
+def _digested_blocks(blocks: Sequence[Block], encoding: str, owner: str) -> tuple[Block, ...]:
     """`blocks` with `Digested` values; the first after `tools` keeps its stable text. A
     large block as forwarded is counted here (the clamp made it: rare), one as the client sent
     it only if the session stage finds it moved, while the request goes on
     (`OffloadedRequest.defer_count`)."""
 
     def count(text: str) -> int:
-        return _tokens().count(text, encoding)
+        return _tokens().count(text, encoding, owner=owner)
 
     out = []
     stable = True
@@ -202,7 +203,9 @@ def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
     """The tokens of the client's blocks `job.labels` of `raw`."""
     request = _wire(job.wire).parse(raw, owner=job.owner)
     return {
-        b.label: _tokens().count(serial(b.client).decode(errors="replace"), job.encoding)
+        b.label: _tokens().count(
+            serial(b.client).decode(errors="replace"), job.encoding, owner=job.owner
+        )
         for b in request.blocks()
         if b.label in job.labels
     }, None
@@ -234,7 +237,7 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
         return None, encoded
 
     def count(text: str) -> int:
-        return _tokens().count(text, job.encoding)
+        return _tokens().count(text, job.encoding, owner=job.owner)
 
     after = request.blocks()
     added = memory_added(before, after) if before is not start else {}

@@ -105,7 +105,7 @@ class Offload(Worker):
             wire=None if responses else wire,
             owner=owner,
             clamp=clamp,
-            caps=settings.caps,
+            caps=settings.caps_for(owner),
             tools=settings.tool_names,
             apply=apply,
             encoding=settings.default_encoding,
@@ -179,7 +179,7 @@ class OffloadedRequest:
         return list(self.found.segments)
 
     def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str
+        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
     ) -> tuple[int, ...]:
         """Counted in the worker beside the clamp; a result pruned since (its text is in the
         worker) at four chars a token."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from caps import Segment, pays
+from memory.pg import DatabaseUnavailable
 from proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
 from proxy.config.settings import Settings
 from proxy.pipeline.summaries import Summarizer, summary_text
@@ -38,6 +39,11 @@ from proxy.wire.types import WireRequest
 log = logging.getLogger("ctxbudget.prune")
 _T = TypeVar("_T")
 
+DATABASE_DOWN = (
+    "the database did not answer: the decisions this process holds were applied and no new "
+    "prune was taken (the database is skipped at once until a background check sees it again)"
+)
+"""Why a request with prunable results was not pruned anew (the report's `pruneSkipped`)."""
 DEFAULT_TTL = 300.0
 """The cache lifetime a session's warm run is counted against when pruning is off."""
 HOUR_TTL = (b'"ttl":"1h"', b'"ttl": "1h"')
@@ -59,6 +65,9 @@ class Pruned:
     summarise: Callable[[], None] | None = None
     """Asks for the summaries of the request's long results that have none: to call once the
     request was answered (`contextPruning.summarize`), never for one the upstream refused."""
+    skipped: str | None = None
+    """Why no new prune could be taken (the database did not answer: the decisions held were
+    applied), or None: the report's `pruneSkipped`, the `-pruning-skipped` header."""
 
     def blocks(self, prefix: ClientPrefix) -> frozenset[int]:
         """The prefix blocks holding a pruned result."""
@@ -99,18 +108,23 @@ class PruneStage:
             return Pruned(warm=warm, ttl=ttl)
         conversation = prefix.conversation(session)
         decided = self._ledger.known(owner, conversation)
-        if decided is None:
-            if not prunable:
-                return Pruned(warm=warm, ttl=ttl)
-            decided = await self._read(owner, conversation)
-        fresh = [s for s in prunable if s.call_id is not None and s.call_id not in decided]
-        if fresh and not warm:
-            # cold by this worker's clock: another worker or instance may have served the
-            # session since; the report's database says when it last saw it
-            last = await self._call(self._ledger.last_seen, owner, session)
-            warm = last is not None and now - last <= ttl
-            if last is None and timing is None:
-                fresh = []  # never seen anywhere: its first request, nothing cached to spare
+        if decided is None and not prunable:
+            return Pruned(warm=warm, ttl=ttl)
+        try:
+            if prunable and self._ledger.down:  # skipped at once, not a connect timeout
+                raise DatabaseUnavailable("the breaker is open")
+            if decided is None:
+                decided = await self._read(owner, conversation)
+            fresh = [s for s in prunable if s.call_id is not None and s.call_id not in decided]
+            if fresh and not warm:
+                # cold by this worker's clock: another worker or instance may have served the
+                # session since; the report's database says when it last saw it
+                last = await self._call(self._ledger.last_seen, owner, session)
+                warm = last is not None and now - last <= ttl
+                if last is None and timing is None:
+                    fresh = []  # never seen anywhere: its first request, nothing cached
+        except DatabaseUnavailable as exc:
+            return await self._held(body, owner, conversation, exc, settings, warm, ttl)
         due = bool(fresh) and (
             not warm
             or (
@@ -122,7 +136,12 @@ class PruneStage:
         now_ids = (
             frozenset(s.call_id for s in fresh if s.call_id is not None) if due else frozenset()
         )
-        summaries, summarise = await self._summaries(owner, conversation, session, fresh, settings)
+        try:
+            summaries, summarise = await self._summaries(
+                owner, conversation, session, fresh, settings
+            )
+        except DatabaseUnavailable as exc:
+            return await self._held(body, owner, conversation, exc, settings, warm, ttl)
         plan: dict[str, str | None] = {
             **decided,
             **{s.call_id: _with_summary(s, summaries) for s in fresh if s.call_id in now_ids},
@@ -133,18 +152,39 @@ class PruneStage:
         segments = await body.prune(caps, settings.tool_names)
         if now_ids:
             made = {s.call_id: s.clamped for s in segments if s.call_id in now_ids and s.clamped}
-            kept = await asyncio.to_thread(
-                self._ledger.add,
-                owner,
-                conversation,
-                made,
-                at=now,
-            )
+            try:
+                kept = await asyncio.to_thread(self._ledger.add, owner, conversation, made, at=now)
+            except DatabaseUnavailable as exc:
+                # the request goes out pruned: the ledger holds the texts, to send the same
+                # bytes next time and to write once the database answers
+                self._ledger.failed(exc)
+                kept = made
             if any(kept.get(i) != text for i, text in made.items()):
                 log.info("another worker pruned conversation %s first: its texts stand", session)
         return Pruned(
             tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm, summarise=summarise
         )
+
+    async def _held(
+        self,
+        body: WireRequest,
+        owner: str,
+        conversation: str,
+        exc: DatabaseUnavailable,
+        settings: Settings,
+        warm: bool,
+        ttl: float,
+    ) -> Pruned:
+        """The database does not answer: the decisions this process holds for the
+        conversation are applied (its pruned results go out as before), none is taken."""
+        if not self._ledger.breaker.down:
+            self._ledger.failed(exc)
+        decided = self._ledger.held(owner, conversation)
+        segments: Sequence[Segment] = ()
+        if decided:
+            caps = replace(settings.caps, pruned=tuple(decided.items()), pruned_now=frozenset())
+            segments = await body.prune(caps, settings.tool_names)
+        return Pruned(tuple(segments), warm, ttl, skipped=DATABASE_DOWN)
 
     async def _summaries(
         self,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memory.pg import DatabaseUnavailable
-from memory.query import UserTurn
+from memory.query import UserTurn, message_text, runtime_agent
 from memory.recaller import Recaller, RecallReport, RecallRequest
 from proxy.config.settings import Settings
 from proxy.pipeline.headers import RequestOptions
@@ -90,18 +90,21 @@ class RecallStage:
                 lambda: self._recaller(settings).profile_for(owner, turn, options.profile)
             )
             if profile is not None and profile.name == "deep":
-                words, note = await self._rewriter.words(turn.query, settings.rewrite, self._env)
+                words, note = await self._rewriter.words(
+                    turn.query, settings.rewrite, self._env, owner=owner
+                )
         encoding = settings.encoding_for(body.model)
         tokens = self._tokens
+        system = body.system_text()
         request = RecallRequest(
             owner=owner,
-            agent=options.agent,
+            agent=options.agent or runtime_agent(system, turn.text, *_first_user(body)),
             profile=options.profile,
             complexity=options.complexity,
             max_chars=settings.memory_max_chars(options.enabled),
-            count_tokens=lambda text: tokens.count(text, encoding),
+            count_tokens=lambda text: tokens.count(text, encoding, owner=owner),
             context_window=context_window(body.model, settings.context_windows),
-            system_text=body.system_text(),
+            system_text=system,
             extra_words=words,
             rewrite_note=note,
         )
@@ -114,3 +117,16 @@ class RecallStage:
 
     def _recaller(self, settings: Settings) -> Recaller:
         return Recaller(self._stores.store(settings), settings.recall)
+
+
+def _first_user(body: WireRequest) -> tuple[str, ...]:
+    """The text of the request's first user message (where OpenClaw 9.x moves its runtime
+    line), or nothing."""
+    items = body.get("messages") or body.get("input")
+    if not isinstance(items, list):
+        return ()
+    for item in items:
+        if isinstance(item, dict) and item.get("role") == "user":
+            text = message_text(item)
+            return (text,) if text else ()
+    return ()

@@ -42,7 +42,7 @@ from proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
 from proxy.config.schema import RouteConfig
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
-from proxy.pipeline.chat_command import CommandMode, find_command
+from proxy.pipeline.chat_command import CommandMode, find_command, full_section
 from proxy.pipeline.headers import (
     PREFIX,
     RequestOptions,
@@ -57,7 +57,7 @@ from proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from proxy.pipeline.summaries import Summarizer
 from proxy.report import RequestRecord
 from proxy.report.prices import input_price, prices
-from proxy.report.render import render_summary, render_text
+from proxy.report.render import TEXT_SECTIONS, render_summary, render_text
 from proxy.report.usage import UsageChunkDropper, UsageReader
 from proxy.routes.report import Reporting
 from proxy.state import ProxyState
@@ -216,18 +216,20 @@ class Pipeline:
 
     async def _prepare(self, call: Call) -> Outgoing:
         """Clamp, prune, recall and inject; the answer's headers and the record's draft."""
-        segments, clamp_error, recall = await self._change(call)
+        segments, clamp_error, recall, pruned = await self._change(call)
         model = call.route.model if call.route else call.body.model
         encoding = call.settings.encoding_for(call.body.model)
         price = input_price(model)
         # ~0.1 ms per 1,000 chars the first time a text is seen, a cache hit on every later
         # turn that resends it (a large body's were counted in the offload process)
-        saved = call.body.saved_tokens(segments, self.state.tokens, encoding)
+        saved = call.body.saved_tokens(segments, self.state.tokens, encoding, owner=call.owner)
         headers = budget_headers(
             call.id, call.options.enabled, segments, clamp_error, recorded=call.wire.generates
         )
         money_headers(headers, call.options.enabled, segments, saved, price)
         recall.headers(headers)
+        if pruned is not None and pruned.skipped is not None:
+            headers[f"{PREFIX}-pruning-skipped"] = "database-unavailable"
         draft = evolve(
             _DRAFT,
             id=call.id,
@@ -250,6 +252,7 @@ class Pipeline:
             note=call.body.note,
             tools_inline=call.body.inline_tools(),
             prices=prices(model),
+            prune_skipped=pruned.skipped if pruned is not None else None,
             **recall.record_fields(),
         )
         recorder = Recorder(
@@ -264,7 +267,9 @@ class Pipeline:
         )
         return Outgoing(headers, recorder)
 
-    async def _change(self, call: Call) -> tuple[tuple[Segment, ...], str | None, RecallOutcome]:
+    async def _change(
+        self, call: Call
+    ) -> tuple[tuple[Segment, ...], str | None, RecallOutcome, Pruned | None]:
         """Everything that changes the body, in order: the caps, pruning (what the clamp
         found prunable, applied as decided), then the session's memory blocks placed again
         where they were (the cached prefix holds) and recall, once per user turn."""
@@ -277,7 +282,7 @@ class Pipeline:
             call.marks["recall_start"] = time.time_ns()
             recall = await self._recall_only(call)
             call.marks["recall_end"] = time.time_ns()
-            return segments, clamp_error, recall
+            return segments, clamp_error, recall, None
         body = call.body
         # a large body's blocks come hashed (`Digested`)
         prefix = ClientPrefix(body.blocks(), call.owner)
@@ -296,7 +301,7 @@ class Pipeline:
         call.marks["recall_start"] = time.time_ns()
         recall = await self._recall(call, prefix, session, pruned)
         call.marks["recall_end"] = time.time_ns()
-        return segments + pruned.segments, clamp_error, recall
+        return segments + pruned.segments, clamp_error, recall, pruned
 
     def _clamp(self, call: Call) -> tuple[tuple[Segment, ...], str | None]:
         """Segments found (clamped, kept, or would-clamp with the budget off) and any error.
@@ -307,7 +312,10 @@ class Pipeline:
         settings, enabled = call.settings, call.options.enabled
         try:
             found = call.body.clamp(
-                self.state.clamp, settings.caps, settings.tool_names, apply=enabled
+                self.state.clamp,
+                settings.caps_for(call.owner),  # what the clamps remember: per owner
+                settings.tool_names,
+                apply=enabled,
             )
         except Exception as exc:  # a clamp bug must not lose the user's request
             message = f"{exc.__class__.__name__}: {exc}"
@@ -469,10 +477,17 @@ class Pipeline:
     async def _answer_command(self, call: Call, mode: CommandMode) -> Response:
         viewer = call.owner if call.settings.proxy_keys else None  # a key sees its own report
         report = await self.reporting.report(call.settings, call.request, owner=viewer)
+        section = full_section(call.turn) if mode == "full" and call.turn else None
         if mode == "json":
             text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+        elif section is not None and section not in TEXT_SECTIONS:
+            text = (
+                f"ctxbudget: the report has no section {section!r}; ask for one of "
+                + ", ".join(f"/context budget full {name}" for name in TEXT_SECTIONS)
+                + ", or /context budget full for all of it\n"
+            )
         else:
-            text = render_text(report) if mode == "full" else render_summary(report)
+            text = render_text(report, section) if mode == "full" else render_summary(report)
         headers = budget_headers(call.id, call.settings.enabled, (), None, recorded=False)
         headers[f"{PREFIX}-command"] = "context-budget"
         reply = call.wire.command_reply(text, call.body, request_id=call.id)

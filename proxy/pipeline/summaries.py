@@ -84,15 +84,16 @@ def summary_text(summary: str, segment: Segment, source: str | None = None) -> s
     return text if utf16_len(text) < segment.before else None
 
 
+_Tried = LRUCache[tuple[str, str], bool]
+
+
 @dataclass
 class _Owner:
     """One owner's summaries in this worker."""
 
     running: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     """(conversation, call id) → the task asking for its summary."""
-    tried: LRUCache[tuple[str, str], bool] = field(
-        default_factory=lambda: LRUCache(TRIED_PER_OWNER)
-    )
+    tried: _Tried = field(default_factory=lambda: LRUCache(TRIED_PER_OWNER))
     """The results asked for, whatever came of it: never asked again."""
     failed_at: float | None = None
     """When the owner's last summary failed (`COOLDOWN_SECONDS`)."""
@@ -164,6 +165,12 @@ class Summarizer:
     def _done(self, state: _Owner, key: tuple[str, str], task: asyncio.Task[None]) -> None:
         state.running.pop(key, None)
         self._tasks.discard(task)
+
+    async def idle(self) -> None:
+        """Return once no summary is being asked (what was answered is queued for the
+        report's writer by then)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
         """Cancel what is still being asked (the app stops)."""

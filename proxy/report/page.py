@@ -7,14 +7,18 @@ JSON value in `data-value`.
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
 from proxy.report.render import (
     KIND_TITLES,
     MINUS,
+    NET_ABOVE_GROSS,
     change_text,
     money,
+    net_above_gross,
     net_text,
     no_recommendations,
     profile_of,
@@ -31,6 +35,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: 
        margin: 0; background: var(--bg); }
 main { max-width: 1100px; margin: 0 auto; padding: 24px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 28px 0 10px; }
+header { margin-bottom: 20px; }
 .sub { color: var(--muted); }
 .badge { display:inline-block; padding:2px 8px; border-radius:10px; font-weight:600;
          font-size:12px; vertical-align:middle; }
@@ -62,7 +67,7 @@ def render_html(report: dict[str, Any]) -> str:
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         "<title>ctxbudget — context budget report</title>",
-        f"<style>{_CSS}</style></head><body><main>",
+        f"<style>{_CSS}</style></head><body><main><header id='head'>",
         "<h1>Context budget "
         f"<span id='status' class='badge {'on' if on else 'off'}'>{'ON' if on else 'OFF'}</span>"
         "</h1>",
@@ -76,7 +81,10 @@ def render_html(report: dict[str, Any]) -> str:
             f"<p class='bad'>Config error, the last good config is still in force: "
             f"{escape(config['error'])}</p>"
         )
+    parts.append("</header>")
     parts.append(_cards(totals))
+    if net_above_gross(report):
+        parts.append(f"<p class='sub' id='net-above-gross'>{escape(NET_ABOVE_GROSS)}.</p>")
     parts.append(_caps(report["caps"]))
     parts.append(_kinds(totals))
     parts.append(_sessions(totals.get("money"), report.get("sessions") or []))
@@ -338,54 +346,163 @@ def _short(text: str, width: int) -> str:
 
 
 def _over_time(recent: list[dict[str, Any]]) -> str:
+    """Net money saved over time: each request's `netSavedUsd` (its cost without ctxbudget
+    minus its cost, the figures the headline sums), cumulative, against the time it came;
+    dashed, what the budget would save were it on (gross, at the input price)."""
     points = sorted(recent, key=lambda r: r["at"])
-    head = "<h2>Savings over time (latest requests, cumulative tokens)</h2>"
+    head = "<h2>Saved over time, net of cache effects (latest requests, cumulative $)</h2>"
     if len(points) < 2:
         return head + "<p class='sub' id='over-time'>Not enough requests yet to draw.</p>"
-    saved, would, saved_series, would_series = 0, 0, [], []
+    net, would, unknown = 0.0, 0.0, 0
+    net_series, would_series = [], []
     for r in points:  # kept apart: what was saved, and what the budget would have saved
-        saved += r["savedTokens"]
-        would += r["wouldSaveTokens"]
-        saved_series.append(saved)
-        would_series.append(would)
-    width, height, pad = 720, 180, 40
-    step = (width - 2 * pad) / (len(points) - 1)
-    top = max(saved, would) or 1
-
-    def line(series: list[int]) -> str:
-        return " ".join(
-            f"{pad + i * step:.1f},{height - pad - v / top * (height - 2 * pad):.1f}"
-            for i, v in enumerate(series)
-        )
-
-    label = f"saved {_n(saved)} tokens"
-    if would:
-        label += f" · would save {_n(would)} more with the budget on (dashed)"
-    return (
-        head + "<div class='panel'>"
-        f"<svg id='over-time' role='img' aria-label='cumulative tokens saved and would-save' "
-        f"width='100%' viewBox='0 0 {width} {height}'>"
-        f"<polyline id='saved-line' points='{line(saved_series)}' fill='none' "
-        "stroke='var(--after)' stroke-width='2'/>"
-        f"<polyline id='would-line' points='{line(would_series)}' fill='none' "
-        "stroke='var(--before)' stroke-width='2' stroke-dasharray='6 4'/>"
-        f"<line x1='{pad}' y1='{height - pad}' x2='{width - pad}' y2='{height - pad}' "
-        "stroke='var(--line)'/>"
-        f"<text x='{pad}' y='{height - pad + 16}'>{escape(points[0]['at'])}</text>"
-        f"<text x='{width - pad}' y='{height - pad + 16}' text-anchor='end'>"
-        f"{escape(points[-1]['at'])}</text>"
-        f"<text x='{pad}' y='{pad - 8}'>{escape(label)} over {len(points)} requests</text>"
-        "</svg></div>"
+        if r.get("netSavedUsd") is None:  # no usage read or no price: counts as nothing
+            unknown += 1
+        else:
+            net += r["netSavedUsd"]
+        would += r.get("wouldSaveUsd") or 0.0
+        net_series.append(net)
+        would_series.append(net + would)
+    width, height = 720, 220
+    left, right, top, bottom = 78, 24, 30, 34
+    plot_w, plot_h = width - left - right, height - top - bottom
+    low, high, y_ticks = _money_ticks(
+        min([0.0, *net_series, *would_series]), max([0.0, *net_series, *would_series])
     )
+    times = [_epoch(r["at"]) for r in points]
+    span = times[-1] - times[0]
+
+    def x_of(i: int) -> float:  # by time; all in one second: evenly
+        share = (times[i] - times[0]) / span if span > 0 else i / (len(points) - 1)
+        return left + share * plot_w
+
+    def y_of(v: float) -> float:
+        return top + (high - v) / (high - low) * plot_h
+
+    def line(series: list[float]) -> str:
+        return " ".join(f"{x_of(i):.1f},{y_of(v):.1f}" for i, v in enumerate(series))
+
+    grid = "".join(
+        f"<line x1='{left}' y1='{y_of(v):.1f}' x2='{width - right}' y2='{y_of(v):.1f}' "
+        f"stroke='{'var(--line)' if v else 'var(--muted)'}'/>"
+        f"<text x='{left - 8}' y='{y_of(v) + 4:.1f}' text-anchor='end' class='y-tick'>"
+        f"{escape(shown)}</text>"
+        for v, shown in y_ticks
+    )
+    axis = "".join(
+        f"<line x1='{x:.1f}' y1='{top + plot_h}' x2='{x:.1f}' y2='{top + plot_h + 4}' "
+        "stroke='var(--muted)'/>"
+        f"<text x='{x:.1f}' y='{top + plot_h + 18}' text-anchor='middle' class='x-tick'>"
+        f"{escape(shown)}</text>"
+        for at, shown in _time_ticks(times[0], times[-1])
+        for x in (left + ((at - times[0]) / span if span > 0 else 0.0) * plot_w,)
+    )
+    label = f"saved {money(net)} net over {len(points)} requests (times in UTC)"
+    if unknown:
+        label += f"; {unknown} without a price or usage count as $0"
+    note = (
+        f"<p class='sub'>Dashed: {money(net + would)} had the budget been on "
+        f"(+{money(would)} gross, at the input price).</p>"
+        if would
+        else ""
+    )
+    return (
+        head + "<div class='panel' id='over-time'>"
+        f"<svg id='over-time-chart' role='img' aria-label='net money saved over time' "
+        f"width='100%' viewBox='0 0 {width} {height}'>{grid}{axis}"
+        f"<polyline id='saved-line' points='{line(net_series)}' data-value='{net!r}' "
+        "fill='none' stroke='var(--after)' stroke-width='2'/>"
+        + (
+            f"<polyline id='would-line' points='{line(would_series)}' fill='none' "
+            "stroke='var(--before)' stroke-width='2' stroke-dasharray='6 4'/>"
+            if would
+            else ""
+        )
+        + f"<text x='{left}' y='{top - 12}'>{escape(label)}</text></svg>{note}</div>"
+    )
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+_TIME_STEPS: tuple[int, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+_TIME_STEPS += (7200, 10800, 21600, 43200, 86400, 172800, 604800, 1209600, 2592000, 7776000)
+MAX_TICKS = 6
+"""Most time labels under the savings chart: ~100 px each on its 620 px axis."""
+
+
+def _time_ticks(start: float, end: float) -> list[tuple[float, str]]:
+    """Round times between `start` and `end` (epoch seconds) with their UTC labels, at most
+    `MAX_TICKS`, no label twice: seconds for a span under minutes, hours and minutes within
+    days, the date past that; a tick on a new day names the day.
+
+    >>> [t for _, t in _time_ticks(0, 20)]
+    ['00:00:00', '00:00:05', '00:00:10', '00:00:15', '00:00:20']
+    >>> [t for _, t in _time_ticks(82_800, 97_200)]
+    ['23:00', 'Jan 02 00:00', '01:00', '02:00', '03:00']
+    >>> [t for _, t in _time_ticks(5.2, 5.7)]
+    ['00:00:05']
+    """
+    span = end - start
+    if span < 1:  # all in one second: that second, once
+        return [(start, _clock_label(start, 1, None))]
+    step = next((s for s in _TIME_STEPS if span / s < MAX_TICKS), _TIME_STEPS[-1])
+    ticks, shown, day = [], set(), None
+    at = math.ceil(start / step) * step
+    while at <= end:
+        label = _clock_label(at, step, day)
+        day = datetime.fromtimestamp(at, UTC).date()
+        if label not in shown:
+            shown.add(label)
+            ticks.append((float(at), label))
+        at += step
+    return ticks
+
+
+def _clock_label(at: float, step: float, day: Any) -> str:
+    when = datetime.fromtimestamp(at, UTC)
+    if step >= 86_400:
+        return when.strftime("%b %d")
+    clock = when.strftime("%H:%M:%S" if step < 60 else "%H:%M")
+    return when.strftime("%b %d ") + clock if day is not None and when.date() != day else clock
+
+
+def _money_ticks(low: float, high: float) -> tuple[float, float, list[tuple[float, str]]]:
+    """The y range for amounts from `low` to `high` (0 within it), and its round ticks with
+    their labels, 3-6 of them.
+
+    >>> _money_ticks(0.0, 0.0339)[2]
+    [(0.0, '$0.00'), (0.01, '$0.01'), (0.02, '$0.02'), (0.03, '$0.03'), (0.04, '$0.04')]
+    >>> [t for _, t in _money_ticks(-0.00002, 0.00006)[2]]
+    ['−$0.00002', '$0.00000', '$0.00002', '$0.00004', '$0.00006']
+    """
+    if high - low <= 0:
+        high = low + 0.01
+    raw = (high - low) / 4
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first, last = math.floor(low / step), math.ceil(high / step)
+    digits = max(2, -math.floor(math.log10(step)))
+    ticks = []
+    for k in range(first, last + 1):
+        v = round(k * step, digits + 2)
+        shown = f"${abs(v):,.{digits}f}"
+        ticks.append((v, MINUS + shown if v < 0 else shown))
+    return first * step, last * step, ticks
 
 
 def _requests(recent: list[dict[str, Any]]) -> str:
     rows = []
     for r in recent:
-        segs = [s for s in r["segments"] if s["action"] != "kept"]
+        # a kept segment with a note is one a user expected clamped (an unwrapped web page
+        # over its cap): the text report lists it, and so must the page
+        segs = [s for s in r["segments"] if s["action"] != "kept" or s.get("note")]
         detail = "".join(
             f"<li>{escape(s['kind'])} <code>{escape(s['label'])}</code>: "
-            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}</li>"
+            f"{_n(s['before'])} → {_n(s['after'])} {escape(s['action'])}"
+            + (f" <span class='sub'>({escape(s['note'])})</span>" if s.get("note") else "")
+            + "</li>"
             for s in segs
         )
         error = ""

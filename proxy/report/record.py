@@ -87,6 +87,9 @@ class RequestRecord:
     """Memories placed again from an earlier request of the session (recall did not run)."""
     memory_skipped: str | None = None
     """Why recall was skipped (the memory database did not answer), or None."""
+    prune_skipped: str | None = None
+    """Why no new prune could be taken (the database did not answer: the decisions held were
+    applied), or None."""
     overhead: bool = False
     """A request ctxbudget made itself (a pruned result's summary): without ctxbudget it would
     not have been made, so what it cost is all loss (`withoutCtxbudgetUsd` 0)."""
@@ -171,7 +174,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         if i < len(r.segment_tokens):
             saved_tokens = r.segment_tokens[i]
         else:
-            saved_tokens = tokens.saved(s, r.encoding)
+            saved_tokens = tokens.saved(s, r.encoding, owner=r.owner)
         segments.append(_SEGMENTS.get(_segment_entry, s, saved_tokens, r.input_price))
     acted = [s for s in segments if s["action"] == "clamped"]
     would = [s for s in segments if s["action"] == "would-clamp"]
@@ -193,6 +196,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "memories": (r.memory or {}).get("injected", r.memory_reused),
         "memoriesReused": r.memory_reused,
         "memorySkipped": r.memory_skipped,
+        "pruneSkipped": r.prune_skipped,
         "clampError": r.clamp_error,
         "upstreamError": r.upstream_error,
         "segmentsSeen": len(segments),
@@ -249,7 +253,7 @@ def _tools_inline(r: RequestRecord, tokens: TokenCounter) -> dict[str, int] | No
         return None
     counted = found.tokens
     if counted is None:  # cached by digest: a session's requests resend the same tools
-        counted = tokens.count_bytes(found.definitions, r.encoding)
+        counted = tokens.count_bytes(found.definitions, r.encoding, owner=r.owner)
     return {"count": found.count, "tokens": counted}
 
 
@@ -260,7 +264,7 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     late = prefix.late_tokens() if prefix is not None else {}
 
     def count(data: bytes) -> int:
-        return tokens.count_bytes(data, r.encoding)
+        return tokens.count_bytes(data, r.encoding, owner=r.owner)
 
     # Where the provider's read ended: at a bust of ours, the session's comparison says how
     # far each side would read; else the provider's own `cache_read` says it, for both sides.
@@ -306,7 +310,7 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "cacheBust": prefix.bust if prefix is not None else None,
         "clientCacheBust": bool(prefix is not None and prefix.client_cache_bust),
         "sharedPrefixBlocks": prefix.shared_forwarded if prefix is not None else None,
-        "memoryTokens": sum(tokens.count(t, r.encoding) for t in r.memory_texts),
+        "memoryTokens": sum(tokens.count(t, r.encoding, owner=r.owner) for t in r.memory_texts),
         "withoutUsage": usage_without.to_dict() if usage_without is not None else None,
         "costUsd": actual,
         "withoutCtxbudgetUsd": would,
@@ -358,7 +362,7 @@ def billing_is_quick(r: RequestRecord, tokens: TokenCounter) -> bool:
         for data in (m.client, m.forwarded):
             if isinstance(data, Digested):
                 data = data.data if data.data is not None else b""
-            if data and not tokens.knows_bytes(data, r.encoding):
+            if data and not tokens.knows_bytes(data, r.encoding, owner=r.owner):
                 left -= len(data)
                 if left < 0:
                     return False

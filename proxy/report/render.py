@@ -186,6 +186,26 @@ def gross_text(totals: dict[str, Any], encoding: str) -> str:
     )
 
 
+NET_ABOVE_GROSS = (
+    "Net above gross: gross counts the removed text's own tokens at the input price; net is "
+    "the provider's bill, which counts the request as it is sent (JSON: a tool result's quotes "
+    "and newlines are escapes, and tokens too) and prices cache writes above the input price"
+)
+"""Said where net and gross are both shown, when the net saving (of the totals or of a listed
+request) is the larger: not an error in either figure, but two different counts."""
+
+
+def net_above_gross(report: dict[str, Any]) -> bool:
+    """Whether a net saving shown is above its gross figure (the totals', or a listed
+    request's): then `NET_ABOVE_GROSS` goes with them."""
+    totals = report["totals"]
+    net = (totals.get("money") or {}).get("savedUsd")
+    pairs = [(net, totals.get("savedUsd"))]
+    pairs += [(r.get("netSavedUsd"), r.get("savedUsd")) for r in report.get("recent") or []]
+    # a cent's ten-thousandth either way is rounding, not a difference worth a line
+    return any(n is not None and g is not None and n > g + 1e-6 for n, g in pairs)
+
+
 def net_lines(
     money_totals: dict[str, Any] | None,
     sessions: list[dict[str, Any]],
@@ -275,6 +295,18 @@ def tools_inline_text(sessions: list[dict[str, Any]]) -> str | None:
     )
 
 
+TEXT_SECTIONS = {
+    "caps": "the effective caps and where each came from",
+    "money": "what the provider billed, with and without ctxbudget, per session",
+    "kinds": "chars and tokens removed per kind (gross)",
+    "requests": "the latest requests, each with its clamps",
+    "memory": "memory recall per request, and the budget recommendations",
+}
+"""Sections of the text report a user can ask for one at a time (`/context budget full caps`,
+`GET /context/budget?format=text&section=caps`), with what each holds; plain `full` is all
+of them."""
+
+
 SUMMARY_CLAMPS = 5
 """Segments the summary lists (the most chars removed first)."""
 _LABEL = 72
@@ -311,6 +343,8 @@ def render_summary(report: dict[str, Any]) -> str:
         + f"; cache busts caused by ctxbudget: {busts}"
     )
     lines.append(gross_text(totals, report["encoding"]))
+    if net_above_gross(report):
+        lines.append(NET_ABOVE_GROSS)
     if totals["clampErrors"]:
         lines.append(f"⚠ {totals['clampErrors']} request(s) forwarded untouched (clamp error)")
     advice = tools_inline_text(report.get("sessions") or [])
@@ -333,7 +367,11 @@ def render_summary(report: dict[str, Any]) -> str:
             f"Recommendation for {r['agent']}: {change_text(r)}{more} — `ctxbudget analyze`"
         )
     page = f" · the page: {report['page']}" if report.get("page") else ""
-    lines.append(f"More: /context budget full (every request) · /context budget json{page}")
+    sections = ", ".join(TEXT_SECTIONS)
+    lines.append(
+        f"More: /context budget full (every request; one part: full {sections}) · "
+        f"/context budget json{page}"
+    )
     return _CONTROL.sub("", "\n".join(lines)) + "\n"
 
 
@@ -358,35 +396,78 @@ def _top_clamps(
     return [(key, (v[0], v[2], v[3])) for key, v in ranked]
 
 
-def render_text(report: dict[str, Any]) -> str:
-    """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command."""
-    lines: list[str] = [headline(report)]
+def render_text(report: dict[str, Any], section: str | None = None) -> str:
+    """The report as text, for people: `ctxbudget report`, `?format=text`, the chat command.
+
+    With `section` (a key of `TEXT_SECTIONS`), only the headline and that section: the whole
+    text runs to hundreds of lines, too long for a chat.
+    """
+    if section is not None:
+        parts = {
+            "caps": _caps_lines,
+            "money": _money_lines,
+            "kinds": _kind_lines,
+            "requests": _request_lines,
+            "memory": _memory_lines,
+        }
+        others = ", ".join(name for name in TEXT_SECTIONS if name != section)
+        part = [headline(report), *parts[section](report)]
+        part.append(f"Other sections: {others} (/context budget full <section>)")
+        return _CONTROL.sub("", "\n".join(part)) + "\n"
+    lines: list[str] = [headline(report), *_caps_lines(report), ""]
+    lines.extend(_money_lines(report))
+    lines.extend(_kind_lines(report))
+    lines.extend(_recommendation_lines(report))
+    if report.get("page"):
+        lines.append(f"Report page with plots: {report['page']} (open it in a browser)")
+    if report["recent"]:
+        lines.append("")
+    lines.extend(_request_lines(report))
+    # Paths, URLs and tool names come from clients: a terminal must not run their escapes.
+    return _CONTROL.sub("", "\n".join(lines)) + "\n"
+
+
+def _caps_lines(report: dict[str, Any]) -> list[str]:
     on = report["enabled"]
-    lines.append(f"Context budget: {'ON' if on else 'OFF'} (agents.defaults.contextBudget.enabled)")
+    lines = [f"Context budget: {'ON' if on else 'OFF'} (agents.defaults.contextBudget.enabled)"]
     config = report["config"]
     where = config["path"] or "built-in defaults"
     lines.append(f"Config: {where} (loaded {config['loadedAt']})")
+    if report.get("data"):  # `ctxbudget report`: the files it read
+        lines.append(
+            f"Data: report {report['data']['report']}, memories {report['data']['memories']}"
+        )
     if config.get("error"):
         lines.append(f"⚠ Config error, last good config still in force: {config['error']}")
     lines.append("Effective caps (UTF-16 chars):")
     for kind, cap in report["caps"].items():
         value = "no limit" if cap["value"] is None else f"{_n(cap['value'])} {_UNITS[kind]}"
         lines.append(f"- {KIND_TITLES[kind]}: {value} — from {cap['source']} ({cap['from']})")
+    return lines
+
+
+def _money_lines(report: dict[str, Any]) -> list[str]:
     totals = report["totals"]
-    lines.append("")
-    lines.append(
+    lines = [
         f"{window_text(report)}: {_plural(totals['requests'], 'request')}, "
         f"{_n(totals['seen'])} segments seen, "
         f"{_n(totals['clamped'])} clamped"
         + (f", {_n(totals['wouldClamp'])} would clamp" if totals["wouldClamp"] else "")
-    )
+    ]
     lines.extend(
         net_lines(totals.get("money"), report.get("sessions") or [], totals.get("summaries"))
     )
     advice = tools_inline_text(report.get("sessions") or [])
     if advice:
         lines.append(advice)
-    lines.append(gross_text(totals, report["encoding"]))
+    return lines
+
+
+def _kind_lines(report: dict[str, Any]) -> list[str]:
+    totals = report["totals"]
+    lines = [gross_text(totals, report["encoding"])]
+    if net_above_gross(report):
+        lines.append(NET_ABOVE_GROSS)
     if totals["wouldSaveChars"]:
         lines.append(
             f"Would remove with the budget on: {_n(totals['wouldSaveChars'])} chars "
@@ -421,17 +502,51 @@ def render_text(report: dict[str, Any]) -> str:
                 else ""
             )
         )
+    return lines
+
+
+def _recommendation_lines(report: dict[str, Any]) -> list[str]:
     analysis = report.get("analysis") or {}
-    for r in analysis.get("recommendations", []):
-        lines.append(
-            f"Recommendation for {r['agent']} ({profile_of(r)}): {change_text(r)} — {r['reason']} "
-            f"(confidence {r['confidence']:.2f}; `ctxbudget analyze` prints the config to paste)"
+    return [
+        f"Recommendation for {r['agent']} ({profile_of(r)}): {change_text(r)} — {r['reason']} "
+        f"(confidence {r['confidence']:.2f}; `ctxbudget analyze` prints the config to paste)"
+        for r in analysis.get("recommendations", [])
+    ]
+
+
+def _memory_line(r: dict[str, Any]) -> str | None:
+    """What recall did for request `r`, or None when it did nothing."""
+    memory = r.get("memory")
+    if memory:
+        return (
+            f"memories: {memory['applied']} ({memory['reason']}), "
+            f"{_plural(memory['candidates'], 'candidate')}, {memory['injected']} injected "
+            f"({_n(memory['chars'])} of {_n(memory['maxChars'])} chars), "
+            f"bound by {memory['boundBy']}"
         )
-    if report.get("page"):
-        lines.append(f"Report page with plots: {report['page']} (open it in a browser)")
-    if report["recent"]:
-        lines.append("")
-        lines.append("Recent requests:")
+    if r.get("memoriesReused"):
+        return (
+            f"memories: {r['memoriesReused']} placed again where this session had them "
+            "(recall runs once per user turn; the cached prefix holds)"
+        )
+    if r.get("memorySkipped"):
+        return f"memories: none, {r['memorySkipped']}"
+    return None
+
+
+def _memory_lines(report: dict[str, Any]) -> list[str]:
+    lines = ["Memory recall in the latest requests:"]
+    for r in report["recent"]:
+        said = _memory_line(r)
+        if said is not None:
+            lines.append(f"- {r['id']} {r['at']}: {said}")
+    if len(lines) == 1:
+        lines.append("- none recalled (no memories, or no user turn that asked)")
+    return lines + (_recommendation_lines(report) or ["No budget recommendations yet."])
+
+
+def _request_lines(report: dict[str, Any]) -> list[str]:
+    lines = ["Recent requests:"] if report["recent"] else []
     for r in report["recent"]:
         flags = "on" if r["enabled"] else "off"
         lines.append(
@@ -444,30 +559,19 @@ def render_text(report: dict[str, Any]) -> str:
         )
         if r.get("note"):
             lines.append(f"  note: {r['note']}")
-        memory = r.get("memory")
-        if memory:
-            lines.append(
-                f"  memories: {memory['applied']} ({memory['reason']}), "
-                f"{_plural(memory['candidates'], 'candidate')}, {memory['injected']} injected "
-                f"({_n(memory['chars'])} of {_n(memory['maxChars'])} chars), "
-                f"bound by {memory['boundBy']}"
-            )
-        elif r.get("memoriesReused"):
-            lines.append(
-                f"  memories: {r['memoriesReused']} placed again where this session had them "
-                "(recall runs once per user turn; the cached prefix holds)"
-            )
-        elif r.get("memorySkipped"):
-            lines.append(f"  memories: none, {r['memorySkipped']}")
+        said = _memory_line(r)
+        if said is not None:
+            lines.append(f"  {said}")
+        if r.get("pruneSkipped"):
+            lines.append(f"  pruning: {r['pruneSkipped']}")
         if r.get("clampError"):
             lines.append(f"  ⚠ clamp error, forwarded untouched: {r['clampError']}")
         if r.get("cacheBust"):
             lines.append(f"  ⚠ cache bust caused by ctxbudget: {r['cacheBust']}")
-        for s in r["segments"]:
-            label = s["label"]
-            note = f" ({s['note']})" if s.get("note") else ""
+        for seg in r["segments"]:
+            note = f" ({seg['note']})" if seg.get("note") else ""
             lines.append(
-                f"  - {s['kind']} {label}: {_n(s['before'])} → {_n(s['after'])} {s['action']}{note}"
+                f"  - {seg['kind']} {seg['label']}: {_n(seg['before'])} → {_n(seg['after'])} "
+                f"{seg['action']}{note}"
             )
-    # Paths, URLs and tool names come from clients: a terminal must not run their escapes.
-    return _CONTROL.sub("", "\n".join(lines)) + "\n"
+    return lines

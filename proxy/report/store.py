@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from caps import SEGMENT_KINDS
 from memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from memory.sqlite import Database, connect
-from proxy.report.ledger import PruneLedger
+from proxy.report.ledger import KEEP_DECISIONS, PruneLedger
 from proxy.report.record import (
     RequestRecord,
     entry_and_text,
@@ -354,6 +354,7 @@ class ReportStore:
         sinks: Sequence[Sink] = (),
         keep_requests: int = KEEP_REQUESTS,
         keep_days: float = KEEP_DAYS,
+        keep_decisions: int = KEEP_DECISIONS,
     ) -> None:
         self.path = path if isinstance(path, Path) else None
         """The SQLite file; None on PostgreSQL."""
@@ -389,7 +390,7 @@ class ReportStore:
             except DatabaseUnavailable as exc:
                 self._migrated = False
                 log.error("report database unavailable at start (retried later): %s", exc)
-        self.ledger = PruneLedger(self._db)
+        self.ledger = PruneLedger(self._db, keep=keep_decisions)
         """Pruning's decisions, in the same database (`proxy/report/ledger.py`)."""
         self._writes = 0
         self._keep = keep_requests

@@ -220,11 +220,15 @@ def parse_since(text: str, *, now: float | None = None) -> float:
     2800.0
     >>> parse_since("2026-11-22")
     1795305600.0
+    >>> parse_since("99999999999999999999d")
+    0.0
     """
     found = _DURATION.match(text)
     if found:
         now = time.time() if now is None else now
-        return now - float(found.group(1)) * _UNITS[found.group(2)]
+        # A duration longer than the calendar is the whole report: the epoch, not a time no
+        # database or clock takes (`99999999999999999999d` was a 500, issue 35).
+        return max(0.0, now - float(found.group(1)) * _UNITS[found.group(2)])
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from memory import DEFAULT_OWNER, InvalidMemory, NewMemory
+from memory.store import search_rows
 from memory.types import unstorable
 from proxy.access.auth import is_admin, owner_for
 from proxy.config.settings import Settings
@@ -159,7 +160,7 @@ class MemoryRoutes:
         data: list[dict[str, Any]]
         if query:
             found = await asyncio.to_thread(lambda: stores.store(settings).search(owner, query))
-            data = [{**m.to_dict(), "relevance": round(score, 4)} for m, score in found]
+            data = search_rows(found)  # relevance 0-100, the best hit 100; and `bm25`
         else:
             scope = _storable("scope", params.get("scope"))
             listed = await asyncio.to_thread(lambda: stores.store(settings).all(owner, scope=scope))

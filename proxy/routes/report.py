@@ -19,7 +19,7 @@ from proxy.config.settings import Settings
 from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
 from proxy.report.page import render_html
-from proxy.report.render import render_summary, render_text
+from proxy.report.render import TEXT_SECTIONS, render_summary, render_text
 from proxy.report.summary import parse_since
 from proxy.state import ProxyState
 
@@ -100,16 +100,30 @@ class Reporting:
         if fmt is None and "json" not in accept:
             # a browser asks for text/html first; curl and SDKs for */* or JSON
             fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
+        section = request.query_params.get("section")
+        if section is not None:  # one part of the text (`/context budget full <section>`)
+            if section not in TEXT_SECTIONS:
+                raise BadRequest(
+                    f"section must be one of {', '.join(TEXT_SECTIONS)}; got {section[:40]!r} "
+                    "(without it, format=text is the whole report)",
+                    param="section",
+                )
+            if fmt not in (None, "text"):
+                raise BadRequest(
+                    f"section is a part of the text report: use it with format=text, not {fmt!r}",
+                    param="section",
+                )
+            fmt = "text"
         owner = report_viewer(request.headers, settings, browser=fmt == "html")
         since = _since(request.query_params.get("since"))
         if fmt == "html":
             report = await self.report(
                 settings, request, owner=owner, recent=PAGE_REQUESTS, since=since
             )
-            return HTMLResponse(render_html(report))
+            return HTMLResponse(render_html(report), headers=_NO_FRAMES)
         report = await self.report(settings, request, owner=owner, since=since)
         if fmt == "text":
-            return PlainTextResponse(render_text(report))
+            return PlainTextResponse(render_text(report, section))
         if fmt == "summary":  # the chat-sized one, as `/context budget` answers
             return PlainTextResponse(render_summary(report))
         return JSONResponse(report)
@@ -132,6 +146,12 @@ class Reporting:
                 param="id",
             )
         return JSONResponse(found)
+
+
+_NO_FRAMES = {"x-frame-options": "DENY", "content-security-policy": "frame-ancestors 'none'"}
+"""The page is never shown inside another site's frame: a page that framed it could dress
+the user's own report (their sessions, URLs, paths) as its content or lure clicks onto it.
+Both headers: `frame-ancestors` where CSP is honoured, `X-Frame-Options` for older browsers."""
 
 
 def _since(value: str | None) -> float | None:

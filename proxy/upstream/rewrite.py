@@ -50,14 +50,16 @@ class Rewriter:
         self._complete = complete
         """None: litellm's `acompletion`."""
         self._clock = clock
-        self._cache: LRUCache[tuple[str, str], list[str]] = LRUCache(maxsize=_CACHED)
+        self._cache: LRUCache[tuple[str, str, str], list[str]] = LRUCache(maxsize=_CACHED)
         self._failed_at: float | None = None
 
     async def words(
-        self, query: str, cfg: RewriteConfig, env: Mapping[str, str]
+        self, query: str, cfg: RewriteConfig, env: Mapping[str, str], *, owner: str = ""
     ) -> tuple[list[str], str]:
-        """Search words for `query`, and a line saying where they came from."""
-        key = (cfg.model, query)
+        """Search words for `query`, and a line saying where they came from. Kept per
+        `owner`: another owner asking the same is asked of the model again, so neither the
+        time nor the note ("cached") says that someone asked it before."""
+        key = (owner, cfg.model, query)
         cached = self._cache.get(key)
         if cached is not None:
             return cached, f"LLM rewrite by {cfg.model} (cached)"

@@ -201,7 +201,7 @@ def parse_object(
     history = HISTORIES.find(raw, owner)
     if history is not None:
         if history.tail is None and not raw.isascii():
-            check_utf8(history.fields, parsed)
+            check_utf8(history.fields, parsed, owner)
         return JsonBody(raw, history.fields, decoded=False, owner=owner, history=history)
     known = TAILS.fields(raw, owner)
     if known is not None:
@@ -234,7 +234,7 @@ def parse_object(
             ) from None
         fields, decoded = whole, True
     if not decoded and not raw.isascii():  # ASCII is valid UTF-8: one fast scan
-        check_utf8(fields, parsed)
+        check_utf8(fields, parsed, owner)
     if not decoded:
         TAILS.remember(raw, fields, parsed, owner)
     return JsonBody(raw, fields, decoded=decoded, owner=owner)
@@ -323,6 +323,18 @@ def _dumps(value: Any) -> bytes:
             return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
         except ValueError:  # never `Infinity`, which is not JSON
             raise BadRequest(_OUT_OF_RANGE) from None
+
+
+def check_text_part(part: dict[str, Any], where: str, kinds: tuple[str, ...]) -> None:
+    """400 unless the `text` of content part `part` (at `where`) is a string: a part of one of
+    `kinds` must have one, any other part's `text` must be a string when it is there. Every
+    provider refuses other values with a 400, and the clamps measure the text (a number made
+    the chat clamp raise, so the request went on unclamped, or was a 500 with `failClosed`)."""
+    text = part.get("text")
+    if isinstance(text, str) or (text is None and part.get("type") not in kinds):
+        return
+    got = "nothing" if "text" not in part else type_name(text)
+    raise BadRequest(f"'{where}.text' must be a string, got {got}", param=f"{where}.text")
 
 
 def type_name(value: Any) -> str:

@@ -34,7 +34,7 @@ from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError, UpstreamError
 from proxy.upstream.http import forward_request_headers
 from proxy.urls import join
-from proxy.wire.body import JsonBody, check_model, parse_object, type_name
+from proxy.wire.body import JsonBody, check_model, check_text_part, parse_object, type_name
 from proxy.wire.types import InProcessRequest, Reply, WireRequest
 from proxy.wire.view import (
     ChatView,
@@ -47,12 +47,14 @@ from proxy.wire.view import (
 )
 
 _EXAMPLE = '{"model": ..., "max_tokens": ..., "messages": [...]}'
+_TEXT_KINDS = ("text",)
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     504: "timeout_error",
@@ -165,7 +167,7 @@ class MessagesRequest(InProcessRequest):
         return self._body.get(key)
 
     def inline_tools(self) -> InlineTools | None:
-        return inline_mcp_tools(self._body.raw_field("tools"))
+        return inline_mcp_tools(self._body.raw_field("tools"), self._body.owner)
 
     def blocks(self) -> list[Block]:
         return self._blocks_of((self.messages, self.system), self._make_blocks)
@@ -239,6 +241,8 @@ class AnthropicMessages:
                 f"'system' must be a string or a list of text blocks, got {type_name(system)}",
                 param="system",
             )
+        for i, part in enumerate(system if isinstance(system, list) else ()):
+            check_text_part(part, f"system[{i}]", _TEXT_KINDS)
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
             raise BadRequest(
@@ -349,6 +353,8 @@ def _check_messages(messages: list[Any]) -> None:
                     f"'{where}.content[{i}]' must be an object, got {type_name(part)}",
                     param=f"{where}.content[{i}]",
                 )
+            if not isinstance(part.get("text"), str):  # the usual block: one lookup, no call
+                check_text_part(part, f"{where}.content[{i}]", _TEXT_KINDS)
             kind = part.get("type")
             if kind == "tool_use" and isinstance(part.get("id"), str):
                 calls.add(part["id"])
@@ -365,6 +371,10 @@ def _check_messages(messages: list[Any]) -> None:
                     "send the assistant turn that called the tool",
                     param=f"{where}.content[{i}].tool_use_id",
                 )
+            if kind == "tool_result" and isinstance(result := part.get("content"), list):
+                for j, inner in enumerate(result):
+                    if isinstance(inner, dict) and not isinstance(inner.get("text"), str):
+                        check_text_part(inner, f"{where}.content[{i}].content[{j}]", _TEXT_KINDS)
 
 
 def _text_blocks(blocks: list[Any]) -> list[tuple[int, str]]:

@@ -38,7 +38,7 @@ from memory.query import UserTurn, user_turn
 from proxy.cache.sessions import Block
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, CtxBudgetError
-from proxy.wire.body import JsonBody, check_model, parse_object, type_name
+from proxy.wire.body import JsonBody, check_model, check_text_part, parse_object, type_name
 from proxy.wire.chat import openai_headers
 from proxy.wire.types import InProcessRequest, Reply, WireRequest
 from proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
@@ -133,7 +133,11 @@ class ResponsesRequest(InProcessRequest):
     def user_turn(self) -> UserTurn | None:
         if self._turn is None:
             if isinstance(self.input, str):
-                turn = UserTurn(index=0, text=self.input, last=True) if self.input else None
+                turn = (
+                    UserTurn(index=0, text=self.input, last=True, typed=self.input)
+                    if self.input
+                    else None
+                )
             else:  # items as chat messages: the text of each message, nothing for the rest
                 turn = user_turn(
                     [
@@ -551,6 +555,9 @@ def _check_items(items: list[Any], *, continues: bool) -> None:
                     f"got {type_name(content)}",
                     param=f"{where}.content",
                 )
+            for i, part in enumerate(content if isinstance(content, list) else ()):
+                if isinstance(part, dict) and not isinstance(part.get("text"), str):
+                    check_text_part(part, f"{where}.content[{i}]", _TEXT_PARTS)
         elif kind in ("function_call", "function_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):

@@ -111,7 +111,7 @@ class Tails:
             return None  # not a member boundary, or a bad body: the long way says which
         if not document.isascii():  # the tail was checked when it was remembered
             try:
-                check_utf8(head, ())
+                check_utf8(head, (), owner)
             except BadRequest:
                 return None
         for key in tail_fields:
@@ -169,18 +169,19 @@ _MAX_TAIL = 512 * 1024
 TAILS = Tails()
 
 
-def check_utf8(fields: dict[str, Any], parsed: tuple[str, ...]) -> None:
+def check_utf8(fields: dict[str, Any], parsed: tuple[str, ...], owner: str) -> None:
     # msgspec checks the strings it decodes, not the raw values it only skips; `messages` is
     # checked by orjson when it parses it. Usually ASCII: a fast check, no decode. An agent
     # sends the same large values every turn (OpenClaw's 110 KB of tools): one checked before
-    # is known by its digest (6 µs, where decoding it again took ~90 µs).
+    # is known by its digest (6 µs, where decoding it again took ~90 µs), and by its owner:
+    # another owner's value is checked again, so no one times what another sent.
     for key, value in fields.items():
         if key in parsed:
             continue  # orjson checks it as it parses; copying it here cost 30 ms at 30 MB
         large = len(value) > _REMEMBER_VALID
         if large:
             digest = xxhash.xxh3_128_digest(value, _SEED)
-            if digest in _VALID:
+            if (owner, digest) in _VALID:
                 continue
         data = bytes(value)
         if not data.isascii():
@@ -192,12 +193,12 @@ def check_utf8(fields: dict[str, Any], parsed: tuple[str, ...]) -> None:
                     param=key,
                 ) from exc
         if large:
-            _VALID[digest] = True
+            _VALID[owner, digest] = True
 
 
 _REMEMBER_VALID = 4096
 """Raw values over this many bytes are remembered once checked (`_VALID`)."""
-_VALID: LRUCache[bytes, bool] = LRUCache(maxsize=256)
+_VALID: LRUCache[tuple[str, bytes], bool] = LRUCache(maxsize=256)
 _SEED = secrets.randbits(64)
 """Unknown outside this process: no one can make invalid bytes digest as valid ones did."""
 

@@ -118,9 +118,10 @@ class WireRequest(Protocol):
     # of the two it holds.
 
     def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str
+        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
     ) -> tuple[int, ...]:
-        """Tokens each of `segments` (what `clamp` returned) saved, in `encoding`."""
+        """Tokens each of `segments` (what `clamp` returned) saved, in `encoding`, counted
+        for `owner` (`TokenCounter`)."""
         ...
 
     async def settle(self) -> None:
@@ -187,9 +188,9 @@ class InProcessRequest:
         return self.clamp(prune_request, caps, tools, apply=True)
 
     def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str
+        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
     ) -> tuple[int, ...]:
-        return tuple(tokens.saved(s, encoding) for s in segments)
+        return tuple(tokens.saved(s, encoding, owner=owner) for s in segments)
 
     async def settle(self) -> None:
         return None

@@ -312,3 +312,27 @@ def test_what_the_clamps_keep_is_bounded_by_its_size_not_a_count() -> None:
     finally:
         tracemalloc.stop()
     assert alive < 40 << 20  # ~60 MB before
+
+
+def test_a_text_part_that_is_not_a_string_is_left_as_sent() -> None:
+    """`{"type": "text", "text": 5}` beside a long text made the clamp raise, so it gave up on
+    the whole request (issue 35): the odd part stays as sent, the rest is clamped."""
+    long = "y" * 30_000
+    request = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": 5}, {"type": "text", "text": long}],
+            },
+            tool_call("t", "exec", {}),
+            {
+                "role": "tool",
+                "tool_call_id": "t",
+                "content": [{"type": "text", "text": 5}, {"type": "text", "text": long}],
+            },
+        ]
+    }
+    result = clamp_request(request, Caps(tool_output_max_chars=1000))
+    assert result.request["messages"][0] == request["messages"][0]
+    assert result.request["messages"][2]["content"][0] == {"type": "text", "text": 5}
+    assert [s.action for s in result.segments] == ["clamped"]

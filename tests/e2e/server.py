@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -104,9 +105,11 @@ def serve(
     workers: int = 1,
     extra_args: tuple[str, ...] = (),
     clock: Path | None = None,
+    file_limit: int | None = None,
 ) -> Iterator[ProxyServer]:
     """Start `ctxbudget serve` with `config`; wait until it answers /healthz. With `clock`
-    (a `tests.simclock.ClockFile`'s path) its wall clock runs that file's seconds ahead."""
+    (a `tests.simclock.ClockFile`'s path) its wall clock runs that file's seconds ahead; with
+    `file_limit` the process may hold at most that many open files (`ulimit -n`)."""
     config_path = tmp_path / "ctxbudget.jsonc"
     config_path.write_text(json.dumps(config, indent=2))
     port = free_port()
@@ -136,6 +139,7 @@ def serve(
         stderr=subprocess.STDOUT,
         env=full_env,
         cwd=tmp_path,
+        preexec_fn=None if file_limit is None else _limit_files(file_limit),
     )
     server = ProxyServer(process, port, config_path, log_path)
     try:
@@ -149,6 +153,13 @@ def serve(
             process.kill()
             process.wait()
         log_file.close()
+
+
+def _limit_files(n: int) -> Callable[[], None]:
+    def limit() -> None:  # runs in the child, before exec
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    return limit
 
 
 def _wait_healthy(server: ProxyServer, timeout: float = 30.0) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from pathlib import Path
 
@@ -210,3 +212,53 @@ def test_the_proxys_own_errors_raise_each_sdks_typed_error(
             "code": "method_not_allowed",
         }
     assert standin.received == []
+
+
+_KEY = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+_V13 = "Sec-WebSocket-Version: 13\r\n"
+_HANDSHAKES = {
+    "Codex's": f"GET /v1/responses HTTP/1.1\r\n{_KEY}{_V13}"
+    "openai-beta: responses_websockets=2026-02-06\r\n",
+    "an old version": f"GET /v1/responses HTTP/1.1\r\n{_KEY}Sec-WebSocket-Version: 8\r\n",
+    "no key": f"GET /v1/responses HTTP/1.1\r\n{_V13}",
+    "a bad key": f"GET /v1/responses HTTP/1.1\r\nSec-WebSocket-Key: abc\r\n{_V13}",
+    "a POST": f"POST /v1/responses HTTP/1.1\r\n{_KEY}{_V13}Content-Length: 0\r\n",
+    "another path": f"GET /v1/chat/completions HTTP/1.1\r\n{_V13}",
+}
+_UPGRADE = "Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+
+def _handshake(port: int, head: str) -> tuple[int, dict[str, object]]:
+    """Send `head` as a WebSocket upgrade; the answer's status and JSON body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"{head}Host: 127.0.0.1:{port}\r\n{_UPGRADE}".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    _, _, body = rest.partition(b"\r\n\r\n")
+    return int(status_line.split()[1]), json.loads(body)
+
+
+def test_every_websocket_handshake_is_a_426_in_openai_shape(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """Through the real server (issue 35, item 13): the websockets library under uvicorn
+    answered a handshake it found malformed itself, 400 or 405 in plain text, before the
+    app's 426 could; every handshake now gets the 426 with OpenAI's error body."""
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        answers = {name: _handshake(server.port, head) for name, head in _HANDSHAKES.items()}
+        after = httpx.get(f"{server.root}/healthz", timeout=10)
+    for name, (status, body) in answers.items():
+        assert status == 426, name
+        error = _error_of(body)
+        assert error["code"] == "websocket_not_supported", name
+        assert "supports_websockets" in str(error["message"]), name
+    assert after.status_code == 200
+    assert standin.received == []
+
+
+def _error_of(body: dict[str, object]) -> dict[str, object]:
+    error = body["error"]
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, body
+    return error

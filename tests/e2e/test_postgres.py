@@ -232,3 +232,68 @@ def test_after_a_restart_memory_calls_chats_and_records_go_on(
             report = _settled(server, 8)
             assert report["totals"]["requests"] == 8 and report["lost"] == 0
         assert "Traceback" not in server.output()
+
+
+def _tool_results(standin: StandIn) -> dict[str, str]:
+    """Call id → the tool result text the stand-in got in its last request (chat)."""
+    sent = standin.received[-1].json
+    return {m["tool_call_id"]: m["content"] for m in sent["messages"] if m.get("role") == "tool"}
+
+
+def _pruned_ids(results: dict[str, str]) -> list[str]:
+    return [i for i, text in results.items() if "tool result pruned" in text]
+
+
+def test_a_database_outage_keeps_pruned_results_and_takes_no_new_prune(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """Issue 35, item 1: with the database down, every request carrying a prunable result
+    (4,000+ chars before the newest assistant turns: nearly every request of a long agent
+    session) was a 503, because reading the conversation's decisions failed. Now the
+    decisions this process holds are applied (the same bytes as before the outage), no new
+    prune is taken, and the answer's header and the report say so."""
+    from tests.proxy.pipeline.test_prune import _chat as chat_body
+
+    with postgres_cluster() as cluster:  # a private cluster: this test stops it
+        config = _config(tmp_path, standin, cluster.new_database())
+        config["agents"]["defaults"]["contextPruning"] = {"ttl": "1s"}
+        config["memory"]["inject"] = {"enabled": False}
+        with serve(tmp_path, config) as server:
+
+            def send(turns: int) -> httpx.Response:
+                return httpx.post(
+                    f"{server.base_url}/chat/completions", json=chat_body(turns), timeout=30
+                )
+
+            assert send(5).status_code == 200
+            time.sleep(1.5)  # the cache's lifetime passes: the next request prunes
+            assert send(6).status_code == 200
+            first = _tool_results(standin)
+            assert _pruned_ids(first) == ["call_0", "call_1", "call_2"]
+            before = {i: first[i] for i in _pruned_ids(first)}
+            cluster.stop()
+            time.sleep(1.2)  # past what a worker trusts of a read without asking again
+            during = [send(7), send(8)]
+            assert [r.status_code for r in during] == [200, 200], during[0].text
+            for reply in during:
+                assert reply.headers["x-context-budget-pruning-skipped"] == "database-unavailable"
+            later = _tool_results(standin)
+            assert {i: later[i] for i in before} == before, "the decisions held stand"
+            time.sleep(1.5)  # cold again: call_3 and call_4 would be pruned now
+            cold = send(9)
+            assert cold.status_code == 200
+            assert _pruned_ids(_tool_results(standin)) == ["call_0", "call_1", "call_2"]
+            cluster.start()
+            report = _settled(server, 5)
+            assert report["lost"] == 0
+            skipped = [r.get("pruneSkipped") for r in report["recent"]]
+            assert sum(bool(s) for s in skipped) == 3
+            assert all("database did not answer" in s for s in skipped if s)
+            text = httpx.get(f"{server.root}/context/budget?format=text", timeout=30).text
+            assert "pruning: the database did not answer" in text
+            deadline = time.monotonic() + 10  # the breaker's check runs every second
+            while "pruning's database answers again" not in server.output():
+                assert time.monotonic() < deadline, "the breaker did not close"
+                time.sleep(0.2)
+            assert send(10).headers.get("x-context-budget-pruning-skipped") is None
+        assert "Traceback" not in server.output()

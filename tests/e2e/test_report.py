@@ -247,9 +247,14 @@ def test_report_beside_a_running_serve_reports_what_the_server_does(
     assert served["totals"]["requests"] == 1
     assert served["page"] == f"http://127.0.0.1:{port}/context/budget"
     moments = ("generatedAt", "config")  # when each was made, and when each loaded the file
+    # the command names the files it read (it may run elsewhere); the server's report does not
+    data = {"report": str(tmp_path / "report.db"), "memories": str(tmp_path / "memory.db")}
+    assert cli.pop("data") == data and "data" not in served
     assert {k: v for k, v in cli.items() if k not in moments} == {
         k: v for k, v in served.items() if k not in moments
     }
     assert cli["config"]["path"] == served["config"]["path"] == str(here / "ctxbudget.jsonc")
     loaded = re.compile(r"\(loaded [^)]*\)")
-    assert loaded.sub("", as_text.stdout) == loaded.sub("", served_text)
+    said = f"Data: report {data['report']}, memories {data['memories']}\n"
+    assert said in as_text.stdout
+    assert loaded.sub("", as_text.stdout.replace(said, "")) == loaded.sub("", served_text)

@@ -18,7 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from proxy.report.render import money
+from proxy.report.render import MINUS, money
 from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
 from tests.openclaw import openclaw_request
 from tests.standin import StandIn
@@ -135,6 +135,10 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
         requests_text = browser.find_element(By.ID, "requests").text
         memory_text = browser.find_element(By.ID, "memory").text
         overlaps = browser.execute_script(OVERLAPS)
+        head, cards = (browser.find_element(By.ID, i).rect for i in ("head", "totals"))
+        y_ticks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#over-time .y-tick")]
+        x_ticks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#over-time .x-tick")]
+        saved_line = browser.find_element(By.ID, "saved-line").get_attribute("data-value")
         recommendations = browser.find_element(By.ID, "recommendations").text
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shot = SCREENSHOTS / "report-page.png"
@@ -183,4 +187,10 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
     # the charts' labels and values stand clear of every bar and of each other (a session's
     # name used to run into its bars); and with 3 requests analyze has too little to go on
     assert overlaps == [], overlaps
+    # the header stands apart from the cards; the chart is in money, the headline's, with
+    # its time axis labelled once per tick (issue 36: tokens, and one time printed twice)
+    assert cards["y"] - (head["y"] + head["height"]) >= 16, (head, cards)
+    assert y_ticks and all(t.lstrip(MINUS).startswith("$") for t in y_ticks), y_ticks
+    assert x_ticks and len(set(x_ticks)) == len(x_ticks), x_ticks
+    assert float(saved_line or "nan") == pytest.approx(net)
     assert recommendations.startswith("None yet: not enough data")

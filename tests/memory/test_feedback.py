@@ -66,7 +66,8 @@ def test_deep_finds_the_second_hop_and_says_which_words_it_searched(backend: Bac
     first = run()
     by_text = dict(first)
     third = by_text["The kids brought home clay bowls and a clay cup"]
-    assert third["relevance"] == 0 and third["hop"] > 0 and third["context"] == 0
+    assert third["keyword"] == 0 and third["hop"] > 0 and third["context"] == 0
+    assert third["relevance"] == third["hop"] > 0  # the whole, 0-100
     assert "Caroline adopted a dog called Oscar" not in by_text
     assert run() == first == run()  # same query, same memories: same block, same signals
 

@@ -51,6 +51,6 @@ def test_the_key_still_covers_the_whole_turn() -> None:
 
 def test_the_chat_command_is_still_found() -> None:
     stamped = "[Sun 2026-11-22 11:28 UTC] /context budget json\n\nRuntime: agent=main"
-    assert find_command(UserTurn(index=0, text=stamped, last=True)) == "json"
+    assert find_command(UserTurn(index=0, text=stamped, last=True, typed=stamped)) == "json"
     long = "/context budget " + _paste(1_000_000)
-    assert find_command(UserTurn(index=0, text=long, last=True)) is None
+    assert find_command(UserTurn(index=0, text=long, last=True, typed=long)) is None

@@ -64,7 +64,8 @@ def test_recalls_a_relevant_memory_with_its_report(backend: Backend) -> None:
     assert recalled.lines == ("- Preference: Therapy Thursdays 3pm (today, you told me)",)
     tokens = _tokens(recalled.lines[0])  # 14
     signals = {
-        "relevance": 50.0,
+        "relevance": 100.0,  # 0-100, the best candidate 100
+        "keyword": 100.0,
         "hop": 0.0,
         "context": 0.0,
         "speaker": 0.0,

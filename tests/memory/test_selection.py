@@ -69,7 +69,7 @@ def test_scores_are_explainable_and_packing_respects_the_budget(backend: Backend
     assert [c.memory.text for c in result.chosen][:1] == ["Deploys happen on Tuesdays"]
     signals = result.chosen[0].signals()
     assert signals["recency"] == 30 and signals["source"] == 10 and signals["category"] == 10
-    assert signals["score"] == signals["relevance"] + 30 + 10 + 10 + signals["access"]
+    assert signals["score"] == signals["relevance"] / 2 + 30 + 10 + 10 + signals["access"]
     tight = select_memories(
         store,
         "default",

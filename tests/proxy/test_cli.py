@@ -526,3 +526,61 @@ def test_serve_warns_when_proxy_keys_leave_the_upstream_without_credentials(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-up")
     _warn_if_keys_without_upstream_key(Config())
     assert caplog.records == []
+
+
+def test_relative_database_paths_are_next_to_the_config_that_names_them(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36, item 9: a config naming `report.db` and `memory.db` keeps them beside itself,
+    whichever directory a command runs in; `report` says which config and which files."""
+    config = dirs.data / "ctxbudget.jsonc"
+    config.write_text(
+        json.dumps({"memory": {"store": {"path": "memory.db"}}, "report": {"path": "report.db"}})
+    )
+    os.chdir(dirs.other)
+    code, _, _ = run(capsys, "memory", "add", "beside the config", "--config", str(config))
+    assert code == 0
+    assert (dirs.data / "memory.db").exists() and not (dirs.other / "memory.db").exists()
+    os.chdir(dirs.work)
+    code, out, err = run(capsys, "memory", "list", "--config", str(config))
+    assert code == 0 and "beside the config" in out, err
+    code, out, err = run(capsys, "report", "--config", str(config))
+    assert code == 0 and err == using(config)
+    assert f"Data: report {dirs.data / 'report.db'}, memories {dirs.data / 'memory.db'}" in out
+    code, out, _ = run(capsys, "report", "--json", "--config", str(config))
+    assert json.loads(out)["data"] == {
+        "report": str(dirs.data / "report.db"),
+        "memories": str(dirs.data / "memory.db"),
+    }
+
+
+def test_report_run_elsewhere_says_it_uses_the_defaults_and_where_its_data_is(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`scripts/serve` in a checkout writes ./ctxbudget.jsonc naming ~/.ctxbudget/*.db; run from
+    another directory, `report` finds no config and says so, and where the data it read is."""
+    os.chdir(dirs.other)
+    code, out, err = run(capsys, "report")
+    assert code == 0
+    assert err.startswith("ctxbudget: using built-in defaults (no config file found: looked in ")
+    home = dirs.home / ".ctxbudget"
+    assert f"Data: report {home / 'report.db'}, memories {home / 'memory.db'}" in out
+    assert not home.exists()  # reading an empty report creates nothing
+
+
+def test_memory_search_shows_relevance_from_0_to_100_the_best_hit_100(
+    dirs: Dirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_config(dirs.work / "ctxbudget.jsonc", dirs)
+    run(capsys, "memory", "add", "The orion deploy needs a green build")
+    run(capsys, "memory", "add", "Deploy notes live in the wiki, deploy from main")
+    for other in ("Coffee order: oat milk flat white", "Standup at ten", "Tabs in Makefiles"):
+        run(capsys, "memory", "add", other)
+    code, out, _ = run(capsys, "memory", "search", "orion deploy")
+    rows = [line.rsplit(" relevance=", 1) for line in out.splitlines()]
+    assert code == 0 and [row[0].split("\t")[0] for row in rows] == ["1", "2"]
+    shown = [float(row[1]) for row in rows]
+    assert shown[0] == 100 and 0 < shown[1] < 100  # not BM25's raw 2.21e-06
+    code, out, _ = run(capsys, "memory", "search", "orion deploy", "--json")
+    found = json.loads(out)
+    assert [m["relevance"] for m in found] == shown and found[1]["bm25"] > 0

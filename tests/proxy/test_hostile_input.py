@@ -112,9 +112,9 @@ def _fail_closed(tmp_path: Path) -> dict[str, Any]:
     return config_for(tmp_path, agents={"defaults": {"contextBudget": {"failClosed": True}}})
 
 
-def _messages_with_result(tool_use_id: Any) -> dict[str, Any]:
+def _messages_with_result(tool_use_id: Any, content: Any = "x") -> dict[str, Any]:
     call = {"type": "tool_use", "id": "t1", "name": "x", "input": {}}
-    result = {"type": "tool_result", "tool_use_id": tool_use_id, "content": "x"}
+    result = {"type": "tool_result", "tool_use_id": tool_use_id, "content": content}
     return {
         "model": "claude-x",
         "max_tokens": 10,
@@ -192,3 +192,78 @@ def test_a_lone_surrogate_in_a_tool_result_is_clamped_like_any_text(
     assert r.headers["x-context-budget-clamped"] == "1"
     sent = json.loads(fake.last.body or b"")["messages"][2]["content"]
     assert "\ud800" in sent and len(sent) < len(content)
+
+
+_NUMBER_TEXT = [
+    (
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages[0].content[0].text",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text"}]},
+            ],
+        },
+        "messages[1].content[1].text",
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": ["x"]}]}],
+        },
+        "messages[0].content[0].text",
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 5,
+            "system": [{"type": "text", "text": 5}],
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        "system[0].text",
+    ),
+    (
+        "/v1/messages",
+        _messages_with_result("t1", [{"type": "text", "text": 5}, {"type": "text", "text": "y"}]),
+        "messages[2].content[0].content[0].text",
+    ),
+    (
+        "/v1/responses",
+        {
+            "model": "gpt-4.1",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": {"a": 1}}]}],
+        },
+        "input[0].content[0].text",
+    ),
+]
+
+
+@pytest.mark.parametrize("fail_closed", [False, True])
+@pytest.mark.parametrize(("route", "body", "param"), _NUMBER_TEXT)
+def test_a_text_part_whose_text_is_not_a_string_is_a_400(
+    tmp_path: Path, route: str, body: dict[str, Any], param: str, fail_closed: bool
+) -> None:
+    """`{"type":"text","text":5}` made the chat clamp raise: the whole request went on
+    unclamped, or was a 500 with `failClosed` (issue 35). Every provider refuses it with a
+    400; so does the proxy, in the client's own format, before anything goes upstream."""
+    config = config_for(tmp_path)
+    config["agents"]["defaults"]["contextBudget"]["failClosed"] = fail_closed
+    with proxy_app(tmp_path, config) as (client, fake):
+        r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"].startswith(f"'{param}' must be a string, got ")
+    assert error["type"] == "invalid_request_error"
+    if route == "/v1/messages":
+        assert r.json()["type"] == "error"
+    else:
+        assert error["param"] == param
+    assert fake.sent == []

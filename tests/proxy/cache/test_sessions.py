@@ -68,7 +68,7 @@ from proxy.pipeline.jobs import _digested_blocks
 from proxy.wire.chat import ChatCompletions
 body = ChatCompletions().parse(sys.stdin.buffer.read())
 ids = []
-for blocks in (_digested_blocks(body.blocks(), "o200k_base"), body.blocks()):
+for blocks in (_digested_blocks(body.blocks(), "o200k_base", "default"), body.blocks()):
     prefix = ClientPrefix(blocks)  # as the offload process hands it over, and as parsed here
     session = session_key({}, body.get, body.model, prefix)
     ids.append([session, prefix.conversation(session)])

@@ -4,13 +4,17 @@ workers and after a restart), and that nothing else of a request changes."""
 
 from __future__ import annotations
 
-import time
+import json
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from caps.prune import pruned_text
+from caps.types import PrunePolicy
+from proxy.report.store import ReportStore
+from tests.conftest import Backend
 from tests.fakes import FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
 
@@ -185,12 +189,29 @@ def test_pays_prunes_a_long_warm_session_and_says_it_planned_the_bust(tmp_path: 
 
 
 def test_cache_ttl_leaves_a_warm_session_alone_however_long(tmp_path: Path) -> None:
+    # the pruned form of the oldest result, as the policy writes it: what a prune would send
+    pruned = pruned_text(f"run 0\n{OUTPUT}", "Bash", "toolu_0", PrunePolicy())
+    assert pruned is not None
     clock = Clock()
     with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
         for turns in range(1, 30):
             _send(client, fake, "/v1/messages", _messages(turns))
             clock.wait(60)  # under the 5-minute lifetime: always warm
-        assert b"tool result pruned" not in fake.last.body
+            sent = orjson.loads(fake.last.body)
+            assert _result_text(sent, "toolu_0") == f"run 0\n{OUTPUT}"
+        clock.wait(301)  # then a cold gap: the same results are pruned, in that form
+        _send(client, fake, "/v1/messages", _messages(30))
+        assert _result_text(orjson.loads(fake.last.body), "toolu_0") == pruned
+
+
+def _result_text(body: dict[str, Any], call_id: str) -> str:
+    """The text of the Messages tool result for `call_id` in `body`."""
+    for message in body["messages"]:
+        for block in message["content"]:
+            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
+                content = block["content"]
+                return content if isinstance(content, str) else content[0]["text"]
+    raise AssertionError(f"no tool result {call_id}")
 
 
 def test_an_hour_cache_is_not_expired_by_ten_minutes(tmp_path: Path) -> None:
@@ -292,13 +313,9 @@ def test_a_summary_stands_for_a_long_result_once_pruned(tmp_path: Path) -> None:
             client.post("/v1/chat/completions", content=orjson.dumps(_chat(turns)))
             clock.wait(10)
         # the results that became prunable were sent to the summariser, off the request path
-        for _ in range(100):
-            if len(_summaries_asked(fake)) >= 3:
-                break
-            time.sleep(0.05)
+        client.settle()  # and the summaries are kept
         asked = _summaries_asked(fake)
         assert len(asked) == 3 and "run 0" in asked[0]["messages"][1]["content"]
-        time.sleep(0.2)  # the summaries are kept
         clock.wait(600)
         fake.answer_json(answer)
         client.post("/v1/chat/completions", content=orjson.dumps(_chat(7)))
@@ -329,9 +346,92 @@ def test_a_failed_summary_leaves_the_placeholder(tmp_path: Path) -> None:
         for turns in range(1, 6):
             _send(client, fake, "/v1/chat/completions", _chat(turns))
             fake.answer_json({"error": {"message": "overloaded"}}, status=529)
-            time.sleep(0.1)
+            client.settle()
             clock.wait(10)
         clock.wait(600)
         _send(client, fake, "/v1/chat/completions", _chat(6))
         pruned = [t for t in _results(fake).values() if _pruned(t)]
         assert pruned and not any("Summary of" in t for t in pruned)
+
+
+@pytest.mark.parametrize("odd", ["\ud800", "\x00"], ids=["surrogate", "nul"])
+def test_a_result_with_text_no_database_takes_is_pruned_and_stands(
+    tmp_path: Path, backend: Backend, odd: str
+) -> None:
+    """Issue 35, item 3: a lone surrogate (JSON's `\\ud800`; binary tool output) in a pruned
+    result's head or call id was a 500 `UnicodeEncodeError` when the decision was stored, a
+    NUL a 500 `DataError` on PostgreSQL, again each time the session went cold. The decision
+    is stored and read back as it was: another worker sends the very same bytes."""
+    clock = Clock()
+    config = _config(tmp_path)
+    if backend.url is not None:
+        config["database"] = {"url": backend.url}
+
+    def body(turns: int) -> bytes:
+        found = _chat(turns)
+        for m in found["messages"]:
+            for call in m.get("tool_calls") or ():
+                call["id"] = call["id"].replace("call_0", f"call_0{odd}")
+            if m.get("tool_call_id") == "call_0":
+                m["tool_call_id"] = f"call_0{odd}"
+                m["content"] = f"bin {odd}{odd}\n{m['content']}"
+        return json.dumps(found).encode()  # escapes as a client's JSON does: \ud800, \u0000
+
+    def results(fake: FakeUpstream) -> dict[str, str]:
+        sent = json.loads(fake.last.body)
+        return {m["tool_call_id"]: m["content"] for m in sent["messages"] if m["role"] == "tool"}
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with proxy_app(tmp_path / "a", config, clock=clock) as (a, fake_a):
+        for turns, wait in ((5, 600), (6, 10)):
+            fake_a.answer_json(chat_completion(model="gpt-4o"))
+            r = a.post("/v1/chat/completions", content=body(turns))
+            assert r.status_code == 200, r.text
+            clock.wait(wait)
+        pruned = results(fake_a)
+        assert _pruned(pruned[f"call_0{odd}"]) and pruned[f"call_0{odd}"].startswith(f"bin {odd}")
+    with proxy_app(tmp_path / "b", config, clock=clock) as (b, fake_b):  # another worker
+        fake_b.answer_json(chat_completion(model="gpt-4o"))
+        r = b.post("/v1/chat/completions", content=body(7))
+        assert r.status_code == 200, r.text
+        assert results(fake_b)[f"call_0{odd}"] == pruned[f"call_0{odd}"]
+
+
+def test_decisions_and_summaries_are_capped_per_owner(tmp_path: Path) -> None:
+    """Issue 35, item 8: `pruned` and `summaries` grew without a per-key limit (8,002 rows
+    and 25 MB of tool text from one key in minutes, kept 90 days). Each owner keeps its
+    newest decisions and summaries, and one key's flood never pushes out another's."""
+    clock = Clock()
+    config = _config(tmp_path)
+    config["proxy"]["keysEnv"] = "KEYS"
+    env = {"KEYS": "alice=ka-1,mallory=km-2"}
+    reports = ReportStore(tmp_path / "report.db", run="t", keep_decisions=6)
+    try:
+        with proxy_app(tmp_path, config, env=env, clock=clock, reports=reports) as (client, fake):
+
+            def session(key: str, stamp: str) -> None:
+                for turns in (5, 6):  # the second, after an idle gap, prunes call_0-call_2
+                    fake.answer_json(chat_completion(model="gpt-4o"))
+                    body = orjson.dumps(_chat(turns, stamp=stamp))
+                    headers = {"authorization": f"Bearer {key}"}
+                    r = client.post("/v1/chat/completions", content=body, headers=headers)
+                    assert r.status_code == 200, r.text
+                    clock.wait(600)
+
+            session("ka-1", "[Mon 2026-11-23 08:00 UTC]")
+            for hour in range(10, 15):  # five conversations, fifteen decisions
+                session("km-2", f"[Tue 2026-11-24 {hour}:00 UTC]")
+            assert b"tool result pruned" in fake.last.body
+        for n in range(10):
+            reports.ledger.add_summary("mallory", f"c{n}", "call_0", "short", at=clock.now + n)
+        reports.ledger.add_summary("alice", "c0", "call_0", "short", at=clock.now)
+        db = reports.ledger._db  # noqa: SLF001 - the rows at rest are what the cap is about
+        rows = dict(db.fetchall("SELECT owner, count(*) FROM pruned GROUP BY owner"))
+        assert rows == {"alice": 3, "mallory": 6}
+        newest = db.fetchall("SELECT max(at) FROM pruned WHERE owner = 'mallory'")[0][0]
+        assert newest == clock.now - 600, "the newest conversation's decisions are kept"
+        summaries = dict(db.fetchall("SELECT owner, count(*) FROM summaries GROUP BY owner"))
+        assert summaries == {"alice": 1, "mallory": 6}
+    finally:
+        reports.close()

@@ -99,5 +99,5 @@ def test_a_json_answer_is_priced_where_it_is_unless_it_has_much_to_count() -> No
 
     assert billing_is_quick(record(small), tokens)
     assert not billing_is_quick(record(big), tokens)
-    tokens.count_bytes(big, "o200k_base")  # as the first turn's pricing did
+    tokens.count_bytes(big, "o200k_base", owner="default")  # as the first turn's pricing did
     assert billing_is_quick(record(big), tokens)

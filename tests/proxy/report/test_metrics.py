@@ -178,6 +178,8 @@ KEYS = {"CTXBUDGET_PROXY_KEYS": "alice=ka-1", "CTXBUDGET_ADMIN_KEY": "adm-1"}
         (KEYS, {"authorization": "Bearer ka-1"}, 403),  # a proxy key: sees every owner's
         (KEYS, {"x-api-key": "ka-1"}, 403),
         (KEYS, {"authorization": "Bearer adm-1"}, 200),
+        (KEYS, {"x-api-key": "adm-1"}, 401),  # the admin and metrics keys: Bearer only
+        ({"CTXBUDGET_METRICS_KEY": "mk-1"}, {"x-api-key": "mk-1"}, 401),
         ({**KEYS, "CTXBUDGET_METRICS_KEY": "mk-1"}, {"authorization": "Bearer mk-1"}, 200),
         ({"CTXBUDGET_METRICS_KEY": "mk-1"}, {}, 401),  # a metrics key alone closes it too
         ({"CTXBUDGET_METRICS_KEY": "mk-1"}, {"authorization": "Bearer mk-1"}, 200),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.report.render import money
 from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request
 from tests.proxy.test_cli import Dirs, dirs, run, write_config  # noqa: F401 (a fixture)
@@ -49,7 +50,7 @@ def test_report_since_on_the_command_line(dirs: Dirs, capsys: pytest.CaptureFixt
 
 def test_saved_and_would_save_are_kept_apart_and_labelled(tmp_path: Path) -> None:
     """Issue 12, item 2: one request clamped, one with the budget off."""
-    body = openclaw_request(stream=False)
+    body = openclaw_request(stream=False, model="gpt-4o")  # priced: the page's chart is in $
     with proxy_app(tmp_path) as (client, _):
         client.post("/v1/chat/completions", json=body)
         client.post("/v1/chat/completions", json=body, headers={"x-context-budget": "off"})
@@ -64,6 +65,7 @@ def test_saved_and_would_save_are_kept_apart_and_labelled(tmp_path: Path) -> Non
     assert f"{web['charsBefore']:,} → {web['charsAfter']:,} chars sent" in line
     assert f"removed {web['savedChars']:,} chars" in line
     assert f"would save {web['wouldSaveChars']:,} more with the budget on" in line
-    tokens = report["totals"]["savedTokens"]
-    assert f"saved {tokens:,} tokens · would save {tokens:,} more with the budget on" in page
+    # the page's chart is in money (issue 36): the would-save apart, dashed, labelled gross
+    would = sum(r["wouldSaveUsd"] or 0 for r in report["recent"])
+    assert would > 0 and f"(+{money(would)} gross, at the input price)" in page
     assert "id='saved-line'" in page and "id='would-line'" in page

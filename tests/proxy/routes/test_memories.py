@@ -72,6 +72,27 @@ def test_the_admin_key_is_required_and_chooses_the_owner(tmp_path: Path) -> None
         assert [m["text"] for m in listed["data"]] == ["for carol"]
 
 
+def test_the_admin_key_is_a_bearer_token_only(tmp_path: Path) -> None:
+    """As the docs say (issue 35): `x-api-key` names a proxy key, never the admin; the
+    admin key there acts for nobody, on the memory routes and the report alike."""
+    env = {"CTXBUDGET_ADMIN_KEY": "adm-secret", "CTXBUDGET_PROXY_KEYS": "alice=ka-1"}
+    as_api_key = {"x-api-key": "adm-secret"}
+    with proxy_app(tmp_path, env=env) as (client, _):
+        added = client.post(
+            "/v1/memories", json={"text": "x", "owner": "carol"}, headers=as_api_key
+        )
+        listed = client.get("/v1/memories", headers=as_api_key)
+        report = client.get("/context/budget", headers=as_api_key)
+        assert client.get("/v1/memories", headers=ADMIN).json()["data"] == []
+    for r in (added, listed):
+        assert r.status_code == 401
+        assert r.json()["error"]["message"] == (
+            "memory endpoints need the admin key: send 'Authorization: Bearer <key>' with the "
+            "key in $CTXBUDGET_ADMIN_KEY"
+        )
+    assert report.status_code == 401
+
+
 def test_an_unauthenticated_body_is_not_read(tmp_path: Path) -> None:
     env = {"CTXBUDGET_ADMIN_KEY": "adm-secret"}
     with proxy_app(tmp_path, env=env) as (client, _):

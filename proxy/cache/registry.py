@@ -1,0 +1,274 @@
+"""Every cache the proxy keeps between requests, in one place: what it is found by, its
+bound, and why a hit tells one owner nothing of another (issue 35 item 6, issue 34).
+
+A cache found by a value (a text, bytes, their digest) is keyed by owner too: otherwise key B
+could time whether key A sent a text (one try: 7 ms against 45 ms for a 100 KB text). A
+cache found by an object's identity needs no owner: the objects a request holds are its
+owner's (parsed per owner: `resent`, `history`, `Tails`; made by per-owner caches), so no
+other owner's request can hold the object an entry keeps. A few caches are by values no
+owner sends as content (a host name, a model's price, a list's length): each says why.
+
+`tests/proxy/cache/test_registry.py` finds every cache constructor in `caps/`, `memory/` and
+`proxy/` and fails for one not listed here; `docs/architecture.md`'s table is `table()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cache:
+    """One cache kept between requests."""
+
+    where: str
+    """`path:name` of the cache (a module-level name, an attribute, a cached function)."""
+    key: str
+    """What finds an entry; "owner" in it, or the reason none is needed in `invariant`."""
+    bound: str
+    """At most what it keeps (bytes or entries)."""
+    invariant: str
+    """Why a hit is right, and why it tells one owner nothing of another."""
+
+
+_ID = "identity: only the owner whose request made the object holds it"
+
+CACHES: tuple[Cache, ...] = (
+    Cache(
+        where="caps/bootstrap.py:_clamp_cached",
+        key="owner (`Caps.owner`), system text, cap",
+        bound="16 MB",
+        invariant="the bootstrap files' clamp: a pure function of the key",
+    ),
+    Cache(
+        where="caps/bootstrap.py:clamp_body",
+        key="body, cap, file name, owner",
+        bound="8 MB",
+        invariant="one file's head + tail cut: a pure function of the key",
+    ),
+    Cache(
+        where="caps/toolresults.py:_clamp_cached",
+        key="text, tool name, call id, URL, `Caps` (its owner), tool names",
+        bound="16 MB",
+        invariant="a tool result's clamp: a pure function of the key",
+    ),
+    Cache(
+        where="caps/clamp.py:_PRUNABLE",
+        key="owner, result text, tool, call id, pruning policy",
+        bound="8 MB",
+        invariant="a prunable result's segment: a pure function of the key",
+    ),
+    Cache(
+        where="caps/clamp.py:_TEXTS",
+        key="the message object; clamp, `Caps`, index",
+        bound="8 MB",
+        invariant=f"a message's clamped texts; {_ID}",
+    ),
+    Cache(
+        where="caps/toolresults.py:_MESSAGES",
+        key="the message object; call, `Caps`, tool names, index",
+        bound="8 MB",
+        invariant=f"a tool message's clamp; {_ID}",
+    ),
+    Cache(
+        where="caps/toolresults.py:_CALLS",
+        key="the assistant message object",
+        bound="8 MB",
+        invariant=f"its tool calls' names and arguments; {_ID}",
+    ),
+    Cache(
+        where="proxy/cache/resent.py:_kept",
+        key="owner, digest of an item's bytes",
+        bound="32 MB",
+        invariant="an item's parsed objects, never changed in place (`CTXBUDGET_CHECK_RESENT`)",
+    ),
+    Cache(
+        where="proxy/wire/history.py:_by_owner",
+        key="owner",
+        bound="32 MB",
+        invariant="each owner's last bodies and their items",
+    ),
+    Cache(
+        where="proxy/wire/scan.py:_by_end",
+        key="owner, a body's last 32 bytes",
+        bound="32 tails",
+        invariant="the tail an agent resends, compared byte for byte before use",
+    ),
+    Cache(
+        where="proxy/wire/scan.py:_VALID",
+        key="owner, seeded digest of a raw value",
+        bound="256 entries",
+        invariant="a large value was checked as UTF-8 (the seed is unknown to clients)",
+    ),
+    Cache(
+        where="proxy/wire/body.py:_DUMPED",
+        key="the changed item object",
+        bound="8 MB",
+        invariant=f"its JSON; {_ID}",
+    ),
+    Cache(
+        where="proxy/wire/view.py:_VIEWS",
+        key="the items' objects, format extras",
+        bound="8 MB",
+        invariant=f"the chat-shaped view of them; {_ID}",
+    ),
+    Cache(
+        where="proxy/wire/view.py:_COPIES",
+        key="the items' objects, written texts",
+        bound="8 MB",
+        invariant=f"the write-back copies; {_ID}",
+    ),
+    Cache(
+        where="proxy/wire/view.py:_LABELS",
+        key="a list's name (`messages`, `input`)",
+        bound="4,096 labels a name",
+        invariant="`name[i]` strings: a function of a length, no owner's content",
+    ),
+    Cache(
+        where="proxy/wire/responses.py:_calls",
+        key="owner, call id",
+        bound="10,000 entries",
+        invariant="a relayed call's name, for a continuation",
+    ),
+    Cache(
+        where="proxy/wire/responses.py:_owners",
+        key="response id (random, 50+ chars)",
+        bound="50,000 entries",
+        invariant="whom a response went to; it refuses other owners, it is not found by them",
+    ),
+    Cache(
+        where="proxy/cache/sessions.py:_SHARED_KNOWN",
+        key="owner, seeded digest of a block",
+        bound="1,024 entries",
+        invariant="the block's unseeded digest (BLAKE2b)",
+    ),
+    Cache(
+        where="proxy/cache/sessions.py:_SERIALS",
+        key="owner, seeded digest of the bytes sent",
+        bound="16 MB",
+        invariant="the block's serial bytes and digest: the same bytes parse alike",
+    ),
+    Cache(
+        where="proxy/cache/sessions.py:_STABLE_KNOWN",
+        key="owner, model, the first blocks' seeded digests",
+        bound="1,024 entries",
+        invariant="the stable-prefix hash that names a session",
+    ),
+    Cache(
+        where="proxy/cache/sessions.py:_BYTES_KEPT",
+        key="the bytes object",
+        bound="16 MB",
+        invariant=f"its digest; {_ID}",
+    ),
+    Cache(
+        where="proxy/cache/sessions.py:_CLIENT_KEPT",
+        key="the client's item object, owner",
+        bound="16 MB",
+        invariant=f"its serial bytes and digest; {_ID}",
+    ),
+    Cache(
+        where="proxy/cache/sessions.py:_SERIAL_KEPT",
+        key="the clamped object",
+        bound="8 MB",
+        invariant=f"its serial bytes; {_ID}",
+    ),
+    Cache(
+        where="proxy/cache/tools.py:_inline",
+        key="the `tools` bytes, owner",
+        bound="8 MB",
+        invariant="the MCP tools sent inline: a pure function of the bytes",
+    ),
+    Cache(
+        where="proxy/tokens.py:_cache",
+        key="owner, encoding, text's hash and length (bytes: XXH3-64)",
+        bound="4,096 entries",
+        invariant="a text's token count (a 64-bit collision misreports one count, never a clamp)",
+    ),
+    Cache(
+        where="proxy/tokens.py:_objects",
+        key="the block or segment object, encoding, owner",
+        bound="16 MB",
+        invariant=f"its token count; {_ID}",
+    ),
+    Cache(
+        where="proxy/pipeline/jobs.py:_tokens",
+        key="none (one per worker process)",
+        bound="one `TokenCounter`",
+        invariant="the offload worker's counter: its counts are per owner as above",
+    ),
+    Cache(
+        where="proxy/upstream/rewrite.py:_cache",
+        key="owner, model, the user's query",
+        bound="512 entries",
+        invariant="deep recall's search words (its note says `cached`: to their owner only)",
+    ),
+    Cache(
+        where="proxy/report/ledger.py:_held",
+        key="owner, conversation",
+        bound="1,024 conversations an owner, 32 M chars of decision texts in all (past it the "
+        "owner holding the most gives way)",
+        invariant="the decisions this process read or took: applied while the database is down",
+    ),
+    Cache(
+        where="proxy/pipeline/summaries.py:_owners",
+        key="owner",
+        bound="1,024 owners",
+        invariant="an owner's summaries in this worker: running, tried, its cooldown",
+    ),
+    Cache(
+        where="proxy/pipeline/summaries.py:tried",
+        key="owner (one per owner), conversation, call id",
+        bound="10,000 results an owner",
+        invariant="a result asked for once is never asked again, whatever came of it",
+    ),
+    Cache(
+        where="proxy/report/record.py:_SEGMENTS",
+        key="the segment object, tokens, price",
+        bound="8 MB",
+        invariant=f"its report entry; {_ID} (segments come from the per-owner clamp caches)",
+    ),
+    Cache(
+        where="proxy/report/prices.py:_model_map",
+        key="none",
+        bound="one map",
+        invariant="litellm's offline price map, loaded once",
+    ),
+    Cache(
+        where="proxy/report/prices.py:input_price",
+        key="model name",
+        bound="512 entries",
+        invariant="a public price list's lookup (~µs): no owner's content",
+    ),
+    Cache(
+        where="proxy/report/prices.py:prices",
+        key="model name",
+        bound="512 entries",
+        invariant="a public price list's lookup (~µs): no owner's content",
+    ),
+    Cache(
+        where="proxy/config/schema.py:is_loopback",
+        key="host name",
+        bound="256 entries",
+        invariant="the door's Host check, before any owner is known: no owner's content",
+    ),
+    Cache(
+        where="proxy/stores.py:_empty",
+        key="owner",
+        bound="4,096 entries",
+        invariant="owners known to have no memories, and when that was read",
+    ),
+)
+
+
+def registered() -> frozenset[str]:
+    """Every cache's `where`."""
+    return frozenset(c.where for c in CACHES)
+
+
+def table() -> str:
+    """The Markdown table of `CACHES` (`docs/architecture.md` holds it as written here)."""
+    lines = ["| cache | found by | bound | why a hit is right, and tells no one else anything |"]
+    lines.append("|---|---|---|---|")
+    for c in CACHES:
+        lines.append(f"| `{c.where}` | {c.key} | {c.bound} | {c.invariant} |")
+    return "\n".join(lines) + "\n"

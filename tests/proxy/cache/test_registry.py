@@ -1,0 +1,61 @@
+"""Every cache kept between requests is in `proxy/cache/registry.py`, and the table in
+`docs/architecture.md` is written from it (issue 34, issue 35 item 6)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from proxy.cache.registry import CACHES, registered, table
+
+ROOT = Path(__file__).resolve().parents[3]
+_MADE = re.compile(
+    r"weighed\(|Generations\(|ByIdentity\(|OfObjects\(|LRUCache\(|lru_cache|functools\.cache\b"
+    r"|^_[A-Z_]+: dict\["
+)
+_NAME = re.compile(r"^\s*(?:self\.)?(\w+)\s*(?::[^=]*)?=")
+_DEF = re.compile(r"^\s*def (\w+)")
+
+
+def _caches_in_code() -> set[str]:
+    found = set()
+    for package in ("caps", "memory", "proxy"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "_kept.py":  # where the cache types are defined
+                continue
+            lines = path.read_text().splitlines()
+            for i, line in enumerate(lines):
+                if not _MADE.search(line) or line.lstrip().startswith(("#", ">>>", "from ")):
+                    continue
+                if line.lstrip().startswith("@"):  # a cached function: named by its def
+                    name = next(m.group(1) for m in map(_DEF.match, lines[i:]) if m)
+                else:
+                    match = _NAME.match(line)
+                    assert match, f"{path}:{i + 1}: a cache with no name: {line.strip()}"
+                    name = match.group(1)
+                found.add(f"{path.relative_to(ROOT)}:{name}")
+    return found
+
+
+def test_every_cache_in_the_code_is_registered() -> None:
+    in_code = _caches_in_code()
+    assert in_code - registered() == set(), "register these in proxy/cache/registry.py"
+    for where in registered() - in_code:  # a plain dict the pattern does not find
+        path, name = where.split(":")
+        assert re.search(rf"\b{name}\b", (ROOT / path).read_text()), f"{where}: not in the code"
+
+
+def test_every_cache_found_by_a_value_names_its_owner_or_says_why_not() -> None:
+    for cache in CACHES:
+        assert (
+            "owner" in cache.key
+            or "identity" in cache.invariant
+            or (
+                "no owner" in cache.invariant
+                or cache.key.startswith(("none", "response id", "owner"))
+            )
+        ), cache.where
+
+
+def test_the_architecture_doc_holds_the_registry_table() -> None:
+    assert table() in (ROOT / "docs" / "architecture.md").read_text()

@@ -1,0 +1,69 @@
+"""Pruning's decisions in the report's database (`proxy/report/ledger.py`): what the prune
+stage cannot show through the app, a decision taken as the database stopped answering under
+its write."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.pg import DatabaseUnavailable
+from memory.sqlite import Database
+from proxy.report.ledger import PruneLedger, loaded, stored
+from proxy.report.store import open_db
+
+
+class Flaky(Database):
+    """A database that does not answer while `down`, as PostgreSQL stopped would."""
+
+    down = False
+
+    def fetchall(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
+        if self.down:
+            raise DatabaseUnavailable("the database did not answer: connection refused")
+        return super().fetchall(sql, args)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        if self.down:
+            raise DatabaseUnavailable("the database did not answer: connection refused")
+        with super().transaction() as tx:
+            yield tx
+
+
+def test_a_decision_whose_write_failed_is_held_and_written_once_the_database_answers(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "report.db"
+    open_db(path).close()
+    db = Flaky(path)
+    ledger = PruneLedger(db)
+    try:
+        db.down = True
+        with pytest.raises(DatabaseUnavailable) as raised:
+            ledger.add("alice", "s/1", {"call_0": "[pruned]"}, at=1.0)
+        ledger.failed(raised.value)
+        assert ledger.down
+        assert ledger.held("alice", "s/1") == {"call_0": "[pruned]"}, "the next request's bytes"
+        db.down = False
+        deadline = time.monotonic() + 10
+        while ledger.breaker.down:
+            assert time.monotonic() < deadline, "the background check did not see it again"
+            time.sleep(0.05)
+        rows = db.fetchall("SELECT owner, conversation, call_id, text FROM pruned")
+        assert rows == [("alice", "s/1", "call_0", "[pruned]")]
+    finally:
+        ledger.close()
+        db.close()
+
+
+@pytest.mark.parametrize("text", ["ok", "", "a\ud800b", "\x00", "\ufdd0x", "é\udfff", '"\\'])
+def test_stored_texts_read_back_as_they_were(text: str) -> None:
+    kept = stored(text)
+    kept.encode("utf-8")  # any database's text takes it
+    assert "\x00" not in kept and loaded(kept) == text

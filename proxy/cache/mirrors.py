@@ -54,7 +54,16 @@ def mirror_blocks(
     """`(prefix digest, bytes, breakpoint lifetime)` of each provider block of a request, as
     forwarded (`sent`) or as the client sent it; None when a block is only known by its digest
     (a large body parsed in the offload process: no mirror for that request)."""
-    out: list[tuple[bytes, int, Literal["5m", "1h"] | None]] = []
+    groups = mirror_groups(blocks, provider, sent=sent)
+    return None if groups is None else [part for group in groups for part in group]
+
+
+def mirror_groups(
+    blocks: Sequence[Block], provider: Provider, *, sent: bool
+) -> list[list[tuple[bytes, int, Literal["5m", "1h"] | None]]] | None:
+    """`mirror_blocks` grouped by our block (`blocks[i]` is group i): where a change to one of
+    ours falls among the provider's blocks."""
+    out: list[list[tuple[bytes, int, Literal["5m", "1h"] | None]]] = []
     digest = xxhash.xxh3_128()
     for block in blocks:
         value = block.forwarded if sent else block.client
@@ -63,17 +72,18 @@ def mirror_blocks(
             # them or the offload process hashed them (`Digested`: the same digest and size)
             data = value if isinstance(value, Digested) else _data(value)
             digest.update(data.digest if isinstance(data, Digested) else _hash(data))
-            out.append(
-                (digest.digest(), data.size if isinstance(data, Digested) else len(data), None)
-            )
+            size = data.size if isinstance(data, Digested) else len(data)
+            out.append([(digest.digest(), size, None)])
             continue
         if isinstance(value, Digested):
             return None
+        group = []
         for part in _parts(block.label, value, provider):
             ttl = _lifetime(part)
             data = _bytes(part)
             digest.update(data)
-            out.append((digest.digest(), len(data), ttl))
+            group.append((digest.digest(), len(data), ttl))
+        out.append(group)
     return out
 
 
@@ -127,6 +137,14 @@ class MirrorView:
     """The client's own request, in the same tokens."""
     written: tuple[bytes, ...] = ()
     """The sent copy's prefix digests this request holds afterwards."""
+    counted: bool = False
+    """Its bill is in the session's running totals (`count`)."""
+
+    def count(self, billed: float, direct: float) -> None:
+        """Add the request's bill and its direct counterpart to the session's totals, once."""
+        if not self.counted:
+            self.counted = True
+            self.session.priced(billed, direct)
 
     def settle(self, read: int, total: int) -> tuple[float, int]:
         """The provider answered: it read `read` of `total` prompt tokens. Returns the scale
@@ -150,6 +168,15 @@ class SessionMirror:
     """Billed tokens per byte of this session's blocks (the last answer's)."""
     sent_bytes: int = 0
     """Bytes of the newest request as forwarded (what `scale` is set from)."""
+    requests: int = 0
+    """Requests mirrored so far."""
+    warm_pruned: int = -2
+    """The number (0 first) of the request that last took a warm prune."""
+    billed_usd: float = 0.0
+    """What the provider billed this session's priced requests through ctxbudget."""
+    direct_usd: float = 0.0
+    """What the same requests would have been billed sent direct (the report's
+    `withoutCtxbudgetUsd`: the direct copy's prediction where results are pruned)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -177,6 +204,7 @@ class SessionMirror:
             sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
             direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
             self.sent_bytes = sum(n for _, n, _ in sent)
+            self.requests += 1
             return MirrorView(
                 self,
                 self.provider,
@@ -196,6 +224,35 @@ class SessionMirror:
         if isinstance(mirror, AnthropicMirror):
             return mirror.bill(blocks, now=now, model=model)
         return mirror.bill(blocks, now=now, retention=retention)
+
+    def what_if(self, blocks: Sequence[MirrorBlock], *, now: float, model: str,
+                retention: str | None = None) -> Predicted:  # fmt: skip
+        """What the provider would bill a request of `blocks` at `now`, the mirror unchanged."""
+        with self.lock:
+            if isinstance(self.sent, AnthropicMirror):
+                return self.sent.bill(blocks, now=now, model=model, keep=False)
+            return self.sent.bill(blocks, now=now, retention=retention, keep=False)
+
+    def priced(self, billed: float, direct: float) -> None:
+        """Add one answered request's bill and its direct counterpart to the running totals."""
+        with self.lock:
+            self.billed_usd += billed
+            self.direct_usd += direct
+
+    def paused(self) -> str | None:
+        """Why warm pruning is stopped for this session, or None: the guard on the measured
+        bill (DESIGN.md: a session never stays in the red because of us). A warm prune pays
+        its rewrite at once and is repaid by the reads of later requests; until the bill is
+        back at or under direct, no other one is taken (a cold prune, free, still is)."""
+        with self.lock:
+            billed, direct = self.billed_usd, self.direct_usd
+        # a cent's fraction: the direct side is a prediction in whole tokens
+        if billed <= direct + 1e-6:
+            return None
+        return (
+            f"billed ${billed:.4f} through ctxbudget, ${direct:.4f} direct (the cache mirror): "
+            "no warm prune until the reads it saves repay the rewrite; cold prunes go on"
+        )
 
     def answered(self, view: MirrorView, total: int, drift: int) -> None:
         """Correct the mirror by an answer: the scale from its token count, and — when the
@@ -252,3 +309,11 @@ class Mirrors:
     def get(self, owner: str, session: str) -> SessionMirror | None:
         with self._lock:
             return self._kept.get((owner, session))
+
+    def paused(self, owner: str | None, session: str) -> str | None:
+        """Why warm pruning is stopped for `owner`'s `session` in this process (any owner's
+        session of that id when `owner` is None: the admin's report), or None."""
+        with self._lock:
+            keys = [(o, s) for o, s in list(self._kept) if s == session and owner in (None, o)]
+            found = [m for k in keys if (m := self._kept.get(k)) is not None]
+        return next((r for m in found if (r := m.paused()) is not None), None)

@@ -203,6 +203,13 @@ CACHES: tuple[Cache, ...] = (
         invariant="deep recall's search words (its note says `cached`: to their owner only)",
     ),
     Cache(
+        where="proxy/cache/mirrors.py:_kept",
+        key="owner, session",
+        bound="64 MB (an estimate of the entries both copies hold)",
+        invariant="a session's cache mirror (sent and direct) and its running bill: fed only "
+        "by that owner's requests of that session",
+    ),
+    Cache(
         where="proxy/report/ledger.py:_held",
         key="owner, conversation",
         bound="1,024 conversations an owner, 32 M chars of decision texts in all (past it the "

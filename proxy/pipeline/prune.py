@@ -22,18 +22,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from ctxbudget.caps import Segment, pays
+from ctxbudget.caps import Caps, Segment
 from ctxbudget.memory.pg import DatabaseUnavailable
-from ctxbudget.proxy.cache.sessions import ClientPrefix, Digested, SessionTracker
+from ctxbudget.proxy.cache.mirror import MirrorBlock, Predicted
+from ctxbudget.proxy.cache.mirrors import Mirrors, Provider, SessionMirror, mirror_groups
+from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.summaries import Summarizer, summary_text
 from ctxbudget.proxy.report.billing import write_price
 from ctxbudget.proxy.report.ledger import PruneLedger
-from ctxbudget.proxy.report.prices import prices
+from ctxbudget.proxy.report.prices import Prices, prices
 from ctxbudget.proxy.wire.types import WireRequest
 
 log = logging.getLogger("ctxbudget.prune")
@@ -65,6 +67,8 @@ class Pruned:
     summarise: Callable[[], None] | None = None
     """Asks for the summaries of the request's long results that have none: to call once the
     request was answered (`contextPruning.summarize`), never for one the upstream refused."""
+    paused: str | None = None
+    """Why warm pruning is stopped for the session (its bill is above direct), or None."""
     skipped: str | None = None
     """Why no new prune could be taken (the database did not answer: the decisions held were
     applied), or None: the report's `pruneSkipped`, the `-pruning-skipped` header."""
@@ -78,10 +82,15 @@ class PruneStage:
     """Decides and applies pruning, against the report database's ledger."""
 
     def __init__(
-        self, ledger: PruneLedger, sessions: SessionTracker, summarizer: Summarizer
+        self,
+        ledger: PruneLedger,
+        sessions: SessionTracker,
+        summarizer: Summarizer,
+        mirrors: Mirrors | None = None,
     ) -> None:
         self._ledger = ledger
         self._sessions = sessions
+        self._mirrors = mirrors if mirrors is not None else Mirrors()
         self.summarizer = summarizer
         """Summaries of long results, to stand for them once pruned (opt-in)."""
 
@@ -96,6 +105,7 @@ class PruneStage:
         settings: Settings,
         apply: bool,
         now: float,
+        provider: Provider = "openai",
     ) -> Pruned:
         """Prune what is due in `body` (`prunable`: the clamp's `prunable` segments)."""
         pruning = settings.pruning
@@ -125,14 +135,22 @@ class PruneStage:
                     fresh = []  # never seen anywhere: its first request, nothing cached
         except DatabaseUnavailable as exc:
             return await self._held(body, owner, conversation, exc, settings, warm, ttl)
-        due = bool(fresh) and (
-            not warm
-            or (
-                pruning.mode == "pays"
-                and timing is not None
-                and self._pays(body, prefix, fresh, timing[1], ttl)
-            )
-        )
+        segments: list[Segment] = []
+        paused: str | None = None
+        due = bool(fresh) and not warm  # a cold cache: the prune is free
+        if fresh and warm and pruning.mode == "pays" and timing is not None:
+            mirror = self._mirrors.get(owner, session)
+            paused = mirror.paused() if mirror is not None else None
+            # an instance without the session's mirror has nothing to price a rewrite on;
+            # a prune on the turn after one waits: the next result joins the batch for the
+            # price of one turn's reads, instead of a second whole rewrite
+            if mirror is not None and paused is None and mirror.warm_pruned < mirror.requests - 1:
+                if decided:  # the request as it goes without a new prune: what is priced
+                    segments = await body.prune(_plan(settings, decided), settings.tool_names)
+                    decided = {}
+                due = self._pays(body, prefix, fresh, mirror, provider, ttl, now, timing[1])
+                if due:
+                    mirror.warm_pruned = mirror.requests
         now_ids = (
             frozenset(s.call_id for s in fresh if s.call_id is not None) if due else frozenset()
         )
@@ -146,10 +164,10 @@ class PruneStage:
             **decided,
             **{s.call_id: _with_summary(s, summaries) for s in fresh if s.call_id in now_ids},
         }
-        if not plan:
-            return Pruned(warm=warm, ttl=ttl, summarise=summarise)
-        caps = replace(settings.caps, pruned=tuple(plan.items()), pruned_now=now_ids)
-        segments = await body.prune(caps, settings.tool_names)
+        if not plan and not segments:
+            return Pruned(warm=warm, ttl=ttl, summarise=summarise, paused=paused)
+        if plan:
+            segments += await body.prune(_plan(settings, plan, now_ids), settings.tool_names)
         if now_ids:
             made = {s.call_id: s.clamped for s in segments if s.call_id in now_ids and s.clamped}
             try:
@@ -162,7 +180,12 @@ class PruneStage:
             if any(kept.get(i) != text for i, text in made.items()):
                 log.info("another worker pruned conversation %s first: its texts stand", session)
         return Pruned(
-            tuple(segments), warm, ttl, planned_bust=bool(now_ids) and warm, summarise=summarise
+            tuple(segments),
+            warm,
+            ttl,
+            planned_bust=bool(now_ids) and warm,
+            summarise=summarise,
+            paused=paused,
         )
 
     async def _held(
@@ -225,25 +248,68 @@ class PruneStage:
         body: WireRequest,
         prefix: ClientPrefix,
         fresh: Sequence[Segment],
-        run: int,
+        mirror: SessionMirror,
+        provider: Provider,
         ttl: float,
+        now: float,
+        run: int,
     ) -> bool:
-        """`caps.pays` for pruning `fresh` now, in a warm session whose run has had `run`
-        requests before this one. Sizes in bytes stand for tokens on both sides."""
+        """Whether pruning `fresh` now, in a warm session whose run has had `run` requests
+        before this one, costs less than keeping them, priced on the session's cache mirror
+        (`docs/pruning.md`, "When a warm prune pays"): this request billed pruned against
+        billed intact — the provider reads up to the last intact stored entry and writes the
+        rest again — against the reads the prune saves each later request of the run, over
+        half the run so far."""
         found = prices(body.model)
-        if found is None:
+        groups = mirror_groups(body.blocks(), provider, sent=True)
+        if found is None or groups is None:
             return False
-        saved = sum(max(0, s.before - s.after) for s in fresh)
-        first = min(_block(prefix, s.message_index) for s in fresh)
-        # the prefix the provider would read from its cache: everything but the newest block
-        rewritten = sum(_size(d) for d in prefix.data[first:-1])
-        return pays(
-            saved,
-            max(saved, rewritten),
-            write=write_price(found, "1h" if ttl >= 3600 else "5m"),
-            read=found.cache_read,
-            expected=(run + 1) / 2,  # half the warm run so far, this request counted
+        less: dict[int, int] = {}
+        for s in fresh:
+            at = _block(prefix, s.message_index)
+            less[at] = less.get(at, 0) + max(0, s.before - s.after)
+        scale = mirror.scale
+        intact: list[MirrorBlock] = []
+        pruned: list[MirrorBlock] = []
+        changed = False
+        for index, group in enumerate(groups):
+            cut = less.get(index, 0)
+            changed = changed or cut > 0
+            largest = max(range(len(group)), key=lambda i: group[i][1]) if group else -1
+            for i, (key, size, life) in enumerate(group):
+                intact.append(MirrorBlock(key, round(size * scale), life))
+                if not changed:
+                    pruned.append(intact[-1])
+                    continue
+                # every digest from the first pruned block on is new: the provider has none
+                size = max(0, size - cut) if i == largest else size
+                pruned.append(MirrorBlock(b"pruned:" + key, round(size * scale), life))
+        retention = body.get("prompt_cache_retention")
+        kept = retention if isinstance(retention, str) else None
+        model = body.model or ""
+        rewrite = _usd(mirror.what_if(pruned, now=now, model=model, retention=kept), found) - _usd(
+            mirror.what_if(intact, now=now, model=model, retention=kept), found
         )
+        saved = sum(less.values()) * scale
+        horizon = (run + 1) / 2  # half the warm run so far, this request counted
+        return saved > 0 and horizon * saved * found.cache_read > rewrite
+
+
+def _plan(
+    settings: Settings, plan: Mapping[str, str | None], fresh: frozenset[str] = frozenset()
+) -> Caps:
+    """The caps that apply the decisions of `plan` (`fresh`: the ones taken now)."""
+    return replace(settings.caps, pruned=tuple(plan.items()), pruned_now=fresh)
+
+
+def _usd(bill: Predicted, found: Prices) -> float:
+    """A prompt's price by token class (writes at their lifetime's price)."""
+    return (
+        bill.input * found.input
+        + bill.read * found.cache_read
+        + bill.write_5m * write_price(found, "5m")
+        + bill.write_1h * write_price(found, "1h")
+    )
 
 
 def _with_summary(segment: Segment, summaries: dict[str, str]) -> str | None:
@@ -272,7 +338,3 @@ def _block(prefix: ClientPrefix, message_index: int) -> int:
         if found is not None:
             return found
     return len(prefix.blocks) - 1
-
-
-def _size(data: bytes | Digested) -> int:
-    return data.size if isinstance(data, Digested) else len(data)

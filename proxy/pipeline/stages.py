@@ -123,6 +123,7 @@ class Pipeline:
             state.reports.ledger,
             state.sessions,
             Summarizer(state.reports, state.upstream, state.env, clock=state.clock),
+            state.mirrors,
         )
 
     def endpoint(self, wire: WireFormat) -> Endpoint:
@@ -296,6 +297,7 @@ class Pipeline:
             settings=call.settings,
             apply=call.options.enabled,
             now=call.now,
+            provider="anthropic" if call.wire.provider == "anthropic" else "openai",
         )
         call.answered = pruned.summarise
         call.marks["recall_start"] = time.time_ns()

@@ -84,6 +84,12 @@ class Reporting:
 
         summary, found = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.report_section(state.config))
+        for session in report.get("sessions") or []:
+            # the guard on the measured bill lives in this process's cache mirrors: a session
+            # another instance serves says nothing here
+            paused = state.mirrors.paused(owner, str(session.get("id")))
+            if paused is not None:
+                session["pruningPaused"] = paused
         report["analysis"] = found
         report["page"] = str(request.base_url).rstrip("/") + "/context/budget"
         return report

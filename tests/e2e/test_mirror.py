@@ -71,6 +71,9 @@ def test_without_ctxbudget_is_the_direct_bill_on_an_always_warm_session(
     [got] = report["sessions"]
     assert got["costUsd"] == pytest.approx(bill["usd"], rel=1e-9)  # the bill, to the token
     assert got["withoutCtxbudgetUsd"] == pytest.approx(direct, rel=0.02), (got, direct)
+    # pruning never costs the session money: its warm prunes are priced on the mirror
+    assert bill["usd"] <= direct, (bill["usd"], direct)
+    assert got.get("pruningPaused") is None, got  # a session in the black keeps pruning
     drifts = [r["mirrorDrift"] for r in report["recent"]]
     assert all(isinstance(d, int) for d in drifts)
     # the mirror knows the provider's cache: off only by its token estimate (bytes scaled by

@@ -15,8 +15,10 @@ from ctxbudget.caps.prune import pruned_text
 from ctxbudget.caps.types import PrunePolicy
 from ctxbudget.proxy.report.store import ReportStore
 from tests.conftest import Backend
-from tests.fakes import FakeUpstream, chat_completion
+from tests.fakes import REPLIES, FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
+from tests.prompt_cache import AnthropicCache, SimClock, price, rates
+from tests.standin import _anthropic_blocks
 
 OUTPUT = "".join(f"line {i}: " + "ok " * 20 + "\n" for i in range(120))  # ~8.6 KB
 
@@ -435,3 +437,147 @@ def test_decisions_and_summaries_are_capped_per_owner(tmp_path: Path) -> None:
         assert summaries == {"alice": 1, "mallory": 6}
     finally:
         reports.close()
+
+
+# --- `pays` priced on the session's cache mirror (issue 31 items 2 and 3) -------------------
+
+SYSTEM = "".join(
+    f"Rule {i}: " + "keep the workspace tidy and say what you ran. " * 4 + "\n" for i in range(120)
+)  # fmt: skip  ~25 KB, as OpenClaw's prompt and tools
+
+
+class BilledUpstream(FakeUpstream):
+    """Answers Messages requests with the usage the billing stand-in (`tests/prompt_cache.py`,
+    written apart from the mirror) bills them, and keeps the bill."""
+
+    def __init__(self, clock: SimClock) -> None:
+        super().__init__()
+        self.cache = AnthropicCache(clock)
+        self.usd = 0.0
+
+    async def request(self, method: str, url: str, *, body: bytes | None, **kw: Any) -> Any:
+        data = orjson.loads(body or b"{}")
+        usage = self.cache.bill(data["model"], _anthropic_blocks(data))
+        found = rates(data["model"], "anthropic")
+        assert found is not None
+        self.usd += price(found, usage, 5)
+        self.answer_json({
+            **REPLIES["/v1/messages"],
+            "model": data["model"],
+            "usage": {
+                "input_tokens": usage.input, "output_tokens": 5,
+                "cache_read_input_tokens": usage.cache_read,
+                "cache_creation_input_tokens": usage.cache_write_5m + usage.cache_write_1h,
+                "cache_creation": {"ephemeral_5m_input_tokens": usage.cache_write_5m,
+                                   "ephemeral_1h_input_tokens": usage.cache_write_1h},
+            },
+        })  # fmt: skip
+        return await super().request(method, url, body=body, **kw)
+
+
+def _direct_usd(bodies: list[dict[str, Any]], gaps: list[float]) -> float:
+    """What the client's own requests are billed sent straight to the stand-in."""
+    clock = SimClock()
+    cache, usd = AnthropicCache(clock), 0.0
+    for body, gap in zip(bodies, gaps, strict=True):
+        found = rates(body["model"], "anthropic")
+        assert found is not None
+        usd += price(found, cache.bill(body["model"], _anthropic_blocks(body)), 5)
+        clock.advance(gap)
+    return usd
+
+
+def _agent(turns: int, ttl: str = "1h", *, big: int = 24) -> dict[str, Any]:
+    """An OpenClaw-shaped Messages request after `turns` tool calls: a long system prompt and
+    the newest block marked, results of 24-30 KB every other turn (1 KB between)."""
+    control = {"type": "ephemeral", "ttl": ttl}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "fix the failing test"}]}
+    ]
+    for i in range(turns):
+        size = big + i % 7 if i % 2 == 0 else 1  # KB: a long output, then a short one
+        text = f"run {i}\n" + "".join(f"{i}.{j}: " + "x" * 90 + "\n" for j in range(size * 10))
+        use = {"type": "tool_use", "id": f"toolu_{i}", "name": "exec", "input": {"n": i}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": text}
+        messages += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+    messages[-1]["content"][-1]["cache_control"] = control
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": control}],
+        "messages": messages,
+    }
+
+
+def _pruned_ids(body: bytes) -> set[str]:
+    sent = orjson.loads(body)
+    return {
+        b["tool_use_id"]
+        for m in sent["messages"]
+        for b in m["content"]
+        if b.get("type") == "tool_result" and _pruned(str(b["content"]))
+    }
+
+
+def _run(
+    tmp_path: Path, gaps: list[float], *, big: int = 24, paused: list[Any] | None = None
+) -> tuple[BilledUpstream, list[set[str]], Any, float]:
+    """The agent's session through the app under `pays`, a request after each of `gaps`
+    (seconds): the upstream, the results pruned in each request, the report, the direct bill
+    (`paused`: gets each request's `pruningPaused` from the report after it)."""
+    sim = SimClock()
+    upstream = BilledUpstream(sim)
+    bodies = [_agent(t, big=big) for t in range(1, len(gaps) + 1)]
+    pruned: list[set[str]] = []
+    with proxy_app(
+        tmp_path, _config(tmp_path, "pays"), upstream=upstream, clock=lambda: 1.8e9 + sim.now()
+    ) as (client, _):
+        for body, gap in zip(bodies, gaps, strict=True):
+            r = client.post("/v1/messages", content=orjson.dumps(body))
+            assert r.status_code == 200, r.text
+            pruned.append(_pruned_ids(upstream.last.body or b"{}"))
+            if paused is not None:
+                (now,) = client.get("/context/budget").json()["sessions"]
+                paused.append(now.get("pruningPaused"))
+            sim.advance(gap)
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+    return upstream, pruned, report, _direct_usd(bodies, gaps)
+
+
+def test_pays_on_an_hour_cache_that_never_goes_cold_costs_no_more_than_direct(
+    tmp_path: Path,
+) -> None:
+    upstream, pruned, report, direct = _run(tmp_path, [60.0] * 40)
+    assert upstream.usd <= direct, (upstream.usd, direct)
+    # pruned in batches that repay a whole rewrite: never on two turns in a row
+    new = [i for i in range(1, len(pruned)) if pruned[i] - pruned[i - 1]]
+    assert new, "a batch that repays its rewrite is pruned"
+    assert all(b - a > 1 for a, b in zip(new, new[1:], strict=False)), new
+    (session,) = report["sessions"]
+    assert session["costUsd"] == pytest.approx(upstream.usd, rel=1e-9)
+
+
+def test_pays_prunes_everything_due_after_a_cold_gap(tmp_path: Path) -> None:
+    gaps = [60.0] * 12 + [3700.0, 60.0]
+    _, pruned, _, _ = _run(tmp_path, gaps)
+    # the request after the hour's gap: every result older than the newest 3 turns
+    assert pruned[13] == {f"toolu_{i}" for i in range(0, 14 - 3, 2)}
+
+
+def test_a_session_billed_above_direct_stops_warm_pruning_and_the_report_says_why(
+    tmp_path: Path,
+) -> None:
+    # results under every clamp: a warm prune's rewrite puts the session above direct until
+    # the reads it saves repay it
+    paused: list[Any] = []
+    upstream, pruned, report, direct = _run(tmp_path, [60.0] * 40, big=9, paused=paused)
+    new = [i for i in range(1, len(pruned)) if pruned[i] - pruned[i - 1]]
+    assert new, "a batch that repays its rewrite is pruned"
+    first = new[0]
+    reason = paused[first]
+    assert isinstance(reason, str) and "direct" in reason and "cold prunes go on" in reason
+    # no warm prune while the session is billed above direct
+    for i in new[1:]:
+        assert paused[i - 1] is None, (i, paused)
+    assert upstream.usd <= direct, (upstream.usd, direct)

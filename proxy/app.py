@@ -4,17 +4,19 @@ POST /v1/chat/completions        the pipeline (proxy/pipeline/stages.py), one wi
 POST /v1/messages                  chat completions, Anthropic Messages (and its
 POST /v1/messages/count_tokens     count_tokens), OpenAI Responses (proxy/wire/)
 POST /v1/responses
-GET  /v1/models                  passed through
-GET  /metrics                    Prometheus text (proxy/report/metrics.py)
+GET  /v1/models                  passed through (proxy/routes/models.py)
+GET  /metrics                    Prometheus text (proxy/routes/metrics.py)
 GET  /context/budget             the report: JSON, text or the page (proxy/routes/report.py)
 GET  /context/budget/requests/{id}
 POST|GET /v1/memories, DELETE /v1/memories/{id}   (proxy/routes/memories.py)
-GET  /healthz
+GET  /healthz                    (proxy/routes/health.py)
+
+`create_app` builds the shared state and the pipeline and mounts `route_table`; no handler
+is written in it, so each route reads, and is tested, in its own module.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
@@ -22,17 +24,17 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from ctxbudget.caps import Clamp, clamp_request
 from ctxbudget.memory.pg import DatabaseUnavailable
-from ctxbudget.proxy.access.auth import check_metrics_reader, owner_for
 from ctxbudget.proxy.access.guard import BrowserGuard
 from ctxbudget.proxy.config.database import open_database
 from ctxbudget.proxy.config.schema import ConfigSource
@@ -50,7 +52,10 @@ from ctxbudget.proxy.pipeline.stages import Pipeline
 from ctxbudget.proxy.report import ReportStore, Sink
 from ctxbudget.proxy.report.metrics import Metrics
 from ctxbudget.proxy.report.telemetry import Telemetry
+from ctxbudget.proxy.routes.health import healthz
 from ctxbudget.proxy.routes.memories import MemoryRoutes
+from ctxbudget.proxy.routes.metrics import MetricsPage
+from ctxbudget.proxy.routes.models import ModelList
 from ctxbudget.proxy.routes.report import Reporting
 from ctxbudget.proxy.routes.websocket import refuse as refuse_websocket
 from ctxbudget.proxy.state import ProxyState
@@ -117,90 +122,25 @@ def create_app(
         )
     else:
         reports.sinks.extend(sink for sink in sinks if sink not in reports.sinks)
-    upstream = upstream or HttpUpstream()
     state = ProxyState(
-        config, upstream=upstream, reports=reports, env=env, clamp=clamp, clock=clock
+        config,
+        upstream=upstream or HttpUpstream(),
+        reports=reports,
+        env=env,
+        clamp=clamp,
+        clock=clock,
     )
     reporting = Reporting(state)
-    owns_offload = offload is None
     pipeline = Pipeline(state, reporting, offload)
-    memories = MemoryRoutes(state)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await upstream.start()
-        settings = state.settings()
-        state.stores.warm(settings)  # a database that is down is known before the first request
-        if settings.routes or settings.rewrite is not None:
-            from ctxbudget.proxy.upstream.litellm import preload_litellm
-
-            preload_litellm()
-        _freeze_start_up()
-        try:
-            yield
-        finally:
-            await upstream.close()
-            await pipeline.prune.summarizer.close()
-            if owns_offload:  # one given to create_app may serve other apps too
-                await pipeline.offload.close()
-            state.stores.close()
-            if owns_reports:
-                reports.close()
-            else:
-                reports.flush()
-            if telemetry is not None and owns_telemetry:
-                telemetry.shutdown()
-
-    async def models(request: Request) -> Response:
-        settings = state.settings()
-        owner_for(request.headers, settings)
-        reply = await upstream.request(
-            "GET",
-            settings.upstream_url("/models"),
-            body=None,
-            headers=CHAT.upstream_headers(request.headers, settings),
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-        )
-        return Response(await reply.read(), status_code=reply.status, headers=reply.headers)
-
-    async def prometheus(request: Request) -> Response:
-        check_metrics_reader(request.headers, state.settings())
-        # off the loop: with several workers it reads every worker's files
-        body, content_type = await asyncio.to_thread(
-            metrics.render, request.headers.get("accept", "")
-        )
-        return Response(body, headers={"content-type": content_type})
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "service": "ctxbudget"})  # `serve`: who holds a port
-
-    chat = pipeline.endpoint(CHAT)
-    messages = pipeline.endpoint(AnthropicMessages())
-    count_tokens = pipeline.endpoint(AnthropicMessages(counting=True))
-    responses = pipeline.endpoint(OpenAIResponses())
-    routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/chat/completions", chat, methods=["POST"]),
-        Route("/v1/messages", messages, methods=["POST"]),
-        Route("/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
-        Route("/responses", responses, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-        Route("/context/budget", reporting.budget, methods=["GET"]),
-        Route("/context/budget/requests/{id}", reporting.budget_request, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/v1/memories", memories.add, methods=["POST"]),
-        Route("/v1/memories", memories.list, methods=["GET"]),
-        Route("/v1/memories/{id}", memories.remove, methods=["DELETE"]),
-        WebSocketRoute("/{path:path}", refuse_websocket),  # Codex's Responses WebSocket
-    ]
     app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
+        routes=route_table(state, pipeline, reporting, metrics),
+        lifespan=Lifespan(
+            state=state,
+            pipeline=pipeline,
+            telemetry=telemetry if owns_telemetry else None,
+            owns_reports=owns_reports,
+            owns_offload=offload is None,  # one given to create_app may serve other apps too
+        ),
         middleware=[Middleware(BrowserGuard, settings=state.settings)],
         exception_handlers={
             ClientDisconnect: _client_gone,
@@ -214,6 +154,78 @@ def create_app(
     app.state.offload = pipeline.offload
     app.state.pipeline = pipeline
     return app
+
+
+def route_table(
+    state: ProxyState, pipeline: Pipeline, reporting: Reporting, metrics: Metrics
+) -> list[BaseRoute]:
+    """Every route of the app, in match order (DESIGN.md's HTTP surface). Each proxied format
+    also answers without `/v1`: OpenClaw's `baseUrl` may or may not end in it. A route's name
+    is its endpoint's (`serve` for the pipeline's)."""
+    chat = pipeline.endpoint(CHAT)
+    messages = pipeline.endpoint(AnthropicMessages())
+    count_tokens = pipeline.endpoint(AnthropicMessages(counting=True))
+    responses = pipeline.endpoint(OpenAIResponses())
+    memories = MemoryRoutes(state)
+    return [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
+        Route("/v1/models", ModelList(state, CHAT).models, methods=["GET"]),
+        Route("/metrics", MetricsPage(state, metrics).prometheus, methods=["GET"]),
+        Route("/context/budget", reporting.budget, methods=["GET"]),
+        Route("/context/budget/requests/{id}", reporting.budget_request, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/memories", memories.add, methods=["POST"]),
+        Route("/v1/memories", memories.list, methods=["GET"]),
+        Route("/v1/memories/{id}", memories.remove, methods=["DELETE"]),
+        WebSocketRoute("/{path:path}", refuse_websocket),  # Codex's Responses WebSocket
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lifespan:
+    """What the app opens at start-up and closes at shutdown: the upstream client, the memory
+    store, litellm when routes need it, the offload worker, the report and telemetry."""
+
+    state: ProxyState
+    pipeline: Pipeline
+    telemetry: Telemetry | None
+    """Shut down with the app: only one `create_app` made (a given one is its maker's)."""
+    owns_reports: bool
+    """Close the report store, or only flush it (one given to create_app outlives the app)."""
+    owns_offload: bool
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, app: Starlette) -> AsyncIterator[None]:
+        state, pipeline = self.state, self.pipeline
+        await state.upstream.start()
+        settings = state.settings()
+        state.stores.warm(settings)  # a database that is down is known before the first request
+        if settings.routes or settings.rewrite is not None:
+            from ctxbudget.proxy.upstream.litellm import preload_litellm
+
+            preload_litellm()
+        _freeze_start_up()
+        try:
+            yield
+        finally:
+            await state.upstream.close()
+            await pipeline.prune.summarizer.close()
+            if self.owns_offload:
+                await pipeline.offload.close()
+            state.stores.close()
+            if self.owns_reports:
+                state.reports.close()
+            else:
+                state.reports.flush()
+            if self.telemetry is not None:
+                self.telemetry.shutdown()
 
 
 async def _error_response(request: Request, exc: Exception) -> Response:

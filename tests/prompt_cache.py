@@ -236,10 +236,20 @@ def rates(model: str, provider: Literal["anthropic", "openai"]) -> Rates | None:
     )
 
 
-def _entry(model: str) -> dict[str, Any]:
-    from ctxbudget.proxy.report.prices import _model_map
+@functools.cache
+def _price_map() -> dict[str, Any]:
+    """litellm's offline price map, read from its wheel as the provider's price list: the
+    stand-in bills on its own, through no loader of the proxy's."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    package = Path(next(iter(spec.submodule_search_locations)))
+    found = json.loads((package / "model_prices_and_context_window_backup.json").read_text())
+    return found if isinstance(found, dict) else {}
 
-    known = _model_map()
+
+def _entry(model: str) -> dict[str, Any]:
+    known = _price_map()
     for name in (model, model.rsplit("/", 1)[-1]):
         if isinstance(known.get(name), dict):
             return dict(known[name])

@@ -50,6 +50,7 @@ from ctxbudget.proxy.pipeline.headers import (
     money_headers,
     net_header,
 )
+from ctxbudget.proxy.pipeline.marks import timed
 from ctxbudget.proxy.pipeline.offload import Offload
 from ctxbudget.proxy.pipeline.prune import Pruned, PruneStage
 from ctxbudget.proxy.pipeline.recall import RecallStage, Skipped
@@ -150,18 +151,18 @@ class Pipeline:
         """Authenticate, read and parse; None when the client left while its large body
         waited for the offload process."""
         started = time.perf_counter()
-        marks = {"start": time.time_ns()}
-        settings = request_settings(request, self.state)
-        headers = _headers(request)
-        owner = owner_for(headers, settings)
-        options = RequestOptions.from_headers(headers, default_enabled=settings.enabled)
-        raw = await read_body(request, settings.max_body_bytes)
-        parsed = await self._parse(request, wire, raw, owner, settings, options.enabled)
-        if parsed is None:
-            return None
-        body, turn = parsed
-        wire.admit(body, owner)  # e.g. no continuing another key's Responses conversation
-        marks["parsed"] = time.time_ns()
+        marks: dict[str, int] = {}
+        with timed(marks, "start", "parsed"):
+            settings = request_settings(request, self.state)
+            headers = _headers(request)
+            owner = owner_for(headers, settings)
+            options = RequestOptions.from_headers(headers, default_enabled=settings.enabled)
+            raw = await read_body(request, settings.max_body_bytes)
+            parsed = await self._parse(request, wire, raw, owner, settings, options.enabled)
+            if parsed is None:
+                return None
+            body, turn = parsed
+            wire.admit(body, owner)  # e.g. no continuing another key's Responses conversation
         route = settings.route_for(body.model)
         if route is not None and wire.name != "chat":
             raise BadRequest(
@@ -274,15 +275,14 @@ class Pipeline:
         """Everything that changes the body, in order: the caps, pruning (what the clamp
         found prunable, applied as decided), then the session's memory blocks placed again
         where they were (the cached prefix holds) and recall, once per user turn."""
-        segments, clamp_error = self._clamp(call)
-        prunable = tuple(s for s in segments if s.action == "prunable")
-        if prunable:
-            segments = tuple(s for s in segments if s.action != "prunable")
-        call.marks["clamped"] = time.time_ns()
+        with timed(call.marks, end="clamped"):
+            segments, clamp_error = self._clamp(call)
+            prunable = tuple(s for s in segments if s.action == "prunable")
+            if prunable:
+                segments = tuple(s for s in segments if s.action != "prunable")
         if not call.wire.generates:  # token counting: no session, recall as for any request
-            call.marks["recall_start"] = time.time_ns()
-            recall = await self._recall_only(call)
-            call.marks["recall_end"] = time.time_ns()
+            with timed(call.marks, "recall_start", "recall_end"):
+                recall = await self._recall_only(call)
             return segments, clamp_error, recall, None
         body = call.body
         # a large body's blocks come hashed (`Digested`)
@@ -300,9 +300,8 @@ class Pipeline:
             provider="anthropic" if call.wire.provider == "anthropic" else "openai",
         )
         call.answered = pruned.summarise
-        call.marks["recall_start"] = time.time_ns()
-        recall = await self._recall(call, prefix, session, pruned)
-        call.marks["recall_end"] = time.time_ns()
+        with timed(call.marks, "recall_start", "recall_end"):
+            recall = await self._recall(call, prefix, session, pruned)
         return segments + pruned.segments, clamp_error, recall, pruned
 
     def _clamp(self, call: Call) -> tuple[tuple[Segment, ...], str | None]:
@@ -400,9 +399,10 @@ class Pipeline:
         """Forward, then relay the answer (SSE) or read it whole; an abandoned request must not
         keep the upstream generating tokens for nobody."""
         watcher = call.wire.watch_reply(call.body, call.owner)
-        call.marks["upstream_start"] = time.time_ns()
         reply: UpstreamReply | None = None
-        watch = _DisconnectWatch(call.request)
+        # the upstream phase starts with its disconnect watch; the record ends it (`end`)
+        with timed(call.marks, "upstream_start"):
+            watch = _DisconnectWatch(call.request)
         try:
             reply, dropper = await self._forward(call, out)
             headers = {**reply.headers, **out.headers}

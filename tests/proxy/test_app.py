@@ -341,3 +341,71 @@ def test_start_up_objects_are_frozen_out_of_the_collector_once_a_process(tmp_pat
     with proxy_app(tmp_path / "two") as (client, _):
         assert client.get("/healthz").status_code == 200
         assert gc.get_freeze_count() <= frozen  # (frozen objects still die by refcount)
+
+
+# -- the route table: what is served where, and create_app only mounts it --
+
+SURFACE = [
+    # the pipeline's routes, each with its alias without /v1 (OpenClaw's baseUrl may omit it)
+    ("/v1/chat/completions", ["POST"], "serve"),
+    ("/chat/completions", ["POST"], "serve"),
+    ("/v1/messages", ["POST"], "serve"),
+    ("/messages", ["POST"], "serve"),
+    ("/v1/messages/count_tokens", ["POST"], "serve"),
+    ("/messages/count_tokens", ["POST"], "serve"),
+    ("/v1/responses", ["POST"], "serve"),
+    ("/responses", ["POST"], "serve"),
+    ("/v1/models", ["GET", "HEAD"], "models"),
+    ("/metrics", ["GET", "HEAD"], "prometheus"),
+    ("/context/budget", ["GET", "HEAD"], "budget"),
+    ("/context/budget/requests/{id}", ["GET", "HEAD"], "budget_request"),
+    ("/healthz", ["GET", "HEAD"], "healthz"),
+    ("/v1/memories", ["POST"], "add"),
+    ("/v1/memories", ["GET", "HEAD"], "list"),
+    ("/v1/memories/{id}", ["DELETE"], "remove"),
+    ("/{path:path}", [], "refuse"),  # any WebSocket handshake: 426
+]
+"""DESIGN.md's HTTP surface as mounted: path, methods and Starlette's name, in match order."""
+
+
+def test_the_app_serves_the_documented_routes_under_their_names(tmp_path: Path) -> None:
+    with proxy_app(tmp_path) as (client, fake):
+        mounted = [
+            (r.path, sorted(getattr(r, "methods", None) or ()), r.name) for r in client.app.routes
+        ]
+        fake.answer_json({"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]})
+        models = client.get("/v1/models")
+        health = client.get("/healthz")
+        metrics = client.get("/metrics")
+    assert mounted == SURFACE
+    assert models.json()["data"] == [{"id": "gpt-4o", "object": "model"}]
+    assert [s.url for s in fake.sent] == ["http://upstream.test/v1/models"]
+    assert health.json() == {"status": "ok", "service": "ctxbudget"}
+    assert metrics.status_code == 200 and "ctxbudget_" in metrics.text
+
+
+def test_every_handler_lives_in_routes_or_the_pipeline_and_create_app_defines_none(
+    tmp_path: Path,
+) -> None:
+    """create_app builds the state and the pipeline and mounts one table: a handler written
+    inside it is one more thing to read there, and untestable on its own."""
+    import ast
+
+    import ctxbudget.proxy.app
+
+    with proxy_app(tmp_path) as (client, _):
+        homes = {r.path: r.endpoint.__module__ for r in client.app.routes}  # type: ignore[attr-defined]
+    elsewhere = {
+        path: home
+        for path, home in homes.items()
+        if not home.startswith(("ctxbudget.proxy.routes.", "ctxbudget.proxy.pipeline."))
+    }
+    assert elsewhere == {}
+    tree = ast.parse(Path(ctxbudget.proxy.app.__file__).read_text())
+    [factory] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "create_app"]
+    nested = [
+        getattr(n, "name", "lambda")
+        for n in ast.walk(factory)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) and n is not factory
+    ]
+    assert nested == []

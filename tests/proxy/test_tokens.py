@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-import sys
-
 from ctxbudget.proxy.tokens import OBJECTS_WEIGHT, TokenCounter, encoding_name
+from tests.held import SLACK, held
 
 
 def test_tokens_are_counted_offline_with_the_models_encoding() -> None:
@@ -42,10 +41,14 @@ def test_a_block_counted_by_identity_has_its_own_count_and_the_kept_bytes_are_bo
         for data in blocks:
             for encoding in ("o200k_base", "cl100k_base"):
                 assert counter.count_bytes(data, encoding) == expected(data, encoding)
-    for i in range(200):  # 200 new 100 KB blocks, each gone after its count
-        data = (f"x{i} " * 25_000).encode()
-        assert counter.count_bytes(data, "o200k_base") == expected(data, "o200k_base")
-    assert sum(len(data) for data, _ in counter._objects.values()) <= OBJECTS_WEIGHT
+    block = b"word " * 40_000
+    count = expected(block, "o200k_base")
+    with held() as kept:
+        for _ in range(200):  # 200 new 200 KB blocks (equal: counted once), each gone after
+            data = block[:-1] + block[-1:]  # an object of its own, made here
+            assert counter.count_bytes(data, "o200k_base") == count
+        del data
+    assert kept.bytes <= OBJECTS_WEIGHT + SLACK  # not the 40 MB they came to
 
 
 def test_a_segment_counted_by_identity_has_its_own_saving_in_each_encoding() -> None:
@@ -70,14 +73,13 @@ def test_a_segment_counted_by_identity_has_its_own_saving_in_each_encoding() -> 
             for encoding in ("o200k_base", "cl100k_base"):
                 expected = fresh.count(s.original, encoding) - fresh.count(s.clamped, encoding)
                 assert counter.saved(s, encoding) == expected
-    assert counter._objects_weight <= OBJECTS_WEIGHT
-    wide = "中" * 300_000  # 600 KB in memory for 300,000 characters
-    for _ in range(40):  # 40 segments holding it: weighed by the bytes each holds
-        s = Segment(kind="tool_output", label="t", before=9, after=1, action="clamped", cap=1,
-                    original=wide, clamped="x")  # fmt: skip
-        counter.saved(s, "o200k_base")
-    held = sum(sys.getsizeof(s.original) for s, _ in counter._objects.values())  # type: ignore[attr-defined]
-    assert held <= OBJECTS_WEIGHT
+    with held() as kept:
+        for _ in range(40):  # 40 segments of 600 KB each (300,000 characters), equal texts
+            # counted once (by the text's hash), but each segment holds a string of its own
+            counter.saved(Segment(kind="tool_output", label="t", before=9, after=1,
+                                  action="clamped", cap=1, original="中" * 300_000,
+                                  clamped="x"), "o200k_base")  # fmt: skip
+    assert kept.bytes <= OBJECTS_WEIGHT + SLACK
 
 
 def test_what_the_counter_keeps_of_segments_is_bounded_by_all_they_hold() -> None:

@@ -4,6 +4,7 @@ and whatever changes a shared object in place is caught."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace, Resent
 from ctxbudget.proxy.wire.body import parse_chat_body
 from ctxbudget.proxy.wire.scan import ITEMS as _ITEMS
 from tests.fakes import REPLIES, chat_completion
+from tests.held import SLACK, held
 from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request, tool_call
 
@@ -63,10 +65,23 @@ def test_the_same_bytes_twice_in_one_request_are_two_objects() -> None:
 
 
 def test_what_is_kept_stays_within_its_bound() -> None:
-    resent = Resent(max_bytes=64 * 1024)
-    for n in range(100):
-        resent.parse(_items([{"role": "tool", "content": f"{n}" + "x" * 4000}]), "a", orjson.loads)
-    assert resent._kept.weight <= 64 * 1024
+    resent = Resent(max_bytes=1 << 20)
+    parsed: list[int] = []
+
+    def loads(view: memoryview) -> Any:  # the work a kept item saves
+        parsed.append(len(view))
+        return orjson.loads(view)
+
+    items = [_items([{"role": "tool", "content": f"{n}" + "x" * 40_000}]) for n in range(200)]
+    with held() as kept:
+        for item in items:  # 8 MB of items, each result dropped
+            resent.parse(item, "a", loads)
+    assert len(parsed) == 200 and kept.bytes <= (1 << 20) + SLACK
+    del parsed[:]
+    resent.parse(items[-1], "a", loads)
+    assert parsed == []  # the newest is kept
+    resent.parse(items[0], "a", loads)
+    assert len(parsed) == 1  # the oldest went: parsed again
 
 
 def test_a_kept_item_changed_in_place_fails_the_request_that_would_reuse_it() -> None:
@@ -195,15 +210,38 @@ def test_a_recorded_session_is_forwarded_as_without_the_reuse(tmp_path: Path, na
 
 
 def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> None:
-    from ctxbudget.caps import toolresults
+    """What the parse and the clamps kept is handed out again (the very objects) until the
+    worker lets it go; then the same request is parsed and clamped afresh, to equal values."""
+    from ctxbudget.caps import clamp_request
     from ctxbudget.proxy.pipeline.worker import _clear_caps_caches
     from ctxbudget.proxy.wire.history import HISTORIES
 
     raw = json.dumps(openclaw_request(version="9.x", size_bytes=60_000)).encode()
-    assert parse_chat_body(raw, "worker-owner").messages
-    toolresults._clamp_cached("x" * 5000, ("exec", "c1", None), Caps(), ToolNames())
-    assert RESENT._kept.weight > 0 and HISTORIES.find(raw, "worker-owner") is not None
+    caps = Caps(tool_output_max_chars=500, web_fetch_max_chars=500, owner="worker-owner")
+
+    def clamped(messages: list[Any]) -> tuple[tuple[Any, ...], list[Any]]:
+        """The segments, and the new texts of the messages the clamp changed."""
+        done = clamp_request({"messages": messages}, caps, tools=ToolNames())
+        changed = done.request["messages"]
+        texts = [c["content"] for c, m in zip(changed, messages, strict=True) if c is not m]
+        return done.segments, texts
+
+    first = parse_chat_body(raw, "worker-owner").messages
+    segments, texts = clamped(first)
+    assert texts and "clamped" in [s.action for s in segments]
+    # kept by the objects: the same messages parsed again, their segments made once
+    again = parse_chat_body(raw, "worker-owner").messages
+    assert any(a is f for a, f in zip(again, first, strict=True))
+    assert all(a is s for a, s in zip(clamped(first)[0], segments, strict=True))
+    # kept by value: other objects with the same texts get the very clamped texts
+    assert all(c is t for c, t in zip(clamped(copy.deepcopy(first))[1], texts, strict=True))
+    assert HISTORIES.find(raw, "worker-owner") is not None
+
     _clear_caps_caches()
-    assert RESENT._kept.weight == 0 and HISTORIES.find(raw, "worker-owner") is None
-    assert toolresults._clamp_cached.kept.weight == 0  # type: ignore[attr-defined]
-    assert toolresults._MESSAGES._memo.weight == 0
+    assert HISTORIES.find(raw, "worker-owner") is None
+    after = parse_chat_body(raw, "worker-owner").messages
+    assert after == first and not any(a is f for a, f in zip(after, first, strict=True))
+    remade, _ = clamped(first)
+    assert remade == segments and not any(r is s for r, s in zip(remade, segments, strict=True))
+    _, copied = clamped(copy.deepcopy(first))
+    assert copied == texts and not any(c is t for c, t in zip(copied, texts, strict=True))

@@ -427,15 +427,16 @@ def test_a_resent_block_is_found_by_the_bytes_the_client_sent(
         return data
 
     monkeypatch.setattr(sessions, "serial", counted)
-    sessions._SERIALS.clear()
-    first = ClientPrefix(ChatCompletions().parse(raw).blocks())
+    owner = "found-by-sent-bytes"  # an owner of its own: nothing kept for it before
+    first = ClientPrefix(ChatCompletions().parse(raw, owner=owner).blocks(), owner)
     large = calls
     assert large >= 3
-    again = ClientPrefix(ChatCompletions().parse(raw).blocks())
+    again = ClientPrefix(ChatCompletions().parse(raw, owner=owner).blocks(), owner)
     assert calls == large  # every large message found by its bytes
     for prefix in (first, again):
         assert prefix.data == serialised.data and prefix.digests == serialised.digests
     # the marker moved to another message: new bytes, serialised again, same digest as before
     body["messages"][1]["content"][0].pop("cache_control")
-    moved = ClientPrefix(ChatCompletions().parse(json.dumps(body, indent=1).encode()).blocks())
+    moved_raw = json.dumps(body, indent=1).encode()
+    moved = ClientPrefix(ChatCompletions().parse(moved_raw, owner=owner).blocks(), owner)
     assert moved.digests == first.digests

@@ -3,7 +3,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from ctxbudget.proxy.report import ReportStore, RequestRecord, build_report, ren
 from ctxbudget.proxy.report import store as report_module
 from ctxbudget.proxy.report.page import render_html
 from ctxbudget.proxy.report.usage import Usage
+from tests.held import SLACK, bound_of, held
 from tests.pg import postgres_cluster
 
 Where = Callable[[], Path | PgDatabase]
@@ -472,17 +472,17 @@ def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> None:
     """The writer keeps a segment's entry by the segment (a session resends the same ones):
     the same segment with other tokens or another price gets its own figures, and what is
-    kept for that stays bounded."""
-    from ctxbudget.proxy.report.record import _SEGMENTS, report_entry
+    kept for that stays within the bound the registry documents."""
+    from ctxbudget.proxy.report.record import report_entry
     from ctxbudget.proxy.tokens import TokenCounter
 
     tokens = TokenCounter()
     segment = Segment(kind="web_fetch", label="u", before=900, after=400, action="clamped", cap=400)
 
-    def entry(saved: int, price: float | None) -> dict[str, Any]:
+    def entry(saved: int, price: float | None, s: Segment = segment) -> dict[str, Any]:
         record = RequestRecord(
             id="r", ts=0.0, model="m", enabled=True, stream=False, status=200,
-            duration_ms=1.0, segments=(segment,), encoding="o200k_base",
+            duration_ms=1.0, segments=(s,), encoding="o200k_base",
             segment_tokens=(saved,), input_price=price,
         )  # fmt: skip
         found: dict[str, Any] = report_entry(record, tokens)["segments"][0]
@@ -494,33 +494,23 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
     assert entry(100, 2e-6)["savedUsd"] == pytest.approx(2e-4)
     assert entry(100, None)["savedUsd"] is None
     big = "中" * 500_000  # 1 MB of text in memory: what is kept is weighed in bytes
-    for i in range(100):  # 100 segments of 1 MB texts, each gone after its record
-        segment = Segment(
-            kind="tool_output", label=f"t{i}", before=1, after=0, action="clamped", cap=0,
-            original=big + str(i), clamped="",
-        )  # fmt: skip
-        entry(i, None)
-    kept = _SEGMENTS._memo
-    assert kept.weight <= kept.max_weight
-    entries = [*kept._new.values(), *kept._old.values()]
-    held = sum(sys.getsizeof(s.original) for (s, _), _ in entries)
-    assert held <= kept.max_weight
+    with held() as kept:
+        for i in range(100):  # 100 segments of 1 MB texts, each gone after its record
+            entry(i, None, Segment(
+                kind="tool_output", label=f"t{i}", before=1, after=0, action="clamped", cap=0,
+                original=big + str(i), clamped="",
+            ))  # fmt: skip
+    assert kept.bytes <= bound_of("proxy/report/record.py:_SEGMENTS") + SLACK
 
 
 def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
     """An entry kept by its segment keeps the segment's strings alive, a client's long call
     id and URL too: they count toward the bound (64 segments with a 1 MB URL held 64 MB)."""
-    import gc
-    import tracemalloc
-
-    from ctxbudget.proxy.report.record import _SEGMENTS, report_entry
+    from ctxbudget.proxy.report.record import report_entry
     from ctxbudget.proxy.tokens import TokenCounter
 
     tokens = TokenCounter()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+    with held() as kept:
         for i in range(64):
             segment = Segment(
                 kind="web_fetch", label=f"t{i}", before=900, after=400, action="clamped",
@@ -534,8 +524,4 @@ def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
             )  # fmt: skip
             report_entry(record, tokens)
             del segment, record
-        gc.collect()
-        kept = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert kept <= _SEGMENTS._memo.max_weight + (2 << 20)
+    assert kept.bytes <= bound_of("proxy/report/record.py:_SEGMENTS") + SLACK

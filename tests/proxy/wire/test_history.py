@@ -16,6 +16,7 @@ import ctxbudget.proxy.wire.scan
 from ctxbudget.proxy.errors import BadRequest
 from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.history import HISTORIES
+from tests.held import SLACK, bound_of, held
 from tests.openclaw import openclaw_request, tool_call
 
 _FRESH = itertools.count()
@@ -180,17 +181,23 @@ def test_the_view_caches_weigh_what_they_keep_and_keep_calls_per_owner() -> None
     from ctxbudget.proxy.wire import view
 
     assert (footprint({"k" * 2**20: 1}) or 0) >= 2**20
-    before = view._VIEWS.weight
     big = json.dumps({"file_path": "a.py", "content": "x" * 100_000})
     mine, theirs = view.ChatView(owner="a"), view.ChatView(owner="b")
     mine.calls([("c1", "Write", big)])
     theirs.calls([("c1", "Write", big)])
-    assert view._VIEWS.weight - before >= 2 * 100_000
     assert mine.messages[0] == theirs.messages[0]
     assert mine.messages[0] is not theirs.messages[0]  # nothing one owner sent serves another
-    parts = [(i, "t") for i in range(15_000)]
-    view.ChatView(owner="a").first_user(parts, ("user", 0))
-    assert view._VIEWS.weight - before >= (footprint([{"type": "text", "text": "t"}] * 15_000) or 0)
+    bound = bound_of("proxy/wire/view.py:_VIEWS")
+    with held() as kept:
+        for i in range(200):  # 20 MB of Write calls, each view gone after its request
+            write = json.dumps({"file_path": f"{i}.py", "content": "x" * 100_000})
+            view.ChatView(owner="a").calls([(f"c{i}", "Write", write)])
+        del write
+    assert kept.bytes <= bound + SLACK
+    with held() as kept:
+        for i in range(4):  # 15,000 tiny parts a request: ~3.4 MB of dicts each
+            view.ChatView(owner="a").first_user([(n, "t") for n in range(15_000)], ("user", i))
+    assert kept.bytes <= bound + SLACK
 
 
 def test_a_requests_blocks_do_not_outlive_it() -> None:

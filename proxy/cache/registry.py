@@ -203,6 +203,13 @@ CACHES: tuple[Cache, ...] = (
         invariant="deep recall's search words (its note says `cached`: to their owner only)",
     ),
     Cache(
+        where="proxy/report/arms.py:conversations",
+        key="owner (one LRU per owner), conversation",
+        bound="4,096 conversations an owner, of at most 1,024 owners",
+        invariant="the conversation's arm as the database keeps it (it never changes once "
+        "drawn); an owner finds only its own conversations",
+    ),
+    Cache(
         where="proxy/report/ledger.py:_held",
         key="owner, conversation",
         bound="1,024 conversations an owner, 32 M chars of decision texts in all (past it the "

@@ -8,6 +8,7 @@ can ask for it).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -18,6 +19,7 @@ from proxy.access.auth import report_viewer
 from proxy.config.settings import Settings
 from proxy.errors import BadRequest, NotFound
 from proxy.report import build_report
+from proxy.report.holdout import comparison
 from proxy.report.page import render_html
 from proxy.report.render import TEXT_SECTIONS, render_summary, render_text
 from proxy.report.summary import parse_since
@@ -75,16 +77,21 @@ class Reporting:
         state = self.state
 
         # Waiting for the writer and reading SQLite block: keep them off the event loop.
-        def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        def read() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
             state.reports.flush(late=READ_LATE)
             summary = state.reports.summary(
                 recent=recent or settings.recent_requests, owner=owner, since=since
             )
-            return summary, report_analysis(state.stores.store(settings).monitor, settings, owner)
+            analysis = report_analysis(state.stores.store(settings).monitor, settings, owner)
+            return summary, analysis, state.reports.holdout_rows(owner=owner, since=since)
 
-        summary, found = await asyncio.to_thread(read)
+        summary, found, arms = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.report_section(state.config))
         report["analysis"] = found
+        # a key sees its own conversations' arms and numbers only (`owner`)
+        holdout = comparison(arms, share=settings.holdout, now=time.time())
+        if holdout is not None:
+            report["holdout"] = holdout
         report["page"] = str(request.base_url).rstrip("/") + "/context/budget"
         return report
 

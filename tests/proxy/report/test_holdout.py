@@ -14,6 +14,7 @@ import orjson
 from proxy.report.holdout import MIN_CONVERSATIONS, comparison, saving
 from tests.fakes import FakeReply, FakeUpstream
 from tests.inproc import config_for, proxy_app
+from tests.proxy.report.test_metrics import _scrape
 
 READ, INPUT = 0.1, 1.0  # a cached token's price against an uncached one's
 
@@ -154,6 +155,14 @@ def test_a_replay_through_the_app_reports_both_arms_and_the_measured_saving(
                 r = client.post("/v1/chat/completions", json=_chat(n, turns, size))
                 assert r.status_code == 200, r.text
         report = client.get("/context/budget").json()
+        text = client.get("/context/budget?format=text").text
+        summary = client.get("/context/budget?format=summary").text
+        metrics = _scrape(client)
+        page = client.get("/context/budget?format=html").text
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "/context budget"}]},
+        ).json()["choices"][0]["message"]["content"]
     found = report["holdout"]
     assert found["share"] == 0.5 and found["since"]
     budget, holdout = found["arms"]["budget"], found["arms"]["holdout"]
@@ -169,6 +178,20 @@ def test_a_replay_through_the_app_reports_both_arms_and_the_measured_saving(
     assert saved["enough"] is True
     assert 0 < saved["low"] < saved["pct"] < saved["high"] < 100
     assert saved["estimatedPct"] > 0 and saved["method"]
+    # every surface: the text's line after the money line, the chat summary, the metrics
+    line = (
+        f"Measured on your traffic: {saved['pct']:g}% less per request "
+        f"(95%: {saved['low']:g}–{saved['high']:g}%), {budget['conversations']} vs "
+        f"{holdout['conversations']} conversations"
+    )
+    assert text.splitlines()[1].startswith(line)
+    assert summary.splitlines()[1].startswith(line) and line in chat
+    assert "id='holdout'" in page and "id='arm-budget'" in page and "id='arm-holdout'" in page
+    assert f"data-value='{saved['pct']}'" in page
+    for arm, counts in (("budget", budget), ("holdout", holdout)):
+        assert metrics[("ctxbudget_arm_requests_total", (("arm", arm),))] == counts["requests"]
+        cost = metrics[("ctxbudget_arm_cost_usd_total", (("arm", arm),))]
+        assert abs(cost - counts["costUsd"]) < 1e-5
 
 
 def test_the_comparison_is_absent_without_a_holdout() -> None:

@@ -126,3 +126,21 @@ def test_a_request_that_chooses_takes_its_conversation_out_of_the_comparison(
         chosen = [r for r in rows if r["chosen"]]
         assert len(chosen) == 1 and chosen[0]["requests"] == 2
         assert sum(r["requests"] for r in rows) == 21
+
+
+def test_each_key_sees_only_its_own_conversations_arms_and_numbers(tmp_path: Path) -> None:
+    env = {"CTXBUDGET_PROXY_KEYS": "alice=ka-1,bob=kb-2", "CTXBUDGET_ADMIN_KEY": "adm-1"}
+    alice, bob = {"authorization": "Bearer ka-1"}, {"authorization": "Bearer kb-2"}
+    with proxy_app(tmp_path, _config(tmp_path, 0.5), env=env) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for n in range(6):
+            _send(client, json.dumps(_conversation(n, 1)).encode(), **alice)
+        for n in range(3):
+            _send(client, json.dumps(_conversation(n, 1)).encode(), **bob)
+        seen = {
+            who: client.get("/context/budget", headers=key).json()["holdout"]
+            for who, key in (("alice", alice), ("bob", bob))
+        }
+    for who, count in (("alice", 6), ("bob", 3)):
+        arms = seen[who]["arms"]
+        assert arms["budget"]["conversations"] + arms["holdout"]["conversations"] == count

@@ -276,6 +276,9 @@ def sessions_main(name: str, rounds: int) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--holdout", type=float, default=0.0, help="contextBudget.holdout (the arm's lookup)"
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--rounds", type=int, default=0)
     parser.add_argument("--sort", default="tottime", help="cProfile order (with --profile)")
@@ -297,6 +300,8 @@ async def main() -> None:
         "memory": {"store": {"path": str(tmp / "memory.db")}},
         "report": {"path": str(tmp / "report.db")},
     }
+    if args.holdout:
+        config["agents"]["defaults"]["contextBudget"]["holdout"] = args.holdout
     (tmp / "ctxbudget.json").write_text(json.dumps(config))
     ours_upstream, floor_upstream = FakeUpstream(), FakeUpstream()
     app = create_app(

@@ -210,18 +210,18 @@ CACHES: tuple[Cache, ...] = (
         "by that owner's requests of that session",
     ),
     Cache(
+        where="proxy/report/arms.py:conversations",
+        key="owner (one LRU per owner), conversation",
+        bound="4,096 conversations an owner, of at most 1,024 owners",
+        invariant="the conversation's arm as the database keeps it (it never changes once "
+        "drawn); an owner finds only its own conversations",
+    ),
+    Cache(
         where="proxy/report/ledger.py:_held",
         key="owner, conversation",
         bound="1,024 conversations an owner, 32 M chars of decision texts in all (past it the "
         "owner holding the most gives way)",
         invariant="the decisions this process read or took: applied while the database is down",
-    ),
-    Cache(
-        where="proxy/cache/mirrors.py:_kept",
-        key="owner, session",
-        bound="64 MB (each session's two mirrors weighed by the entries they hold)",
-        invariant="the provider's prompt cache as this process saw the session's requests: "
-        "what ctxbudget sent and what the client sent (issue 31)",
     ),
     Cache(
         where="proxy/pipeline/summaries.py:_owners",

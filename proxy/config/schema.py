@@ -210,6 +210,9 @@ class ContextBudgetConfig(_Model):
     passages that answer the question that led to the call; "head" the head (and tail)."""
     fail_closed: bool = False
     """If a clamp fails: false forwards the request untouched, true answers 500."""
+    holdout: float = Field(0.0, ge=0.0, le=0.5)
+    """Share of conversations left untouched (as with `enabled: false`), to measure the saving
+    on the bill (`docs/holdout.md`); 0 measures nothing."""
     tool_names: ToolNamesConfig = ToolNamesConfig()
     """Which tool names count as which kind."""
 

@@ -79,6 +79,8 @@ class Settings:
 
     enabled: bool
     fail_closed: bool
+    holdout: float = 0.0
+    """`contextBudget.holdout`: the share of new conversations drawn into the holdout arm."""
     caps: Caps
     cap_sources: dict[str, Any]
     tool_names: ToolNames
@@ -192,6 +194,7 @@ def settings_for(config: Config, env: Mapping[str, str]) -> Settings:
     return Settings(
         enabled=budget.enabled,
         fail_closed=budget.fail_closed,
+        holdout=budget.holdout,
         caps=replace(effective.caps, prune=pruning.policy) if pruning else effective.caps,
         cap_sources=effective.sources,
         tool_names=tool_names(config),

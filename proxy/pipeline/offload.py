@@ -178,6 +178,13 @@ class OffloadedRequest:
             raise exc from RemoteTraceback(text)
         return list(self.found.segments)
 
+    def as_sent(self) -> None:
+        """The worker clamped while it parsed: the body goes back to the client's bytes, and
+        each block's forwarded value to the client's."""
+        self._base = self.raw
+        self._encoded = None
+        self._blocks = [Block(b.label, b.client, b.client) for b in self._blocks]
+
     def saved_tokens(
         self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
     ) -> tuple[int, ...]:

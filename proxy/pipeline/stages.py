@@ -25,7 +25,7 @@ import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -50,6 +50,7 @@ from ctxbudget.proxy.pipeline.headers import (
     money_headers,
     net_header,
 )
+from ctxbudget.proxy.pipeline.holdout import ARM_HEADER, Drawn, HoldoutStage, mark
 from ctxbudget.proxy.pipeline.marks import timed
 from ctxbudget.proxy.pipeline.offload import Offload
 from ctxbudget.proxy.pipeline.prune import Pruned, PruneStage
@@ -98,6 +99,8 @@ class Call:
     """When the request came, by the app's clock (`ProxyState.clock`): pruning's time."""
     answered: Callable[[], None] | None = None
     """What to do once the upstream answered the request (pruning's summaries)."""
+    drawn: Drawn | None = None
+    """The request's arm, with a holdout configured (`proxy/pipeline/holdout.py`)."""
     id: str = field(default_factory=lambda: f"cb-{_IDS.getrandbits(64):016x}")
 
 
@@ -126,6 +129,7 @@ class Pipeline:
             Summarizer(state.reports, state.upstream, state.env, clock=state.clock),
             state.mirrors,
         )
+        self.holdout = HoldoutStage(state.reports.arms)
 
     def endpoint(self, wire: WireFormat) -> Endpoint:
         """The Starlette endpoint serving `wire`'s route(s)."""
@@ -232,6 +236,9 @@ class Pipeline:
         recall.headers(headers)
         if pruned is not None and pruned.skipped is not None:
             headers[f"{PREFIX}-pruning-skipped"] = "database-unavailable"
+        drawn = call.drawn
+        if drawn is not None and not drawn.chosen:
+            headers[ARM_HEADER] = drawn.arm
         draft = evolve(
             _DRAFT,
             id=call.id,
@@ -255,6 +262,7 @@ class Pipeline:
             tools_inline=call.body.inline_tools(),
             prices=prices(model),
             prune_skipped=pruned.skipped if pruned is not None else None,
+            holdout=mark(drawn, segments, call.turn) if drawn is not None else None,
             **recall.record_fields(),
         )
         recorder = Recorder(
@@ -274,20 +282,31 @@ class Pipeline:
     ) -> tuple[tuple[Segment, ...], str | None, RecallOutcome, Pruned | None]:
         """Everything that changes the body, in order: the caps, pruning (what the clamp
         found prunable, applied as decided), then the session's memory blocks placed again
-        where they were (the cached prefix holds) and recall, once per user turn."""
+        where they were (the cached prefix holds) and recall, once per user turn. The
+        session and conversation are known first, from what the client sent: the
+        conversation's arm decides whether anything is clamped or pruned at all."""
+        body = call.body
+        prefix = session = None
         with timed(call.marks, end="clamped"):
+            if call.wire.generates:
+                # a large body's blocks come hashed (`Digested`)
+                prefix = ClientPrefix(body.blocks(), call.owner)
+                session = session_key(call.headers, body.get, body.model, prefix)
+                call.drawn = await self.holdout.draw(
+                    call.settings, call.headers, call.owner, prefix, session, now=call.now
+                )
+                if call.drawn is not None and call.drawn.held_out:
+                    # exactly as with the budget off: nothing clamped or pruned (memory stays)
+                    call.options = replace(call.options, enabled=False)
+                    body.as_sent()
             segments, clamp_error = self._clamp(call)
             prunable = tuple(s for s in segments if s.action == "prunable")
             if prunable:
                 segments = tuple(s for s in segments if s.action != "prunable")
-        if not call.wire.generates:  # token counting: no session, recall as for any request
+        if prefix is None or session is None:  # token counting: no session, recall as usual
             with timed(call.marks, "recall_start", "recall_end"):
                 recall = await self._recall_only(call)
             return segments, clamp_error, recall, None
-        body = call.body
-        # a large body's blocks come hashed (`Digested`)
-        prefix = ClientPrefix(body.blocks(), call.owner)
-        session = session_key(call.headers, body.get, body.model, prefix)
         pruned = await self.prune.run(
             body,
             owner=call.owner,

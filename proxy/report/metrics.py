@@ -13,6 +13,7 @@ Prometheus names and units, through prometheus_client:
 | `ctxbudget.money.gross_saved` | `ctxbudget_money_gross_saved_usd_total` | `kind`, `action` |
 | `ctxbudget.added_latency` (ms) | `ctxbudget_added_latency_seconds` | |
 | `ctxbudget.recall.duration` (ms) | `ctxbudget_recall_duration_seconds` | `profile` |
+| (Prometheus only) | `ctxbudget_arm_requests_total`, `ctxbudget_arm_cost_usd_total` | `arm` |
 
 `ctxbudget_money_saved_usd_total` is the money saved net of cache effects: each priced
 request's cost without ctxbudget minus its cost (the report's `netSavedUsd`), so a memory block
@@ -170,6 +171,19 @@ class Metrics:
             ["direction"],
             registry=into,
         )
+        self.arm_requests = Counter(
+            "ctxbudget_arm_requests",
+            "Requests of the holdout's comparison, by arm (budget, holdout): contextBudget.holdout",
+            ["arm"],
+            registry=into,
+        )
+        self.arm_cost = Counter(
+            "ctxbudget_arm_cost_usd",
+            "What the provider billed for the holdout comparison's requests, by arm; priced "
+            "models only",
+            ["arm"],
+            registry=into,
+        )
         self._pending: dict[tuple[Any, tuple[str, ...]], float] = {}
         """What the batch's requests added to each counter, by metric and labels
         (`batch_done`)."""
@@ -234,6 +248,11 @@ class Metrics:
             without = max(0.0, body["withoutCtxbudgetUsd"])
             self._add(self.cost, (model, "without_ctxbudget"), without)
             self._add(self.money, (model,), body["netSavedUsd"])
+        held = r.holdout
+        if held is not None and not held.chosen:  # a request that chose is in no arm
+            self._add(self.arm_requests, (held.arm,), 1)
+            if body.get("costUsd") is not None:
+                self._add(self.arm_cost, (held.arm,), max(0.0, body["costUsd"]))
         marks = r.marks
         if "start" in marks and "upstream_start" in marks:
             self._observed.append(

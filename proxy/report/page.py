@@ -17,6 +17,7 @@ from ctxbudget.proxy.report.render import (
     MINUS,
     NET_ABOVE_GROSS,
     change_text,
+    measured_text,
     money,
     net_above_gross,
     net_text,
@@ -83,6 +84,7 @@ def render_html(report: dict[str, Any]) -> str:
         )
     parts.append("</header>")
     parts.append(_cards(totals))
+    parts.append(_holdout(report.get("holdout")))
     if net_above_gross(report):
         parts.append(f"<p class='sub' id='net-above-gross'>{escape(NET_ABOVE_GROSS)}.</p>")
     parts.append(_caps(report["caps"]))
@@ -343,6 +345,63 @@ def _sessions(money_totals: dict[str, Any] | None, sessions: list[dict[str, Any]
 
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _holdout(found: dict[str, Any] | None) -> str:
+    """The holdout's card (the saving measured on the bill, beside the estimate) and both
+    arms' cost per request over time, by the day (or hour) their conversations began."""
+    if not found:
+        return ""
+    measured = measured_text({"holdout": found}) or ""
+    arms = found["arms"]
+    card = (
+        "<h2>Measured on your bill (holdout)</h2><div class='cards' id='holdout'>"
+        f"<div class='card net'><div class='k'>Saving per request, measured</div>"
+        f"<div class='v'>{_figure('holdout.saving.pct', found['saving']['pct'], _pct(found))}"
+        f"</div><div class='k'>{escape(measured)}</div></div>"
+        + "".join(
+            f"<div class='card'><div class='k'>{arm}: conversations, requests</div>"
+            f"<div class='v'>{_count(f'holdout.arms.{arm}.conversations', a['conversations'])}"
+            f"</div><div class='k'>{a['requests']:,} requests, {money(a['costUsd'])}, "
+            f"{a['turnsPerConversation'] or 0:g} turns a conversation</div></div>"
+            for arm, a in arms.items()
+        )
+        + "</div>"
+    )
+    points = found.get("series") or []
+    if not points:
+        return card
+    width, height, left, top, bottom = 720, 180, 78, 24, 30
+    plot_w, plot_h = width - left - 24, height - top - bottom
+    values = [p[a] for p in points for a in arms if p.get(a) is not None]
+    high = max(values, default=0.0) or 1.0
+    lines = []
+    for arm, colour in (("budget", "var(--after)"), ("holdout", "var(--before)")):
+        xy = [
+            (left + (i / max(len(points) - 1, 1)) * plot_w, top + (1 - p[arm] / high) * plot_h)
+            for i, p in enumerate(points)
+            if p.get(arm) is not None
+        ]
+        shown = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        lines.append(
+            f"<polyline id='arm-{arm}' points='{shown}' fill='none' stroke='{colour}' "
+            "stroke-width='2'/>"
+        )
+    label = f"cost per request by arm, {points[0]['at']} to {points[-1]['at']} (top: {money(high)})"
+    return card + (
+        "<div class='panel' id='holdout-over-time'><svg role='img' "
+        f"aria-label='both arms over time' width='100%' viewBox='0 0 {width} {height}'>"
+        + "".join(lines)
+        + f"<text x='{left}' y='{top - 8}'>{escape(label)}</text></svg>"
+        "<p class='sub'>Solid green: budget; the other: holdout.</p></div>"
+    )
+
+
+def _pct(found: dict[str, Any]) -> str:
+    saved = found["saving"]
+    if saved["pct"] is None or not saved["enough"]:
+        return "not enough data yet"
+    return f"{saved['pct']:g}% ({saved['low']:g}–{saved['high']:g}%)"
 
 
 def _over_time(recent: list[dict[str, Any]]) -> str:

@@ -27,6 +27,7 @@ from ctxbudget.proxy.tokens import TokenCounter, segment_size
 _T = TypeVar("_T")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _CLIENT_FIELDS = ("model", "response_model", "note", "session", "clamp_error", "upstream_error")
+# the holdout's conversation id is made of hex digests and the session id (`storable` by then)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,9 +97,46 @@ class RequestRecord:
     tools_inline: InlineTools | None = None
     """MCP tool definitions sent inline that tool search would defer (Claude Code), or None."""
 
+    holdout: HoldoutMark | None = None
+    """The request's conversation and arm, with a holdout configured (`contextBudget.holdout`);
+    None otherwise."""
+
     billed: dict[str, Any] | None = None
     """`billing(self)`, when the request path already priced it (a JSON answer, for its
     `x-context-budget-saved-usd` header); None: the writer prices it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldoutMark:
+    """What the holdout's comparison reads of one request (`proxy/report/arms.py`)."""
+
+    conversation: str
+    """The conversation id the arm was drawn for (`ClientPrefix.conversation`)."""
+    arm: str
+    """`budget` or `holdout`: the conversation's arm."""
+    chosen: bool = False
+    """The request chose the budget itself (`x-context-budget: on|off`): the conversation is
+    out of the comparison."""
+    turn: bool = False
+    """The request carries a new turn of the user's own (not a tool loop's)."""
+    tool_calls: int = 0
+    """Tool results in the request's history: the conversation's tool calls so far."""
+    reruns: int = 0
+    """Tool calls in the history made again, the same tool with the same result, after the
+    first one's result was clamped or pruned (would be, in the holdout arm)."""
+    acted: bool = False
+    """The request clamped or pruned something (would have, in the holdout arm)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "conversation": self.conversation,
+            "arm": self.arm,
+            "chosen": self.chosen,
+            "turn": self.turn,
+            "toolCalls": self.tool_calls,
+            "reruns": self.reruns,
+            "acted": self.acted,
+        }
 
 
 def storable(value: _T) -> _T:
@@ -215,6 +253,8 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "memory": r.memory,
         "usage": r.usage.to_dict() if r.usage is not None else None,
         "toolsInline": _tools_inline(r, tokens),
+        "arm": r.holdout.arm if r.holdout is not None else None,
+        "holdout": r.holdout.to_dict() if r.holdout is not None else None,
         **(r.billed if r.billed is not None else billing(r, tokens)),
     }
     return body

@@ -6,6 +6,8 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from ctxbudget.proxy.report.holdout import MIN_CONVERSATIONS
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """Control characters (ESC, C1, ...) other than tab and newline."""
 KIND_TITLES = {
@@ -177,6 +179,37 @@ def headline(report: dict[str, Any]) -> str:
     return line
 
 
+def measured_text(report: dict[str, Any]) -> str | None:
+    """The holdout's line, after the money line: the saving measured on the user's own bill
+    (`docs/holdout.md`), or why there is none yet; None without a holdout."""
+    found = report.get("holdout")
+    if not found:
+        return None
+    budget, holdout = found["arms"]["budget"], found["arms"]["holdout"]
+    counts = f"{_n(budget['conversations'])} vs {_n(holdout['conversations'])} conversations"
+    saved = found["saving"]
+    if not saved["enough"]:
+        return (
+            f"Measured on your traffic: not enough data yet ({counts}; "
+            f"{MIN_CONVERSATIONS} a side needed, holdout {found['share']:g})"
+        )
+    pct, low, high = saved["pct"], saved["low"], saved["high"]
+    how = f"{pct:g}% less" if pct >= 0 else f"{-pct:g}% more"
+    line = f"Measured on your traffic: {how} per request (95%: {low:g}–{high:g}%), {counts}"
+    if saved["estimatedPct"] is not None:
+        line += f"; estimated {saved['estimatedPct']:g}%"
+    reruns = (budget["rerunsAfterPrune"], holdout["rerunsAfterPrune"])
+    if None not in reruns:
+        line += f"; reruns after a prune {reruns[0]:g} vs {reruns[1]:g} per conversation"
+    return line
+
+
+def _head(report: dict[str, Any]) -> list[str]:
+    """The money line, and the holdout's after it when there is one."""
+    measured = measured_text(report)
+    return [headline(report)] if measured is None else [headline(report), measured]
+
+
 def gross_text(totals: dict[str, Any], encoding: str) -> str:
     """What the clamps removed, before cache effects: chars, tokens and their input price."""
     return (
@@ -319,7 +352,7 @@ def render_summary(report: dict[str, Any]) -> str:
     totals = report["totals"]
     config = report["config"]
     lines = [
-        headline(report),
+        *_head(report),
         f"Context budget: {'ON' if report['enabled'] else 'OFF'} "
         f"(agents.defaults.contextBudget.enabled) · config "
         f"{config['path'] or 'built-in defaults'}",
@@ -411,10 +444,10 @@ def render_text(report: dict[str, Any], section: str | None = None) -> str:
             "memory": _memory_lines,
         }
         others = ", ".join(name for name in TEXT_SECTIONS if name != section)
-        part = [headline(report), *parts[section](report)]
+        part = [*_head(report), *parts[section](report)]
         part.append(f"Other sections: {others} (/context budget full <section>)")
         return _CONTROL.sub("", "\n".join(part)) + "\n"
-    lines: list[str] = [headline(report), *_caps_lines(report), ""]
+    lines: list[str] = [*_head(report), *_caps_lines(report), ""]
     lines.extend(_money_lines(report))
     lines.extend(_kind_lines(report))
     lines.extend(_recommendation_lines(report))

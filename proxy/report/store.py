@@ -34,6 +34,8 @@ from typing import Any, Protocol
 from ctxbudget.caps import SEGMENT_KINDS
 from ctxbudget.memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from ctxbudget.memory.sqlite import Database, connect
+from ctxbudget.proxy.report import arms as holdout_arms
+from ctxbudget.proxy.report.arms import Arms
 from ctxbudget.proxy.report.ledger import KEEP_DECISIONS, PruneLedger
 from ctxbudget.proxy.report.record import (
     RequestRecord,
@@ -47,7 +49,8 @@ from ctxbudget.proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 9
+"""8 is another change's (issue 36 work in flight); 9 is the holdout's arms (`arms.py`)."""
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -259,6 +262,11 @@ MIGRATIONS = (
         _SCHEMA_7.format(real="REAL", int="INTEGER"),
         _SCHEMA_7.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
+    Migration(
+        9,
+        holdout_arms.schema_9("REAL", "INTEGER"),
+        holdout_arms.schema_9("DOUBLE PRECISION", "BIGINT"),
+    ),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
 since version 1; PostgreSQL starts from the baseline of version 5, then walks on."""
@@ -392,6 +400,8 @@ class ReportStore:
                 log.error("report database unavailable at start (retried later): %s", exc)
         self.ledger = PruneLedger(self._db, keep=keep_decisions)
         """Pruning's decisions, in the same database (`proxy/report/ledger.py`)."""
+        self.arms = Arms(self._db)
+        """The holdout's arms, in the same database (`proxy/report/arms.py`)."""
         self._writes = 0
         self._keep = keep_requests
         self.keep_days = keep_days
@@ -665,6 +675,7 @@ class ReportStore:
             )
             self._add_totals(tx, bodies)
             self._add_sessions(tx, bodies)
+            holdout_arms.add_requests(tx, bodies)
             self._writes += len(entries)
             if self._writes >= min(200, self._keep) or not self._pruned:
                 self._writes, self._pruned = 0, True
@@ -797,6 +808,7 @@ class ReportStore:
         conn.execute("DELETE FROM sessions WHERE last < ?", (cutoff,))
         conn.execute("DELETE FROM pruned WHERE at < ?", (cutoff,))
         conn.execute("DELETE FROM summaries WHERE at < ?", (cutoff,))
+        conn.execute("DELETE FROM arms WHERE drawn < ? AND last < ?", (cutoff, cutoff))
 
     # -- reading -------------------------------------------------------------------------
 
@@ -823,6 +835,14 @@ class ReportStore:
         # a key sees how many of its own requests went unrecorded, not everyone's
         summary["lost"] = self.lost if owner is None else self._lost[owner]
         return summary
+
+    def holdout_rows(
+        self, *, owner: str | None = None, since: float | None = None
+    ) -> list[dict[str, Any]]:
+        """The conversations with an arm (`arms.conversations`): one owner's, or everyone's."""
+        if not self._migrated:
+            self._ready()
+        return holdout_arms.conversations(self._db.fetchall, owner=owner, since=since)
 
 
 def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ can ask for it).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -18,6 +19,7 @@ from ctxbudget.proxy.access.auth import report_viewer
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, NotFound
 from ctxbudget.proxy.report import build_report
+from ctxbudget.proxy.report.holdout import comparison
 from ctxbudget.proxy.report.page import render_html
 from ctxbudget.proxy.report.render import TEXT_SECTIONS, render_summary, render_text
 from ctxbudget.proxy.report.summary import parse_since
@@ -75,14 +77,15 @@ class Reporting:
         state = self.state
 
         # Waiting for the writer and reading SQLite block: keep them off the event loop.
-        def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        def read() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
             state.reports.flush(late=READ_LATE)
             summary = state.reports.summary(
                 recent=recent or settings.recent_requests, owner=owner, since=since
             )
-            return summary, report_analysis(state.stores.store(settings).monitor, settings, owner)
+            analysis = report_analysis(state.stores.store(settings).monitor, settings, owner)
+            return summary, analysis, state.reports.holdout_rows(owner=owner, since=since)
 
-        summary, found = await asyncio.to_thread(read)
+        summary, found, arms = await asyncio.to_thread(read)
         report = build_report(summary, settings=settings.report_section(state.config))
         for session in report.get("sessions") or []:
             # the guard on the measured bill lives in this process's cache mirrors: a session
@@ -91,6 +94,10 @@ class Reporting:
             if paused is not None:
                 session["pruningPaused"] = paused
         report["analysis"] = found
+        # a key sees its own conversations' arms and numbers only (`owner`)
+        holdout = comparison(arms, share=settings.holdout, now=time.time())
+        if holdout is not None:
+            report["holdout"] = holdout
         report["page"] = str(request.base_url).rstrip("/") + "/context/budget"
         return report
 

@@ -98,6 +98,12 @@ class WireRequest(Protocol):
         """The body to send upstream: `raw` itself when nothing changed."""
         ...
 
+    def as_sent(self) -> None:
+        """Drop what a clamp already applied, before anything else changed the body: the
+        holdout's requests go on as the client sent them (a large body was clamped while
+        it was parsed, in the offload process; one parsed here is not clamped yet)."""
+        ...
+
     def ask_usage(self) -> bool:
         """Make a stream that would carry no usage ask for it; True when the body changed for
         that and the usage-only chunk must be dropped from what the client sees. (Only chat
@@ -177,6 +183,9 @@ class InProcessRequest:
 
     def encode(self) -> bytes:
         raise NotImplementedError
+
+    def as_sent(self) -> None:
+        return None  # clamped later, by `clamp` with `apply=False`
 
     def litellm_body(self) -> dict[str, Any] | None:
         raise NotImplementedError

@@ -47,7 +47,7 @@ from proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -245,6 +245,24 @@ _SCHEMA_7 = ";".join(
 )
 """7: what each owner's summaries cost (`SUMMARY_COUNTS`), so the report says it for any
 window whatever the requests kept."""
+_SCHEMA_8_SQLITE = """
+ALTER TABLE pruned RENAME TO pruned_v7;
+CREATE TABLE pruned (owner TEXT NOT NULL, conversation TEXT NOT NULL, call_id TEXT NOT NULL,
+    digest TEXT NOT NULL, text TEXT NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (owner, conversation, call_id, digest));
+INSERT INTO pruned SELECT owner, conversation, call_id, '', text, at FROM pruned_v7;
+DROP TABLE pruned_v7;
+CREATE INDEX IF NOT EXISTS pruned_at ON pruned (at)
+"""
+_SCHEMA_8_PG = """
+ALTER TABLE pruned ADD COLUMN digest TEXT NOT NULL DEFAULT '';
+ALTER TABLE pruned DROP CONSTRAINT pruned_pkey;
+ALTER TABLE pruned ADD PRIMARY KEY (owner, conversation, call_id, digest)
+"""
+"""8: each pruning decision bound to the result it was taken for (`digest`, in the key: two
+results under one call id, in two runs of one task, each keep their own). Rows from before
+get `''`, which no result digests to: never applied (`docs/pruning.md`, "Upgrading"), and
+trimmed as the others are."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -259,6 +277,7 @@ MIGRATIONS = (
         _SCHEMA_7.format(real="REAL", int="INTEGER"),
         _SCHEMA_7.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
+    Migration(8, _SCHEMA_8_SQLITE, _SCHEMA_8_PG),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
 since version 1; PostgreSQL starts from the baseline of version 5, then walks on."""

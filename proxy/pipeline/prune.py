@@ -147,7 +147,7 @@ class PruneStage:
         }
         if not plan:
             return Pruned(warm=warm, ttl=ttl, summarise=summarise)
-        caps = replace(settings.caps, pruned=_pruned(plan), pruned_now=now_ids)
+        caps = replace(settings.caps_for(owner), pruned=_pruned(plan), pruned_now=now_ids)
         segments = await body.prune(caps, settings.tool_names)
         if now_ids:
             made = {_key(s): s.clamped for s in segments if _key(s) in now_ids and s.clamped}
@@ -181,7 +181,9 @@ class PruneStage:
         decided = self._ledger.held(owner, conversation)
         segments: Sequence[Segment] = ()
         if decided:
-            caps = replace(settings.caps, pruned=_pruned(decided), pruned_now=frozenset())
+            caps = replace(
+                settings.caps_for(owner), pruned=_pruned(decided), pruned_now=frozenset()
+            )
             segments = await body.prune(caps, settings.tool_names)
         return Pruned(tuple(segments), warm, ttl, skipped=DATABASE_DOWN)
 

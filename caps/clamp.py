@@ -151,8 +151,18 @@ def prune_request(
     messages = request.get("messages")
     if not isinstance(messages, list) or not caps.pruned:
         return ClampResult(request=request, segments=(), changed=False)
+
+    def digest_of(text: str, tool: str | None, call_id: str) -> str:
+        # a result the first pass found prunable has its digest on its segment, kept by the
+        # same key: not hashed again (~10 µs an 8 KB result, on every request)
+        policy = caps.prune
+        kept = None if policy is None else _PRUNABLE.get((caps.owner, text, tool, call_id, policy))
+        found = None if kept is None or kept[0] is None else kept[0].digest
+        return found if found is not None else prune.digest(text)
+
+    decisions = {(call_id, digest): text for call_id, digest, text in caps.pruned}
     new, segments = prune.apply(
-        messages, dict(caps.pruned), fresh=caps.pruned_now, policy=caps.prune
+        messages, decisions, fresh=caps.pruned_now, policy=caps.prune, digest_of=digest_of
     )
     if new is messages:
         return ClampResult(request=request, segments=tuple(segments), changed=False)
@@ -188,4 +198,6 @@ def _prunable_segment(
     pruned = prune.pruned_text(text, tool, call_id, policy)
     if pruned is None:
         return None
-    return prune.segment(text, pruned, tool, call_id, action="prunable", chars=chars)
+    return prune.segment(
+        text, pruned, tool, call_id, action="prunable", chars=chars, digest=prune.digest(text)
+    )

@@ -21,6 +21,11 @@ module finds the prunable results (`prunable`), writes a pruned result's text
 decisions it is given (`apply`), each result exactly as decided — a decision once taken is
 never taken differently, so the provider's cache sees the same bytes every turn after.
 
+A decision is bound to the result it was taken for by the result's `digest`: a call id alone
+does not name a result (local models and some providers number their calls `call_0`, … in
+every conversation, and a client may edit its history), so a result with another text under
+the same call id is left alone.
+
 >>> policy = PrunePolicy(keep_last_assistants=1, min_chars=100, soft_max_chars=300,
 ...                      head_chars=10, tail_chars=10)
 >>> messages = [
@@ -41,7 +46,8 @@ never taken differently, so the provider's cache sees the same bytes every turn 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +91,22 @@ def prunable(messages: Sequence[Any], policy: PrunePolicy) -> list[Prunable]:
     return found
 
 
+def digest(text: str) -> str:
+    """The digest a decision on the result `text` is bound to (32 hex digits): the same in
+    every process and instance, as decisions are shared through a database; BLAKE2b, as the
+    ids kept there are (`proxy/cache/sessions.py` `shared_digest`), so no client can make
+    two results digest alike. ~10 µs for an 8 KB result: the callers keep it with the
+    result's segment.
+
+    >>> digest("ok")
+    'c3fc4b4165fd8bb754adc15660fefcdd'
+    >>> digest("a\\ud800") == digest("a\\ud800") != digest("a")  # a lone surrogate digests too
+    True
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def pruned_text(text: str, tool: str | None, call_id: str, policy: PrunePolicy) -> str | None:
     """What a pruned result says instead of `text`; None when the policy leaves it alone
     (not over `soft_max_chars` and `hard_clear` off). Never longer than `text`."""
@@ -108,16 +130,24 @@ def pruned_text(text: str, tool: str | None, call_id: str, policy: PrunePolicy) 
 
 def apply(
     messages: list[Message],
-    decisions: Mapping[str, str | None],
+    decisions: Mapping[tuple[str, str], str | None],
     *,
-    fresh: frozenset[str] = frozenset(),
+    fresh: frozenset[tuple[str, str]] = frozenset(),
     policy: PrunePolicy | None = None,
+    digest_of: Callable[[str, str | None, str], str] | None = None,
 ) -> tuple[list[Message], list[Segment]]:
-    """`messages` with each result whose call id has a decision replaced by its text (a
-    string content; parts that were all text become that string); the same list when no
-    decision applies. A decision without its text (None) is `pruned_text` of the result by
-    `policy` (left alone when that is None). `fresh`: the call ids decided for this request
-    (the segments say `pruned now`; the others `pruned earlier`)."""
+    """`messages` with each result that has a decision replaced by its text (a string
+    content; parts that were all text become that string); the same list when no decision
+    applies. `decisions`: (call id, `digest` of the result it was taken for) → the text that
+    stands for it; a result whose call id has a decision but whose text has another digest
+    is left alone. A decision without its text (None) is `pruned_text` of the result by
+    `policy` (left alone when that is None). `fresh`: the decisions taken for this request
+    (the segments say `pruned now`; the others `pruned earlier`). `digest_of(text, tool,
+    call id)`: the result's digest, when the caller keeps it (else `digest`)."""
+    if not decisions:
+        return messages, []
+    find = digest_of or (lambda text, tool, call_id: digest(text))
+    decided = {call_id for call_id, _ in decisions}
     names = _names(messages)
     out: list[Message] | None = None
     segments: list[Segment] = []
@@ -125,20 +155,32 @@ def apply(
         if not isinstance(message, dict) or message.get("role") != "tool":
             continue
         call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or call_id not in decisions:
+        if not isinstance(call_id, str) or call_id not in decided:
             continue
-        new = decisions[call_id]
         text = _text(message.get("content"))
         if text is None:
             continue
         tool = names.get(call_id)
-        if new is None and policy is not None and call_id in decisions:
+        key = (call_id, find(text, tool, call_id))
+        if key not in decisions:
+            continue  # a decision taken for another result under this call id
+        new = decisions[key]
+        if new is None and policy is not None:
             new = pruned_text(text, tool, call_id, policy)
         if new is None:
             continue
-        note = "pruned now" if call_id in fresh else "pruned earlier"
+        note = "pruned now" if key in fresh else "pruned earlier"
         segments.append(
-            segment(text, new, tool, call_id, action="clamped", message_index=index, note=note)
+            segment(
+                text,
+                new,
+                tool,
+                call_id,
+                action="clamped",
+                message_index=index,
+                note=note,
+                digest=key[1],
+            )  # fmt: skip
         )
         if text == new:
             continue
@@ -157,9 +199,10 @@ def segment(
     chars: int | None = None,
     message_index: int = -1,
     note: str | None = None,
+    digest: str | None = None,
 ) -> Segment:
     """The `pruned` segment of a result whose `text` `new` stands for (`chars`: the text's
-    UTF-16 length, when known)."""
+    UTF-16 length, when known; `digest`: the text's, when known)."""
     return Segment(
         kind="pruned",
         label=f"{tool or 'tool'} {call_id}",
@@ -173,6 +216,7 @@ def segment(
         note=note,
         original=text,
         clamped=new,
+        digest=digest,
     )
 
 

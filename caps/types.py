@@ -137,12 +137,14 @@ class Caps:
     """What pruning may take (`contextPruning`); None: it is off. With a policy the clamp
     reports the prunable results (action `prunable`); `prune_request` applies `pruned`."""
 
-    pruned: tuple[tuple[str, str | None], ...] = ()
-    """Decisions to apply: (call id, the text that stands for the result; None: write it by
-    `prune`), in a request's second pass (`prune_request`)."""
+    pruned: tuple[tuple[str, str, str | None], ...] = ()
+    """Decisions to apply: (call id, `caps.prune.digest` of the result it was taken for, the
+    text that stands for that result; None: write it by `prune`), in a request's second pass
+    (`prune_request`). A result whose text has another digest is left alone."""
 
-    pruned_now: frozenset[str] = frozenset()
-    """Of `pruned`, the call ids decided for this request (the rest were decided before)."""
+    pruned_now: frozenset[tuple[str, str]] = frozenset()
+    """Of `pruned`, the (call id, digest) decided for this request (the rest were decided
+    before)."""
 
     owner: str = ""
     """Whose request is clamped. The clamps are pure functions of their arguments, and what
@@ -231,6 +233,9 @@ class Segment:
     """The text measured by `before` (kept for token counting; never logged)."""
     clamped: str = field(default="", repr=False, compare=False)
     """The text measured by `after`."""
+    digest: str | None = None
+    """Of a `prunable` or `pruned` segment: `caps.prune.digest` of the result's text, which a
+    pruning decision is bound to."""
 
     @property
     def saved(self) -> int:

@@ -56,7 +56,10 @@ CACHES: tuple[Cache, ...] = (
         where="caps/clamp.py:_PRUNABLE",
         key="owner, result text, tool, call id, pruning policy",
         bound="8 MB",
-        invariant="a prunable result's segment: a pure function of the key",
+        invariant=(
+            "a prunable result's segment, with the digest its decisions are bound to (found"
+            " again when they are applied): a pure function of the key"
+        ),
     ),
     Cache(
         where="caps/clamp.py:_TEXTS",

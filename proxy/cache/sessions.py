@@ -532,7 +532,8 @@ class ClientPrefix:
         """The conversation the request is part of: its session and the first message of its
         history (a chat system message skipped). Two OpenClaw conversations with the same
         system prompt share a session by prefix, but not a first message (it carries a
-        time stamp)."""
+        time stamp). Pruning adds the conversation's first prunable result, which tells two
+        runs of one task apart (`proxy/pipeline/prune.py` `_conversation`)."""
         i = _first_message(self.blocks)
         if i is None:
             return session

@@ -5,7 +5,8 @@ The clamp reports the results pruning could take (segments of action `prunable`,
 `caps/prune.py`). This stage
 
 1. reads the conversation's decisions (`proxy/report/ledger.py`: every worker and instance
-   shares them), which apply on every request whatever the mode;
+   shares them), which apply on every request whatever the mode, each only to the result it
+   was taken for (its digest, `caps.prune.digest`);
 2. decides whether to prune the rest now: `cache-ttl` when the session's cache has expired
    anyway (its previous request is older than the cache's lifetime), `pays` also in a warm
    session when the reads it saves outweigh the rewrite (`caps.pays`; the rule and its
@@ -34,7 +35,7 @@ from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.summaries import Summarizer, summary_text
 from ctxbudget.proxy.report.billing import write_price
-from ctxbudget.proxy.report.ledger import PruneLedger
+from ctxbudget.proxy.report.ledger import Decisions, PruneLedger
 from ctxbudget.proxy.report.prices import Prices, prices
 from ctxbudget.proxy.wire.types import WireRequest
 
@@ -114,18 +115,18 @@ class PruneStage:
         if timing is not None and now - timing[0] > ttl:
             ttl = _ttl(body, ttl)  # apparently expired: unless the request asks for longer
         warm = timing is not None and now - timing[0] <= ttl
-        if pruning is None or not apply:
+        if pruning is None or not apply or not prunable:
+            # nothing prunable: no decision was taken in this conversation yet, and the
+            # conversation is not named without its first prunable result (`_conversation`)
             return Pruned(warm=warm, ttl=ttl)
-        conversation = prefix.conversation(session)
+        conversation = _conversation(prefix, session, prunable)
         decided = self._ledger.known(owner, conversation)
-        if decided is None and not prunable:
-            return Pruned(warm=warm, ttl=ttl)
         try:
             if prunable and self._ledger.down:  # skipped at once, not a connect timeout
                 raise DatabaseUnavailable("the breaker is open")
             if decided is None:
                 decided = await self._read(owner, conversation)
-            fresh = [s for s in prunable if s.call_id is not None and s.call_id not in decided]
+            fresh = [s for s in prunable if _key(s) not in decided]
             if fresh and not warm:
                 # cold by this worker's clock: another worker or instance may have served the
                 # session since; the report's database says when it last saw it
@@ -146,30 +147,30 @@ class PruneStage:
             # price of one turn's reads, instead of a second whole rewrite
             if mirror is not None and paused is None and mirror.warm_pruned < mirror.requests - 1:
                 if decided:  # the request as it goes without a new prune: what is priced
-                    segments = await body.prune(_plan(settings, decided), settings.tool_names)
+                    segments = await body.prune(
+                        _plan(settings, owner, decided), settings.tool_names
+                    )
                     decided = {}
                 due = self._pays(body, prefix, fresh, mirror, provider, ttl, now, timing[1])
                 if due:
                     mirror.warm_pruned = mirror.requests
-        now_ids = (
-            frozenset(s.call_id for s in fresh if s.call_id is not None) if due else frozenset()
-        )
+        now_ids = frozenset(_key(s) for s in fresh) if due else frozenset()
         try:
             summaries, summarise = await self._summaries(
                 owner, conversation, session, fresh, settings
             )
         except DatabaseUnavailable as exc:
             return await self._held(body, owner, conversation, exc, settings, warm, ttl)
-        plan: dict[str, str | None] = {
+        plan: dict[tuple[str, str], str | None] = {
             **decided,
-            **{s.call_id: _with_summary(s, summaries) for s in fresh if s.call_id in now_ids},
+            **{_key(s): _with_summary(s, summaries) for s in fresh if _key(s) in now_ids},
         }
         if not plan and not segments:
             return Pruned(warm=warm, ttl=ttl, summarise=summarise, paused=paused)
         if plan:
-            segments += await body.prune(_plan(settings, plan, now_ids), settings.tool_names)
+            segments += await body.prune(_plan(settings, owner, plan, now_ids), settings.tool_names)
         if now_ids:
-            made = {s.call_id: s.clamped for s in segments if s.call_id in now_ids and s.clamped}
+            made = {_key(s): s.clamped for s in segments if _key(s) in now_ids and s.clamped}
             try:
                 kept = await asyncio.to_thread(self._ledger.add, owner, conversation, made, at=now)
             except DatabaseUnavailable as exc:
@@ -205,7 +206,7 @@ class PruneStage:
         decided = self._ledger.held(owner, conversation)
         segments: Sequence[Segment] = ()
         if decided:
-            caps = replace(settings.caps, pruned=tuple(decided.items()), pruned_now=frozenset())
+            caps = _plan(settings, owner, decided)
             segments = await body.prune(caps, settings.tool_names)
         return Pruned(tuple(segments), warm, ttl, skipped=DATABASE_DOWN)
 
@@ -234,7 +235,7 @@ class PruneStage:
         )
         return have, summarise
 
-    async def _read(self, owner: str, conversation: str) -> dict[str, str]:
+    async def _read(self, owner: str, conversation: str) -> Decisions:
         return await self._call(self._ledger.decisions, owner, conversation)
 
     async def _call(self, read: Callable[[str, str], _T], owner: str, key: str) -> _T:
@@ -296,10 +297,38 @@ class PruneStage:
 
 
 def _plan(
-    settings: Settings, plan: Mapping[str, str | None], fresh: frozenset[str] = frozenset()
+    settings: Settings,
+    owner: str,
+    plan: Mapping[tuple[str, str], str | None],
+    fresh: frozenset[tuple[str, str]] = frozenset(),
 ) -> Caps:
-    """The caps that apply the decisions of `plan` (`fresh`: the ones taken now)."""
-    return replace(settings.caps, pruned=tuple(plan.items()), pruned_now=fresh)
+    """The owner's caps that apply the decisions of `plan` (`fresh`: the ones taken now),
+    each to the result it was taken for (call id and digest)."""
+    return replace(settings.caps_for(owner), pruned=_pruned(plan), pruned_now=fresh)
+
+
+def _key(segment: Segment) -> tuple[str, str]:
+    """What a decision on a prunable or pruned `segment` is filed under: its call id and its
+    result's digest (both set on every such segment, `caps/prune.py`)."""
+    return (segment.call_id or "", segment.digest or "")
+
+
+def _pruned(plan: Mapping[tuple[str, str], str | None]) -> tuple[tuple[str, str, str | None], ...]:
+    """`plan` as `Caps.pruned`."""
+    return tuple((call_id, digest, text) for (call_id, digest), text in plan.items())
+
+
+def _conversation(prefix: ClientPrefix, session: str, prunable: Sequence[Segment]) -> str:
+    """The conversation pruning files the request's decisions under: its session, its first
+    message (`ClientPrefix.conversation`) and its first prunable result's digest. Two runs of
+    one task share a session and a first message (the same system prompt and task, no time
+    stamp) and often their call ids (`call_0`, …): what their tools answered first tells
+    them apart. That result stays the first prunable one for the rest of the conversation
+    (results become prunable oldest first and stay so, the client resends it unchanged);
+    a pruning policy that changes which it is starts the conversation's decisions afresh,
+    as a policy change takes new decisions in any case."""
+    first = min(prunable, key=lambda s: s.message_index)
+    return f"{prefix.conversation(session)}/{(first.digest or '')[:16]}"
 
 
 def _usd(bill: Predicted, found: Prices) -> float:

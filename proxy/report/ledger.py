@@ -2,8 +2,12 @@
 
 A pruned tool result must go out as the same bytes on every later request of its
 conversation, whichever worker or instance serves it (`docs/pruning.md`). Each decision is a
-row of `pruned` (owner, conversation, call id → the text that stands for the result), and the
-first writer wins: two workers that prune at once keep one text.
+row of `pruned` (owner, conversation, call id, digest of the result it was taken for → the
+text that stands for that result), and the first writer wins: two workers that prune at once
+keep one text. The digest binds a decision to its result (`caps.prune.digest`): a call id
+alone does not name one (local models number their calls `call_0`, … in every conversation).
+Rows from before schema 8 have none (`''`): no result has that digest, so they are never
+applied (`docs/pruning.md`, "Upgrading").
 
 On SQLite, `decisions` reads through a read-only connection that never waits (it is asked on
 the event loop, on the requests that have a prunable result); on PostgreSQL it is a query to
@@ -32,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeAlias
 
 from ctxbudget.memory.pg import DatabaseUnavailable, PgDatabase
 from ctxbudget.memory.sqlite import Database, peek, reader
@@ -39,6 +44,10 @@ from ctxbudget.proxy.breaker import Breaker
 from ctxbudget.proxy.report.record import storable
 
 log = logging.getLogger("ctxbudget.prune")
+
+Decisions: TypeAlias = dict[tuple[str, str], str]
+"""A conversation's decisions: (call id, digest of the result it was taken for) → the text
+that stands for that result."""
 
 FRESH_SECONDS = 1.0
 """How long a worker trusts what it read of a conversation's decisions. Another instance's
@@ -95,24 +104,24 @@ class Held:
     `proxy/cache/sessions.py`). Not thread-safe: the ledger's lock guards it."""
 
     def __init__(self, *, per_owner: int = HELD_PER_OWNER, chars: int = HELD_CHARS) -> None:
-        self._owners: dict[str, OrderedDict[str, tuple[float, dict[str, str], int]]] = {}
+        self._owners: dict[str, OrderedDict[str, tuple[float, Decisions, int]]] = {}
         self._weights: dict[str, int] = {}
         self._per_owner = per_owner
         self._chars = chars
         self._total = 0
 
-    def get(self, owner: str, conversation: str) -> tuple[float, dict[str, str]] | None:
+    def get(self, owner: str, conversation: str) -> tuple[float, Decisions] | None:
         """When `conversation`'s decisions were read, and them; None when not held."""
         conversations = self._owners.get(owner)
         found = None if conversations is None else conversations.get(conversation)
         return None if found is None else (found[0], found[1])
 
-    def put(self, owner: str, conversation: str, at: float, decisions: dict[str, str]) -> None:
+    def put(self, owner: str, conversation: str, at: float, decisions: Decisions) -> None:
         conversations = self._owners.setdefault(owner, OrderedDict())
         old = conversations.pop(conversation, None)
         if old is not None:
             self._weigh(owner, -old[2])
-        weight = sum(len(k) + len(v) for k, v in decisions.items()) + 64
+        weight = sum(len(c) + len(d) + len(v) for (c, d), v in decisions.items()) + 64
         conversations[conversation] = (at, decisions, weight)
         self._weigh(owner, weight)
         if len(conversations) > self._per_owner:
@@ -148,7 +157,7 @@ class PruneLedger:
         self._keep = keep
         self._held = Held()
         self._lock = threading.Lock()
-        self._unwritten: dict[tuple[str, str], tuple[dict[str, str], float]] = {}
+        self._unwritten: dict[tuple[str, str], tuple[Decisions, float]] = {}
         """Decisions taken while the database stopped answering under the write (the request
         went out pruned): held, and written when it answers again. At most
         `HELD_PER_OWNER` conversations."""
@@ -184,7 +193,7 @@ class PruneLedger:
                 CHECK_SECONDS,
             )
 
-    def known(self, owner: str, conversation: str) -> dict[str, str] | None:
+    def known(self, owner: str, conversation: str) -> Decisions | None:
         """What this worker read of the conversation lately, or None."""
         with self._lock:
             found = self._held.get(owner, conversation)
@@ -192,24 +201,23 @@ class PruneLedger:
             return None
         return found[1]
 
-    def held(self, owner: str, conversation: str) -> dict[str, str]:
+    def held(self, owner: str, conversation: str) -> Decisions:
         """What this process read or decided of the conversation, however long ago (the
         database does not answer): empty when it holds nothing."""
         with self._lock:
             found = self._held.get(owner, conversation)
         return {} if found is None else found[1]
 
-    def decisions(self, owner: str, conversation: str) -> dict[str, str]:
-        """Call id → text of the conversation's pruned results (from a thread when `waits`)."""
+    def decisions(self, owner: str, conversation: str) -> Decisions:
+        """The conversation's decisions (from a thread when `waits`)."""
         found = self.known(owner, conversation)
         if found is not None:
             return found
-        sql = "SELECT call_id, text FROM pruned WHERE owner = ? AND conversation = ?"
         args = (owner, stored(conversation))
-        rows = peek(self._reader, sql, args) if self._reader else None
+        rows = peek(self._reader, _READ, args) if self._reader else None
         if rows is None:
-            rows = self._db.fetchall(sql, args)
-        found = {loaded(call_id): loaded(text) for call_id, text in rows}
+            rows = self._db.fetchall(_READ, args)
+        found = _decisions(rows)
         self._remember(owner, conversation, found)
         return found
 
@@ -224,9 +232,9 @@ class PruneLedger:
         return float(rows[0][0]) if rows else None
 
     def add(
-        self, owner: str, conversation: str, decided: Mapping[str, str], *, at: float
-    ) -> dict[str, str]:
-        """Keep `decided` (call id → text) unless another writer decided first; return the
+        self, owner: str, conversation: str, decided: Mapping[tuple[str, str], str], *, at: float
+    ) -> Decisions:
+        """Keep `decided` (as `Decisions`) unless another writer decided first; return the
         conversation's decisions as they stand (a thread: this writes). The owner's oldest
         past `KEEP_DECISIONS` go. A database that does not answer: `DatabaseUnavailable`,
         and `decided` is held, to apply and to write once it answers again."""
@@ -245,24 +253,22 @@ class PruneLedger:
         return found
 
     def _write(
-        self, owner: str, conversation: str, decided: Mapping[str, str], at: float
-    ) -> dict[str, str]:
+        self, owner: str, conversation: str, decided: Mapping[tuple[str, str], str], at: float
+    ) -> Decisions:
         key = stored(conversation)
-        rows = [(owner, key, stored(i), stored(text), at) for i, text in decided.items()]
+        rows = [
+            (owner, key, stored(call_id), digest, stored(text), at)
+            for (call_id, digest), text in decided.items()
+        ]
         insert = (
-            "INSERT INTO pruned (owner, conversation, call_id, text, at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (owner, conversation, call_id) DO NOTHING"
+            "INSERT INTO pruned (owner, conversation, call_id, digest, text, at) "
+            "VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (owner, conversation, call_id, digest) DO NOTHING"
         )
         with self._db.transaction() as tx:
             tx.executemany(insert, rows)
             tx.execute(_trim("pruned"), (owner, owner, self._keep - 1))
-            return {
-                loaded(call_id): loaded(text)
-                for call_id, text in tx.execute(
-                    "SELECT call_id, text FROM pruned WHERE owner = ? AND conversation = ?",
-                    (owner, key),
-                ).fetchall()
-            }
+            return _decisions(tx.execute(_READ, (owner, key)).fetchall())
 
     def summaries(self, owner: str, conversation: str) -> dict[str, str]:
         """Call id → summary of the conversation's summarised results (from a thread when
@@ -292,11 +298,11 @@ class PruneLedger:
         if self._reader is not None:
             self._reader.close()
 
-    def _remember(self, owner: str, conversation: str, found: dict[str, str]) -> None:
+    def _remember(self, owner: str, conversation: str, found: Decisions) -> None:
         with self._lock:
             self._held.put(owner, conversation, self._clock(), found)
 
-    def _held_now(self, owner: str, conversation: str) -> dict[str, str]:
+    def _held_now(self, owner: str, conversation: str) -> Decisions:
         found = self._held.get(owner, conversation)
         return {} if found is None else found[1]
 
@@ -324,6 +330,16 @@ class PruneLedger:
             self._outage,
         )
         self._outage = 0
+
+
+_READ = (
+    "SELECT call_id, digest, text FROM pruned WHERE owner = ? AND conversation = ? AND digest <> ''"
+)
+"""A conversation's decisions; rows from before schema 8 (no digest) are never read."""
+
+
+def _decisions(rows: list[Any]) -> Decisions:
+    return {(loaded(call_id), digest): loaded(text) for call_id, digest, text in rows}
 
 
 def _trim(table: str) -> str:

@@ -50,7 +50,7 @@ from ctxbudget.proxy.tokens import TokenCounter, trim_memory
 log = logging.getLogger("ctxbudget.report")
 
 SCHEMA_VERSION = 9
-"""8 is another change's (issue 36 work in flight); 9 is the holdout's arms (`arms.py`)."""
+"""8: pruning decisions keyed by their result's digest too; 9: the holdout's arms (`arms.py`)."""
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -248,6 +248,24 @@ _SCHEMA_7 = ";".join(
 )
 """7: what each owner's summaries cost (`SUMMARY_COUNTS`), so the report says it for any
 window whatever the requests kept."""
+_SCHEMA_8_SQLITE = """
+ALTER TABLE pruned RENAME TO pruned_v7;
+CREATE TABLE pruned (owner TEXT NOT NULL, conversation TEXT NOT NULL, call_id TEXT NOT NULL,
+    digest TEXT NOT NULL, text TEXT NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (owner, conversation, call_id, digest));
+INSERT INTO pruned SELECT owner, conversation, call_id, '', text, at FROM pruned_v7;
+DROP TABLE pruned_v7;
+CREATE INDEX IF NOT EXISTS pruned_at ON pruned (at)
+"""
+_SCHEMA_8_PG = """
+ALTER TABLE pruned ADD COLUMN digest TEXT NOT NULL DEFAULT '';
+ALTER TABLE pruned DROP CONSTRAINT pruned_pkey;
+ALTER TABLE pruned ADD PRIMARY KEY (owner, conversation, call_id, digest)
+"""
+"""8: each pruning decision bound to the result it was taken for (`digest`, in the key: two
+results under one call id, in two runs of one task, each keep their own). Rows from before
+get `''`, which no result digests to: never applied (`docs/pruning.md`, "Upgrading"), and
+trimmed as the others are."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -262,6 +280,7 @@ MIGRATIONS = (
         _SCHEMA_7.format(real="REAL", int="INTEGER"),
         _SCHEMA_7.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
+    Migration(8, _SCHEMA_8_SQLITE, _SCHEMA_8_PG),
     Migration(
         9,
         holdout_arms.schema_9("REAL", "INTEGER"),

@@ -71,11 +71,13 @@ def test_caps_hash_by_their_fields_however_they_were_made() -> None:
     from ctxbudget.caps.types import PrunePolicy, ToolNames, evolve
 
     policy = PrunePolicy(min_chars=10)
-    caps = Caps(bootstrap_max_chars=100, prune=policy, pruned=(("c1", None),))
-    same = Caps(bootstrap_max_chars=100, prune=PrunePolicy(min_chars=10), pruned=(("c1", None),))
+    caps = Caps(bootstrap_max_chars=100, prune=policy, pruned=(("c1", "d1", None),))
+    same = Caps(
+        bootstrap_max_chars=100, prune=PrunePolicy(min_chars=10), pruned=(("c1", "d1", None),)
+    )
     assert hash(caps) == hash(same) and {caps: 1}[same] == 1
     for changed in (replace(caps, bootstrap_max_chars=5), evolve(caps, bootstrap_max_chars=5)):
-        made = Caps(bootstrap_max_chars=5, prune=policy, pruned=(("c1", None),))
+        made = Caps(bootstrap_max_chars=5, prune=policy, pruned=(("c1", "d1", None),))
         assert changed == made and hash(changed) == hash(made)
         assert {made: 1}.get(changed) == 1 and {caps: 1}.get(changed) is None
     assert hash(ToolNames(web_fetch=frozenset({"fetch"}))) == hash(
@@ -94,7 +96,9 @@ def test_caps_sent_to_another_process_hash_as_that_process_hashes_them() -> None
 
     from ctxbudget.caps.types import PrunePolicy, ToolNames
 
-    caps = Caps(tool_output_max_chars=100, prune=PrunePolicy(deny=("exec",)), pruned=(("c", None),))
+    caps = Caps(
+        tool_output_max_chars=100, prune=PrunePolicy(deny=("exec",)), pruned=(("c", "d", None),)
+    )
     tools = ToolNames(web_fetch=frozenset({"fetch"}))
     hash(caps), hash(tools)  # made here, as the request path does before handing them over
     check = (
@@ -102,7 +106,7 @@ def test_caps_sent_to_another_process_hash_as_that_process_hashes_them() -> None
         "from ctxbudget.caps.types import Caps, PrunePolicy, ToolNames\n"
         "caps, tools = pickle.loads(sys.stdin.buffer.read())\n"
         "made = Caps(tool_output_max_chars=100, prune=PrunePolicy(deny=('exec',)),"
-        " pruned=(('c', None),))\n"
+        " pruned=(('c', 'd', None),))\n"
         "assert caps == made and hash(caps) == hash(made), 'caps'\n"
         "names = ToolNames(web_fetch=frozenset({'fetch'}))\n"
         "assert tools == names and hash(tools) == hash(names), 'tools'\n"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ctxbudget.caps import Caps, PrunePolicy, clamp_request, prune, prune_request
 from ctxbudget.caps._text import utf16_len
-from ctxbudget.caps.prune import prunable, pruned_text
+from ctxbudget.caps.prune import digest, prunable, pruned_text
 
 POLICY = PrunePolicy(keep_last_assistants=2, min_chars=100, soft_max_chars=400)
 
@@ -91,8 +91,9 @@ def test_the_clamp_reports_prunable_results_and_changes_nothing_for_them() -> No
 
 def test_decisions_apply_as_decided_and_the_rest_stays_byte_identical() -> None:
     messages = _session(4)
-    caps = Caps(prune=POLICY, pruned=(("c0", None), ("c1", "DECIDED EARLIER")),
-                pruned_now=frozenset({"c0"}))  # fmt: skip
+    c0, c1 = digest(messages[3]["content"]), digest(messages[5]["content"])
+    caps = Caps(prune=POLICY, pruned=(("c0", c0, None), ("c1", c1, "DECIDED EARLIER")),
+                pruned_now=frozenset({("c0", c0)}))  # fmt: skip
     result = prune_request({"messages": messages}, caps)
     new = result.request["messages"]
     assert new[5]["content"] == "DECIDED EARLIER"
@@ -102,18 +103,34 @@ def test_decisions_apply_as_decided_and_the_rest_stays_byte_identical() -> None:
     ]  # fmt: skip
     notes = {s.call_id: s.note for s in result.segments}
     assert notes == {"c0": "pruned now", "c1": "pruned earlier"}
+    assert {s.call_id: s.digest for s in result.segments} == {"c0": c0, "c1": c1}
+
+
+def test_a_decision_lands_only_on_the_result_it_was_taken_for() -> None:
+    """Issue 31, item 5: a call id does not name a result (`call_0` in every run of a local
+    model); a decision bound to another result's digest leaves this one as it is."""
+    messages = _session(4)
+    other = digest("another run's result under the same call id")
+    caps = Caps(prune=POLICY, pruned=(("c0", other, "NOT MINE"), ("c1", other, None)))
+    result = prune_request({"messages": messages}, caps)
+    assert result.request["messages"] is messages and not result.changed
+    assert result.segments == ()
 
 
 @given(st.integers(min_value=0, max_value=6), st.integers(min_value=0, max_value=3000))
 def test_pruning_is_deterministic_and_idempotent(turns: int, size: int) -> None:
     messages = _session(turns, size)
-    ids = tuple((c.call_id, None) for c in prunable(messages, POLICY))
+    ids = tuple((c.call_id, digest(c.text), None) for c in prunable(messages, POLICY))
     caps = Caps(prune=POLICY, pruned=ids)
     once = prune_request({"messages": messages}, caps).request["messages"]
     again = prune_request({"messages": messages}, caps).request["messages"]
     assert once == again  # the same bytes every request
     # decisions taken from what the first pass wrote give the same request again
-    decided = tuple((m["tool_call_id"], m["content"]) for m in once if m.get("role") == "tool")
+    decided = tuple(
+        (old["tool_call_id"], digest(old["content"]), new["content"])
+        for old, new in zip(messages, once, strict=True)
+        if old.get("role") == "tool"
+    )
     assert prune_request({"messages": messages}, Caps(pruned=decided)).request["messages"] == once
     for old, new in zip(messages, once, strict=True):
         if old.get("role") == "tool":

@@ -34,7 +34,9 @@ class Clock:
         self.now += seconds
 
 
-def _chat(turns: int, *, stamp: str = "[Tue 2026-11-24 09:00 UTC]") -> dict[str, Any]:
+def _chat(
+    turns: int, *, stamp: str = "[Tue 2026-11-24 09:00 UTC]", run: str = "run"
+) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": f"{stamp} fix the failing test"},
@@ -44,9 +46,15 @@ def _chat(turns: int, *, stamp: str = "[Tue 2026-11-24 09:00 UTC]") -> dict[str,
                 "function": {"name": "exec", "arguments": '{"cmd": "pytest"}'}}  # fmt: skip
         messages += [
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"run {i}\n{OUTPUT}"},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": _output(i, run)},
         ]
     return {"model": "gpt-4o", "messages": messages}
+
+
+def _output(i: int, run: str = "run") -> str:
+    """Call `i`'s result in a run of the task named `run`: another run's output is its own, of
+    the same size."""
+    return f"{run} {i}\n{OUTPUT if run == 'run' else OUTPUT.replace('ok', run[:2])}"
 
 
 def _messages(turns: int, *, ttl: str | None = None) -> dict[str, Any]:
@@ -581,3 +589,160 @@ def test_a_session_billed_above_direct_stops_warm_pruning_and_the_report_says_wh
     for i in new[1:]:
         assert paused[i - 1] is None, (i, paused)
     assert upstream.usd <= direct, (upstream.usd, direct)
+
+
+def _own(fake: FakeUpstream, run: str, turns: int, pruned: range) -> None:
+    """The agent's last request went upstream with each result of run `run` as its own: the
+    results of `pruned` in the policy's pruned form of that very result, the rest whole."""
+    policy = PrunePolicy()
+    expected = {
+        f"call_{i}": (pruned_text(_output(i, run), "exec", f"call_{i}", policy) or "")
+        if i in pruned
+        else _output(i, run)
+        for i in range(turns)
+    }
+    assert _results(fake) == expected
+
+
+def test_two_runs_of_one_task_never_get_each_others_results(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """Issue 31, item 5: two conversations of one key with the same system prompt, the same
+    first message and the same call ids (`call_0`…, as local models number their calls) got
+    each other's pruned text, even for the newest result. Each gets only its own."""
+    clock = Clock()
+    config = _config(tmp_path)
+    if backend.url is not None:
+        config["database"] = {"url": backend.url}
+    with proxy_app(tmp_path, config, clock=clock) as (client, fake):
+
+        def send(turns: int, run: str) -> None:
+            _send(client, fake, "/v1/chat/completions", _chat(turns, run=run))
+
+        for turns in range(1, 7):  # run "first", warm
+            send(turns, "first")
+            clock.wait(10)
+        clock.wait(600)  # cold: its four oldest results are pruned
+        send(7, "first")
+        _own(fake, "first", 7, range(4))
+        for turns in range(1, 8):  # the same task again, warm: its results go whole
+            clock.wait(10)
+            send(turns, "second")
+            _own(fake, "second", turns, range(0))
+        clock.wait(600)  # cold: its own five oldest pruned, in its own texts
+        send(8, "second")
+        _own(fake, "second", 8, range(5))
+        clock.wait(10)  # and each run's decisions stand for it alone, byte for byte
+        send(8, "first")
+        _own(fake, "first", 8, range(4))
+        clock.wait(10)
+        send(9, "second")
+        _own(fake, "second", 9, range(5))
+
+
+def test_a_decision_lands_only_on_the_result_it_was_taken_for(tmp_path: Path) -> None:
+    """A result whose text is not the one a decision was taken for (the client edited its
+    history, or another run reuses the call id) goes as it is while the cache is warm, and is
+    pruned anew, in its own text, once it expires."""
+    clock = Clock()
+
+    def body(turns: int, edited: bool) -> dict[str, Any]:
+        found = _chat(turns)
+        if edited:
+            for m in found["messages"]:
+                if m.get("tool_call_id") == "call_2":
+                    m["content"] = _output(2, "edited")
+        return found
+
+    with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
+        _send(client, fake, "/v1/chat/completions", body(6, False))
+        clock.wait(600)
+        _send(client, fake, "/v1/chat/completions", body(7, False))
+        _own(fake, "run", 7, range(4))
+        clock.wait(10)
+        _send(client, fake, "/v1/chat/completions", body(8, True))
+        results = _results(fake)
+        assert results["call_2"] == _output(2, "edited")  # not run 2's pruned text
+        policy = PrunePolicy()
+        for i in (0, 1, 3):  # the others' decisions stand
+            assert results[f"call_{i}"] == pruned_text(_output(i), "exec", f"call_{i}", policy)
+        clock.wait(600)
+        _send(client, fake, "/v1/chat/completions", body(9, True))
+        results = _results(fake)
+        edited = pruned_text(_output(2, "edited"), "exec", "call_2", policy)
+        assert results["call_2"] == edited
+        assert results["call_0"] == pruned_text(_output(0), "exec", "call_0", policy)
+
+
+def _old_report_db(tmp_path: Path, backend: Backend, conversation: str, at: float) -> None:
+    """The report's database at schema 7 (before decisions had digests), as `tmp_path`'s
+    config finds it, with a decision for `conversation`'s `call_0` (another run's)."""
+    from ctxbudget.memory.pg import PgDatabase, migrate
+    from ctxbudget.memory.sqlite import Database
+    from ctxbudget.proxy.report.store import MIGRATIONS
+
+    old = [m for m in MIGRATIONS if m.version <= 7]
+    insert = (
+        "INSERT INTO pruned (owner, conversation, call_id, text, at) "
+        "VALUES ('default', ?, 'call_0', 'another run of the task', ?)"
+    )
+    if backend.url is not None:
+        pg = PgDatabase(backend.url, pool_size=1)
+        try:
+            migrate(pg, "report", old)
+            with pg.transaction() as tx:
+                tx.execute(insert, (conversation, at))
+        finally:
+            pg.close()
+        return
+    db = Database(tmp_path / "report.db")
+    try:
+        with db.transaction() as conn:
+            for step in old:
+                for statement in (step.sqlite or "").split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            conn.execute("PRAGMA user_version=7")
+            conn.execute(insert, (conversation, at))
+    finally:
+        db.close()
+
+
+def _legacy_conversation(body: dict[str, Any]) -> str:
+    """The conversation id schema 7's decisions were filed under: the session and the first
+    message."""
+    from ctxbudget.proxy.cache.sessions import ClientPrefix, session_key
+    from ctxbudget.proxy.wire.chat import ChatCompletions
+
+    parsed = ChatCompletions().parse(orjson.dumps(body))
+    prefix = ClientPrefix(parsed.blocks(), "default")
+    session = session_key({}, parsed.get, parsed.model, prefix)
+    return prefix.conversation(session)
+
+
+def test_decisions_without_a_digest_from_before_are_never_applied(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """Schema 8 binds each decision to its result's digest. A database from before opens
+    and works; its decisions carry no digest, so nothing proves which result each was taken
+    for (two runs of one task shared their conversation id): they are not applied, and the
+    conversation's results are pruned anew when its cache next expires."""
+    clock = Clock()
+    _old_report_db(tmp_path, backend, _legacy_conversation(_chat(5)), clock.now)
+    config = _config(tmp_path)
+    if backend.url is not None:
+        config["database"] = {"url": backend.url}
+    with proxy_app(tmp_path, config, clock=clock) as (client, fake):
+        ledger = state_of(client).reports.ledger
+        _send(client, fake, "/v1/chat/completions", _chat(5))
+        _own(fake, "run", 5, range(0))
+        clock.wait(600)
+        _send(client, fake, "/v1/chat/completions", _chat(6))
+        _own(fake, "run", 6, range(3))
+        clock.wait(10)
+        _send(client, fake, "/v1/chat/completions", _chat(7))
+        _own(fake, "run", 7, range(3))
+        rows = ledger._db.fetchall(  # noqa: SLF001 - the rows at rest
+            "SELECT call_id, length(digest) FROM pruned ORDER BY call_id"
+        )
+    assert rows == [("call_0", 0), ("call_0", 32), ("call_1", 32), ("call_2", 32)]

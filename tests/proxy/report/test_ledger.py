@@ -46,17 +46,18 @@ def test_a_decision_whose_write_failed_is_held_and_written_once_the_database_ans
     try:
         db.down = True
         with pytest.raises(DatabaseUnavailable) as raised:
-            ledger.add("alice", "s/1", {"call_0": "[pruned]"}, at=1.0)
+            ledger.add("alice", "s/1", {("call_0", "d0"): "[pruned]"}, at=1.0)
         ledger.failed(raised.value)
         assert ledger.down
-        assert ledger.held("alice", "s/1") == {"call_0": "[pruned]"}, "the next request's bytes"
+        held = ledger.held("alice", "s/1")
+        assert held == {("call_0", "d0"): "[pruned]"}, "the next request's bytes"
         db.down = False
         deadline = time.monotonic() + 10
         while ledger.breaker.down:
             assert time.monotonic() < deadline, "the background check did not see it again"
             time.sleep(0.05)
-        rows = db.fetchall("SELECT owner, conversation, call_id, text FROM pruned")
-        assert rows == [("alice", "s/1", "call_0", "[pruned]")]
+        rows = db.fetchall("SELECT owner, conversation, call_id, digest, text FROM pruned")
+        assert rows == [("alice", "s/1", "call_0", "d0", "[pruned]")]
     finally:
         ledger.close()
         db.close()

@@ -1,14 +1,14 @@
 """The memory store in PostgreSQL: `MemoryStore` for any number of proxies sharing one database.
 
-The same behaviour as `SQLiteMemoryStore` (owners, scopes, LRU eviction, access counts,
-once-per-turn touches, word counts, batches, the monitor's tables), with PostgreSQL's built-in
-full-text search in place of FTS5:
+The same store as `SQLiteMemoryStore`, one SQL layer (`memory/sqlstore.py`: owners, scopes,
+LRU eviction, access counts, once-per-turn touches, word counts, batches, the monitor's
+tables), with `PgDialect`: PostgreSQL's built-in full-text search in place of FTS5.
 
 - Each memory keeps a `tsvector` of its words, tokenised as FTS5's `unicode61` does (letters
   and digits, case and diacritics folded) and stemmed by Snowball's original Porter stemmer
   (FTS5's `porter`), plus one lexeme naming its owner; its words also go to `postings`, an
   inverted index of (owner, lexeme, id) with each word's count and the memory's length, kept
-  by `add_many` and `_delete` as FTS5 keeps its own.
+  by `PgDialect.insert` and `.delete` as FTS5 keeps its own.
 - PostgreSQL ranks with `ts_rank`, which has no inverse document frequency. `search` ranks by
   BM25 instead, computed in one statement from `postings` the way FTS5's `bm25()` does
   (k1 = 1.2, b = 0.75, one phrase per query word and one per prefix, IDF floored at 1e-6),

@@ -27,7 +27,7 @@ from memory.types import Memory, MemoryLimits, NewMemory, Rarest
 
 class MemoryStore(Protocol):
     """What recall and the CLI/API need from a store: `SQLiteMemoryStore`, or
-    `memory.pgstore.PgMemoryStore` (`database.url`)."""
+    `memory.pgstore.PgMemoryStore` (`database.url`), both `memory.sqlstore.SQLMemoryStore`."""
 
     limits: MemoryLimits
 

@@ -164,8 +164,8 @@ class PgDialect:
         arrays = ", ".join(f"?::{kind}[]" for kind in columns.values())
         return f"unnest({arrays}) AS {alias}({', '.join(columns)})", tuple(map(list, values))
 
-    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, Any]:
-        return f"{column} = ANY(?::{kind}[])", list(values)
+    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        return f"{column} = ANY(?::{kind}[])", (list(values),)
 
     def lock(self, tx: Tx) -> None:
         """The advisory lock every add and removal holds for its transaction."""

@@ -77,9 +77,9 @@ class Dialect(Protocol[DB]):
         one list per column (`columns`: name → PostgreSQL type), and its parameters."""
         ...
 
-    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, Any]:
+    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
         """A condition that `column` is one of `values` (of PostgreSQL type `kind`), and its
-        one parameter."""
+        parameters."""
         ...
 
     def lock(self, tx: Tx) -> None:
@@ -268,11 +268,12 @@ class SQLMemoryStore(Generic[DB]):
         wanted = sorted({n for i in ids for n in (i - 1, i + 1)})
         if not wanted:
             return []
-        among, arg = self.dialect.any_of("id", "bigint", wanted)
+        params: tuple[Any, ...]
+        among, params = self.dialect.any_of("id", "bigint", wanted)
         rows = self.db.fetchall(
             f"SELECT {COLUMNS} FROM memories WHERE {self.dialect.owner_by_id} = ? AND {among}"
             " ORDER BY id",
-            (owner, arg),
+            (owner, *params),
             prepare=True,
         )
         return [memory_of(r) for r in rows]
@@ -367,5 +368,7 @@ class SQLMemoryStore(Generic[DB]):
             (owner, *params),
         )
         if delta < 0:
-            among, arg = self.dialect.any_of("word", "text", words)
-            tx.execute(f"DELETE FROM words WHERE owner = ? AND {among} AND n <= 0", (owner, arg))
+            among, params = self.dialect.any_of("word", "text", words)
+            tx.execute(
+                f"DELETE FROM words WHERE owner = ? AND {among} AND n <= 0", (owner, *params)
+            )

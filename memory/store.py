@@ -218,9 +218,11 @@ class SQLiteDialect:
         data = json.dumps(list(zip(*values, strict=True)), ensure_ascii=False)
         return f"(SELECT {picks} FROM json_each(?)) AS {alias}", (data,)
 
-    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, Any]:
-        return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(
-            list(values), ensure_ascii=False
+    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        if len(values) <= _LISTED:
+            return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
+        return f"{column} IN (SELECT value FROM json_each(?))", (
+            json.dumps(list(values), ensure_ascii=False),
         )
 
     def lock(self, tx: Tx) -> None:
@@ -242,9 +244,9 @@ class SQLiteDialect:
         )
 
     def delete(self, tx: Tx, owner: str, ids: Sequence[int]) -> list[str]:
-        among, arg = self.any_of("id", "bigint", ids)
+        among, params = self.any_of("id", "bigint", ids)
         rows = tx.execute(
-            f"DELETE FROM memories WHERE +owner = ? AND {among} RETURNING text", (owner, arg)
+            f"DELETE FROM memories WHERE +owner = ? AND {among} RETURNING text", (owner, *params)
         ).fetchall()
         return [str(text) for (text,) in rows]
 
@@ -282,6 +284,9 @@ class SQLiteDialect:
 
 
 _M = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
+_LISTED = 900
+"""Most values `SQLiteDialect.any_of` lists as parameters (recall's neighbours: a few hundred
+at most; ~4% faster than `json_each`); more (an import's evictions) go as one JSON array."""
 
 
 def _shared(db: Database) -> bool:

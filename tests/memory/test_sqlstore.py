@@ -11,6 +11,7 @@ import pytest
 from memory import MemoryLimits, MemoryStore, NewMemory, SQLiteMemoryStore
 from memory.monitor import Usage, analysis
 from memory.transfer import export_jsonl, not_stored, parse_jsonl
+from tests.conftest import Backend
 
 EXPORT = """\
 {"text": "The orion project deadline is Friday", "created": "2024-05-01T09:00:00Z"}
@@ -176,3 +177,17 @@ def test_only_sqlite_answers_has_any_at_once(tmp_path: Path, pg_url: str) -> Non
     finally:
         sqlite.close()
         pg.close()
+
+
+def test_an_import_that_evicts_a_thousand_memories_keeps_the_counts(backend: Backend) -> None:
+    """Past the lists SQLite takes as parameters (`memory.store._LISTED`): the evicted ids
+    and their words go as one JSON array, and the counts recall ranks by stay right."""
+    store = backend.open(limits=MemoryLimits(max_memories=1000), clock=Clock())
+    store.add_many([NewMemory(owner="o", text=f"alpha {n}") for n in range(1000)])
+    added, evicted = store.add_many([NewMemory(owner="o", text=f"beta {n}") for n in range(950)])
+    assert (len(added), [m.id for m in evicted]) == (950, list(range(1, 951)))
+    assert store.frequencies("o", ["alpha", "beta", "7"]) == (
+        1000,
+        {"alpha": 50, "beta": 950, "7": 1},
+    )
+    assert [m.id for m in store.neighbours("o", range(940, 1300))] == list(range(951, 1301))

@@ -251,6 +251,12 @@ class PgDatabase:
 
         return self._once_more(work)
 
+    def peek(self, sql: str, args: Iterable[Any] = ()) -> list[Any] | None:
+        """Always None: a database across the network cannot answer without waiting
+        (`Database.peek` answers at once), so an event loop leaves the question to a worker
+        thread (`fetchall`)."""
+        return None
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         with self.transaction() as tx:
             tx.executemany(sql, rows)

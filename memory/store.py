@@ -4,33 +4,30 @@ SQLite in WAL mode, so the CLI, the API and every worker of the proxy can use on
 once; FTS5 (porter stemmer) for keyword search, ranked by BM25; the schema carries its
 version (`PRAGMA user_version`) and is migrated forward on open. Each owner keeps at most
 `max_memories` memories: adding one more evicts the least recently used, and says so in the
-log. PostgreSQL implements the same `MemoryStore` in `memory/pgstore.py`.
+log. Every operation is written once, in `memory/sqlstore.py`; what is SQLite's own is
+`SQLiteDialect` here. PostgreSQL's is in `memory/pgstore.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
+import json
 import math
 import re
-import sqlite3
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ctxbudget.memory.monitor import Monitor
-from ctxbudget.memory.schema import MIGRATIONS, VERSION, apply_sqlite, words_of
-from ctxbudget.memory.sqlite import Database, peek, reader
-from ctxbudget.memory.types import InvalidMemory, Memory, MemoryLimits, NewMemory, Rarest
-
-log = logging.getLogger("ctxbudget.memory")
+from ctxbudget.memory.schema import MIGRATIONS, VERSION, apply_sqlite
+from ctxbudget.memory.sqlite import Database
+from ctxbudget.memory.sqlstore import COLUMNS, SQLMemoryStore, Tx, memory_of
+from ctxbudget.memory.types import Memory, MemoryLimits, NewMemory, Rarest
 
 
 class MemoryStore(Protocol):
     """What recall and the CLI/API need from a store: `SQLiteMemoryStore`, or
-    `memory.pgstore.PgMemoryStore` (`database.url`)."""
+    `memory.pgstore.PgMemoryStore` (`database.url`), both `memory.sqlstore.SQLMemoryStore`."""
 
     limits: MemoryLimits
 
@@ -96,7 +93,6 @@ class MemoryStore(Protocol):
         ...
 
 
-_COLUMNS = "id, owner, text, category, source, scope, created, last_accessed, access_count, batch"
 # Words that say nothing about which memory is meant, yet match most of them: function
 # words, and the verbs and fillers of how people ask an agent for something ("should I use",
 # "please show me"). Recall injects a memory only for a match on some other word of the turn
@@ -111,33 +107,6 @@ STOPWORDS = frozenset(
     " tell use used uses using".split()
 )
 _WORD = re.compile(r"\w+", re.UNICODE)
-
-
-def checked_batch(
-    memories: Sequence[NewMemory], limits: MemoryLimits, *, now: float
-) -> list[NewMemory]:
-    """`memories` validated as one batch for `add_many` (both stores): `InvalidMemory` names
-    the first bad one by its position (`item 3: …`), a batch of several owners, or one larger
-    than `memory.maxMemories`. A `created` time after `now` (an import's) becomes `now`: a
-    memory from the future would never age in recall's recency."""
-    checked = []
-    for number, memory in enumerate(memories, 1):
-        try:
-            valid = memory.validate(limits)
-        except InvalidMemory as exc:
-            raise InvalidMemory(f"item {number}: {exc}") from None
-        if valid.created is not None and valid.created > now:
-            valid = dataclasses.replace(valid, created=now)
-        checked.append(valid)
-    owners = {m.owner for m in checked}
-    if len(owners) > 1:
-        raise InvalidMemory("a batch is for one owner, got " + ", ".join(sorted(owners)))
-    if len(checked) > limits.max_memories:
-        raise InvalidMemory(
-            f"{len(checked):,} memories are more than memory.maxMemories "
-            f"({limits.max_memories:,}): raise it, or import fewer"
-        )
-    return checked
 
 
 def rarest_first(
@@ -201,32 +170,6 @@ def search_rows(found: Sequence[tuple[Memory, float]]) -> list[dict[str, object]
     ]
 
 
-def log_evicted(evicted: Sequence[Memory], limits: MemoryLimits) -> None:
-    """Say which memories an add pushed out, one line each (both stores)."""
-    for gone in evicted:
-        log.info(
-            "evicted memory %d of owner %s (least recently used, past memory.maxMemories=%d)",
-            gone.id,
-            gone.owner,
-            limits.max_memories,
-        )
-
-
-def _row(row: tuple[object, ...]) -> Memory:
-    return Memory(
-        id=int(row[0]),  # type: ignore[call-overload]
-        owner=str(row[1]),
-        text=str(row[2]),
-        category=str(row[3]),
-        source=str(row[4]),  # type: ignore[arg-type]
-        scope=str(row[5]),
-        created=float(row[6]),  # type: ignore[arg-type]
-        last_accessed=float(row[7]),  # type: ignore[arg-type]
-        access_count=int(row[8]),  # type: ignore[call-overload]
-        batch=None if row[9] is None else int(row[9]),  # type: ignore[call-overload]
-    )
-
-
 OWN_SCAN = 10_000
 """Most matches of one owner ranked in a shared store (an owner keeps `memory.maxMemories`,
 100 by default)."""
@@ -256,7 +199,155 @@ def fts_query(text: str, *, prefix: bool = False) -> str | None:
     return "text : (" + " OR ".join(terms) + ")" if terms else None
 
 
-class SQLiteMemoryStore:
+class SQLiteDialect:
+    """`Dialect` of SQLite: FTS5 keeps the full-text index by trigger, and ranks by bm25()."""
+
+    top = "char(1114111)"
+    # `+owner`: rows found by id are looked up by rowid; through the owner index, finding an
+    # add's new rows read every memory of the owner, which made each add O(n) (~30x slower
+    # at 100k)
+    owner_by_id = "+owner"
+    version_sql = "PRAGMA user_version"
+
+    def rows(
+        self, alias: str, columns: Mapping[str, str], values: Sequence[Sequence[Any]]
+    ) -> tuple[str, tuple[Any, ...]]:
+        # One JSON parameter, however many rows: SQLite has no arrays, and a statement takes
+        # at most 32,766 parameters
+        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {c}" for i, c in enumerate(columns))
+        data = json.dumps(list(zip(*values, strict=True)), ensure_ascii=False)
+        return f"(SELECT {picks} FROM json_each(?)) AS {alias}", (data,)
+
+    def any_of(self, column: str, kind: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        if len(values) <= _LISTED:
+            return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
+        return f"{column} IN (SELECT value FROM json_each(?))", (
+            json.dumps(list(values), ensure_ascii=False),
+        )
+
+    def lock(self, tx: Tx) -> None:
+        """Nothing: `Database.transaction()` holds SQLite's write lock (`BEGIN IMMEDIATE`)."""
+
+    def insert(self, tx: Tx, owner: str, memories: Sequence[NewMemory], *, first: int) -> int:
+        # ids are max(id) + 1, + 2, …: the write lock is held; triggers keep FTS5's index
+        # and `owner_counts`
+        tx.executemany(
+            "INSERT INTO memories (owner, text, category, source, scope, created,"
+            " last_accessed, access_count, batch) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
+            [
+                (m.owner, m.text, m.category, m.source, m.scope, m.created, m.created, first + 1)
+                for m in memories
+            ],
+        )
+        return int(
+            tx.execute("SELECT n FROM owner_counts WHERE owner = ?", (owner,)).fetchall()[0][0]
+        )
+
+    def delete(self, tx: Tx, owner: str, ids: Sequence[int]) -> list[str]:
+        among, params = self.any_of("id", "bigint", ids)
+        rows = tx.execute(
+            f"DELETE FROM memories WHERE +owner = ? AND {among} RETURNING text", (owner, *params)
+        ).fetchall()
+        return [str(text) for (text,) in rows]
+
+    def search(
+        self, store: SQLMemoryStore[Database], owner: str, query: str, *, limit: int, prefix: bool
+    ) -> list[tuple[Memory, float]]:
+        match = fts_query(query, prefix=prefix)
+        if match is None:
+            return []
+        if _shared(store.db):
+            return _search_own(store, owner, query, match, limit=limit, prefix=prefix)
+        rows = store.db.fetchall(
+            f"SELECT {_M}, f.rank"
+            " FROM (SELECT rowid, bm25(memories_fts, 1.0, 0.0) AS rank FROM memories_fts"
+            "       WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) AS f"
+            " JOIN memories m ON m.id = f.rowid"
+            " WHERE m.owner = ? ORDER BY f.rank, m.id",
+            (match, limit, owner),
+        )
+        # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
+        return [(memory_of(r[:10]), -float(r[10])) for r in rows]
+
+    def search_rarest(
+        self,
+        store: SQLMemoryStore[Database],
+        owner: str,
+        words: Sequence[str],
+        *,
+        scan: int,
+        limit: int,
+        prefix: bool,
+    ) -> Rarest:
+        # SQLite answers in-process: two questions cost no round trip
+        return search_rarest_in_steps(store, owner, words, scan=scan, limit=limit, prefix=prefix)
+
+
+_M = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
+_LISTED = 900
+"""Most values `SQLiteDialect.any_of` lists as parameters (recall's neighbours: a few hundred
+at most; ~4% faster than `json_each`); more (an import's evictions) go as one JSON array."""
+
+
+def _shared(db: Database) -> bool:
+    """Whether memories of more than one owner are stored."""
+    rows = db.fetchall("SELECT count(*) FROM owner_counts WHERE n > 0")
+    return int(rows[0][0]) > 1
+
+
+def _search_own(
+    store: SQLMemoryStore[Database], owner: str, query: str, match: str, *, limit: int, prefix: bool
+) -> list[tuple[Memory, float]]:
+    """`search` in a store several owners share. FTS5's bm25() weighs words by their rarity
+    in *every* owner's memories, so its scores and order would tell one owner about
+    another's text. Here the owner's matches (FTS5 still finds them) are ranked by BM25 over
+    the owner's own statistics only: word counts from the `words` table, lengths from the
+    owner's matching memories."""
+    phrase = '"' + owner.replace('"', '""') + '"'
+    rows = store.db.fetchall(
+        f"SELECT {_M} FROM memories_fts f JOIN memories m ON m.id = f.rowid"
+        " WHERE memories_fts MATCH ? AND m.owner = ? ORDER BY m.id LIMIT ?",
+        (f"owner : {phrase} AND {match}", owner, OWN_SCAN),
+    )
+    if not rows:
+        return []
+    found = list(dict.fromkeys(_WORD.findall(query.lower())))
+    words = [w for w in found if w not in STOPWORDS] or found
+    total, counts = store.frequencies(owner, words, prefix=prefix)
+    memories = [memory_of(r) for r in rows]
+    tokens = [_WORD.findall(m.text.lower()) for m in memories]
+    average = sum(map(len, tokens)) / len(tokens) or 1.0
+    scored = []
+    for memory, toks in zip(memories, tokens, strict=True):
+        score = 0.0
+        for word in words:
+            tf = sum(1 for t in toks if _same_word(t, word, prefix=prefix))
+            if not tf:
+                continue
+            df = max(counts.get(word, 0), 1)
+            idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
+            score += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(toks) / average))
+        scored.append((memory, score))
+    scored.sort(key=lambda pair: (-pair[1], pair[0].id))
+    return scored[:limit]
+
+
+def _migrate(db: Database) -> None:
+    """Walk the file's schema forward from its `PRAGMA user_version` to `VERSION`."""
+    with db.transaction() as conn:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > VERSION:
+            raise RuntimeError(
+                f"memory store {db.path} has schema version {version}, newer than this "
+                f"ctxbudget knows ({VERSION}): upgrade ctxbudget"
+            )
+        for step in MIGRATIONS:
+            if step.version > version:
+                apply_sqlite(conn, step)
+                conn.execute(f"PRAGMA user_version={step.version}")
+
+
+class SQLiteMemoryStore(SQLMemoryStore[Database]):
     """`MemoryStore` in one SQLite file."""
 
     def __init__(
@@ -267,282 +358,5 @@ class SQLiteMemoryStore:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
-        self.limits = limits or MemoryLimits()
-        self._clock = clock
-        self._db = Database(path)
-        self._quick: sqlite3.Connection | None = None
-        self._migrate()
-
-    def close(self) -> None:
-        self._db.close()
-        if self._quick is not None:
-            self._quick.close()
-
-    def _migrate(self) -> None:
-        with self._db.transaction() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > VERSION:
-                raise RuntimeError(
-                    f"memory store {self.path} has schema version {version}, newer than this "
-                    f"ctxbudget knows ({VERSION}): upgrade ctxbudget"
-                )
-            for step in MIGRATIONS:
-                if step.version > version:
-                    apply_sqlite(conn, step)
-                    conn.execute(f"PRAGMA user_version={step.version}")
-
-    @property
-    def monitor(self) -> Monitor:
-        """The budget monitor, in this store's database."""
-        return Monitor(self._db)
-
-    @property
-    def schema_version(self) -> int:
-        return int(self._db.fetchall("PRAGMA user_version")[0][0])
-
-    def add(self, memory: NewMemory) -> tuple[Memory, list[Memory]]:
-        (added,), evicted = self.add_many([memory])
-        return added, evicted
-
-    def add_many(self, memories: Sequence[NewMemory]) -> tuple[list[Memory], list[Memory]]:
-        """Add all of `memories` (one owner) in one transaction, or none of them.
-
-        `InvalidMemory` (nothing written) names the first bad one by its position (`item 3:
-        …`); a batch larger than `memory.maxMemories` is refused the same way. Past the limit,
-        the least recently used *older* memories are evicted.
-        """
-        now = self._clock()
-        checked = checked_batch(memories, self.limits, now=now)
-        if not checked:
-            return [], []
-        owner = checked[0].owner
-        # One write transaction: concurrent adders (CLI, API, workers) queue on the lock
-        # instead of losing writes, and the eviction sees the count it is correcting.
-        with self._db.transaction() as conn:
-            first = conn.execute("SELECT coalesce(max(id), 0) FROM memories").fetchone()[0]
-            # ids are max(id) + 1, + 2, …: the batch is named by its first
-            conn.executemany(
-                "INSERT INTO memories (owner, text, category, source, scope, created,"
-                " last_accessed, access_count, batch) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
-                [
-                    (m.owner, m.text, m.category, m.source, m.scope, when, when, first + 1)
-                    for m in checked
-                    for when in (now if m.created is None else m.created,)
-                ],
-            )
-            self._count_words(conn, owner, [m.text for m in checked], 1)
-            count = conn.execute("SELECT n FROM owner_counts WHERE owner = ?", (owner,)).fetchone()[
-                0
-            ]
-            evicted: list[Memory] = []
-            excess = count - self.limits.max_memories
-            if excess > 0:
-                evicted = [
-                    _row(r)
-                    for r in conn.execute(
-                        f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id <= ?"
-                        " ORDER BY last_accessed, id LIMIT ?",
-                        (owner, first, excess),
-                    ).fetchall()
-                ]
-                conn.executemany("DELETE FROM memories WHERE id = ?", [(m.id,) for m in evicted])
-                self._count_words(conn, owner, [m.text for m in evicted], -1)
-            # `+owner`: the new rows by rowid range; the owner index would read every memory
-            # of the owner, which made each add O(n) (~30x slower at 100k)
-            added = [
-                _row(r)
-                for r in conn.execute(
-                    f"SELECT {_COLUMNS} FROM memories WHERE +owner = ? AND id > ? ORDER BY id",
-                    (owner, first),
-                ).fetchall()
-            ]
-        log_evicted(evicted, self.limits)
-        return added, evicted
-
-    def has_any(self, owner: str) -> bool:
-        """Whether `owner` has any memory (an index lookup: recall skips work when not)."""
-        return bool(self._db.fetchall("SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,)))
-
-    def has_any_nowait(self, owner: str) -> bool | None:
-        """`has_any`, from one thread only (an event loop), never waiting: None when SQLite
-        is busy.
-
-        A connection of its own, read-only and with no busy timeout: it shares no lock with
-        the threads that write, and a WAL reader does not wait for writers. Recall is skipped
-        for an owner with no memories without a trip to a worker thread (~0.1 ms).
-        """
-        if self._quick is None:
-            try:
-                self._quick = reader(self.path)
-            except sqlite3.Error:
-                return None
-        rows = peek(self._quick, "SELECT 1 FROM memories WHERE owner = ? LIMIT 1", (owner,))
-        return None if rows is None else bool(rows)
-
-    def get(self, owner: str, memory_id: int) -> Memory | None:
-        rows = self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM memories WHERE owner = ? AND id = ?", (owner, memory_id)
-        )
-        return _row(rows[0]) if rows else None
-
-    def all(self, owner: str, *, scope: str | None = None) -> list[Memory]:
-        sql = f"SELECT {_COLUMNS} FROM memories WHERE owner = ?"
-        args: tuple[object, ...] = (owner,)
-        if scope is not None:
-            sql += " AND scope = ?"
-            args += (scope,)
-        return [_row(r) for r in self._db.fetchall(sql + " ORDER BY id", args)]
-
-    def search(
-        self, owner: str, query: str, *, limit: int = 20, prefix: bool = False
-    ) -> list[tuple[Memory, float]]:
-        match = fts_query(query, prefix=prefix)
-        if match is None:
-            return []
-        if self._shared():
-            return self._search_own(owner, query, match, limit=limit, prefix=prefix)
-        rows = self._db.fetchall(
-            f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))}, f.rank"
-            " FROM (SELECT rowid, bm25(memories_fts, 1.0, 0.0) AS rank FROM memories_fts"
-            "       WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) AS f"
-            " JOIN memories m ON m.id = f.rowid"
-            " WHERE m.owner = ? ORDER BY f.rank, m.id",
-            (match, limit, owner),
-        )
-        # SQLite's bm25() is lower-is-better and negative; report it as a positive relevance.
-        return [(_row(r[:10]), -float(r[10])) for r in rows]
-
-    def search_rarest(
-        self, owner: str, words: Sequence[str], *, scan: int, limit: int, prefix: bool = False
-    ) -> Rarest:
-        # SQLite answers in-process: two questions cost no round trip
-        return search_rarest_in_steps(self, owner, words, scan=scan, limit=limit, prefix=prefix)
-
-    def _search_own(
-        self, owner: str, query: str, match: str, *, limit: int, prefix: bool
-    ) -> list[tuple[Memory, float]]:
-        """`search` in a store several owners share. FTS5's bm25() weighs words by their
-        rarity in *every* owner's memories, so its scores and order would tell one owner
-        about another's text. Here the owner's matches (FTS5 still finds them) are ranked by
-        BM25 over the owner's own statistics only: word counts from the `words` table,
-        lengths from the owner's matching memories."""
-        phrase = '"' + owner.replace('"', '""') + '"'
-        rows = self._db.fetchall(
-            f"SELECT {', '.join('m.' + c.strip() for c in _COLUMNS.split(','))}"
-            " FROM memories_fts f JOIN memories m ON m.id = f.rowid"
-            " WHERE memories_fts MATCH ? AND m.owner = ? ORDER BY m.id LIMIT ?",
-            (f"owner : {phrase} AND {match}", owner, OWN_SCAN),
-        )
-        if not rows:
-            return []
-        found = list(dict.fromkeys(_WORD.findall(query.lower())))
-        words = [w for w in found if w not in STOPWORDS] or found
-        total, counts = self.frequencies(owner, words, prefix=prefix)
-        memories = [_row(r) for r in rows]
-        tokens = [_WORD.findall(m.text.lower()) for m in memories]
-        average = sum(map(len, tokens)) / len(tokens) or 1.0
-        scored = []
-        for memory, toks in zip(memories, tokens, strict=True):
-            score = 0.0
-            for word in words:
-                tf = sum(1 for t in toks if _same_word(t, word, prefix=prefix))
-                if not tf:
-                    continue
-                df = max(counts.get(word, 0), 1)
-                idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
-                score += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(toks) / average))
-            scored.append((memory, score))
-        scored.sort(key=lambda pair: (-pair[1], pair[0].id))
-        return scored[:limit]
-
-    def neighbours(self, owner: str, ids: Iterable[int]) -> list[Memory]:
-        wanted = sorted({n for i in ids for n in (i - 1, i + 1)})
-        out: list[Memory] = []
-        # SQLite allows 32,766 parameters; recall asks for a few hundred at most.
-        for start in range(0, len(wanted), 900):
-            chunk = wanted[start : start + 900]
-            marks = ", ".join("?" * len(chunk))
-            out += [
-                _row(r)
-                for r in self._db.fetchall(
-                    # `+owner`: look the ids up by rowid, not through the owner index
-                    f"SELECT {_COLUMNS} FROM memories WHERE +owner = ? AND id IN ({marks})"
-                    " ORDER BY id",
-                    (owner, *chunk),
-                )
-            ]
-        return out
-
-    def _shared(self) -> bool:
-        """Whether memories of more than one owner are stored."""
-        rows = self._db.fetchall("SELECT count(*) FROM owner_counts WHERE n > 0")
-        return int(rows[0][0]) > 1
-
-    def remove(self, owner: str, memory_id: int) -> bool:
-        with self._db.transaction() as conn:
-            gone = conn.execute(
-                "DELETE FROM memories WHERE owner = ? AND id = ? RETURNING text", (owner, memory_id)
-            ).fetchall()
-            self._count_words(conn, owner, [text for (text,) in gone], -1)
-        return bool(gone)
-
-    @staticmethod
-    def _count_words(
-        conn: sqlite3.Connection, owner: str, texts: Iterable[str], delta: int
-    ) -> None:
-        counts: Counter[str] = Counter()
-        for text in texts:
-            counts.update(words_of(text))
-        conn.executemany(
-            "INSERT INTO words (owner, word, n) VALUES (?, ?, ?)"
-            " ON CONFLICT (owner, word) DO UPDATE SET n = n + excluded.n",
-            ((owner, word, n * delta) for word, n in counts.items()),
-        )
-        if delta < 0:
-            conn.executemany(
-                "DELETE FROM words WHERE owner = ? AND word = ? AND n <= 0",
-                ((owner, word) for word in counts),
-            )
-
-    def frequencies(
-        self, owner: str, words: Iterable[str], *, prefix: bool = False
-    ) -> tuple[int, dict[str, int]]:
-        with self._db.lock:
-            conn = self._db.conn
-            total = conn.execute("SELECT n FROM owner_counts WHERE owner = ?", (owner,)).fetchone()
-            counts: dict[str, int] = {}
-            for word in words:
-                if prefix and len(word) >= 3:
-                    row = conn.execute(
-                        "SELECT coalesce(sum(n), 0) FROM words WHERE owner = ? AND word >= ?"
-                        " AND word < ?",
-                        (owner, word, word + "\U0010ffff"),
-                    ).fetchone()
-                else:
-                    row = conn.execute(
-                        "SELECT n FROM words WHERE owner = ? AND word = ?", (owner, word)
-                    ).fetchone()
-                counts[word] = int(row[0]) if row else 0
-        return (int(total[0]) if total else 0), counts
-
-    def touch_once(self, owner: str, turn: str, ids: Iterable[int]) -> bool:
-        now = self._clock()
-        with self._db.transaction() as conn:
-            fresh = conn.execute(
-                "INSERT OR IGNORE INTO turns (owner, key, at) VALUES (?, ?, ?)", (owner, turn, now)
-            ).rowcount
-            if fresh:
-                self._touch(owner, ids, now)
-                # Keep the table small: a turn older than a day will not come back.
-                conn.execute("DELETE FROM turns WHERE at < ?", (now - 86_400,))
-        return bool(fresh)
-
-    def touch(self, owner: str, ids: Iterable[int], *, now: float | None = None) -> None:
-        self._touch(owner, ids, self._clock() if now is None else now)
-
-    def _touch(self, owner: str, ids: Iterable[int], when: float) -> None:
-        self._db.executemany(
-            "UPDATE memories SET last_accessed = ?, access_count = access_count + 1"
-            " WHERE owner = ? AND id = ?",
-            [(when, owner, i) for i in ids],
-        )
+        super().__init__(Database(path), SQLiteDialect(), limits=limits, clock=clock)
+        _migrate(self.db)

@@ -8,7 +8,7 @@ one memory per bullet (`-`, `*`, `+`, `1.`), or per paragraph of plain text; hea
 code fences and HTML comments are not memories, but a heading that names a category (`##
 Preferences`, `## Facts`: any of `categories`, singular or plural) sets the category of what
 follows it, until the next heading of its level or above. Parsing names the bad line and
-writes nothing; the store adds a batch in one transaction (`SQLiteMemoryStore.add_many`).
+writes nothing; the store adds a batch in one transaction (`SQLMemoryStore.add_many`).
 `not_stored` leaves out what the store already holds, so importing an export back adds
 nothing twice.
 

@@ -6,6 +6,7 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,3 +230,63 @@ def test_a_nul_in_any_field_is_a_400_naming_it_and_nothing_is_stored(
         gone = client.delete("/v1/memories/1", params={"owner": "\u0000"}, headers=ADMIN)
         assert gone.status_code == 400
         assert client.get("/v1/memories", headers=ADMIN).json()["data"] == []
+
+
+def _without_times(answer: Any) -> Any:
+    """`answer` without what two runs never share: times, and BM25's own number (one
+    formula over each backend's tokens: a few % apart, `tests/memory/test_sqlstore.py`)."""
+    if isinstance(answer, list):
+        return [_without_times(a) for a in answer]
+    if isinstance(answer, dict):
+        drop = {"created", "lastAccessed", "bm25", "relevance", "ts", "page"}
+        return {k: _without_times(v) for k, v in answer.items() if k not in drop}
+    return answer
+
+
+def test_the_memory_routes_answer_the_same_on_both_backends(tmp_path: Path, pg_url: str) -> None:
+    """Both stores are one SQL layer (memory/sqlstore.py): the same requests (an import, an
+    add, a list, a search, a scope, a recall, removals, refusals) get the same answers."""
+    answers: dict[str, list[Any]] = {}
+    for backend, env in (("sqlite", {}), ("postgres", {"CTXBUDGET_DATABASE_URL": pg_url})):
+        folder = tmp_path / backend
+        folder.mkdir()
+        config = config_for(folder, memory={"maxMemories": 5})
+        with proxy_app(folder, config, env=env) as (client, _):
+            got = answers[backend] = []
+            imported = [
+                {"text": "The orion release ships on Friday"},
+                {"text": "Deploys go out on Tuesdays", "category": "preference"},
+                {"text": "The ops dashboard is at dash.example.com", "scope": "agent:ops"},
+            ]
+            for method, path, body, params in (
+                ("POST", "/v1/memories", imported, None),
+                ("POST", "/v1/memories", {"text": "Standup is at 9:30"}, None),
+                ("GET", "/v1/memories", None, None),
+                ("GET", "/v1/memories", None, {"q": "orion deploys"}),
+                ("GET", "/v1/memories", None, {"scope": "agent:ops"}),
+                ("POST", "/v1/memories", [{"text": f"note {n}"} for n in range(6)], None),
+                ("POST", "/v1/memories", [{"text": "fine"}, {"text": " "}], None),
+                ("DELETE", "/v1/memories/2", None, None),
+                ("DELETE", "/v1/memories/2", None, None),
+                ("POST", "/v1/memories", [{"text": "Lunch at noon"}, {"text": "x"}], None),
+            ):
+                r = client.request(method, path, json=body, params=params)
+                got.append((method, path, params, r.status_code, _without_times(r.json())))
+            chat = {
+                "model": "gpt-4o",
+                "messages": [{"role": "user", "content": "when does the orion release ship?"}],
+            }
+            r = client.post("/v1/chat/completions", json=chat)
+            got.append(("memories injected", r.headers["x-context-budget-memories"]))
+            recent = client.get("/context/budget").json()["recent"][0]["memory"]
+            got.append(("recalled", [m["id"] for m in recent.get("memories", [])]))
+            # a sixth memory: the least recently used goes, not the one recall just used
+            r = client.post("/v1/memories", json={"text": "Retro is on Fridays"})
+            got.append(("evicted", [m["id"] for m in r.json()["evicted"]]))
+            got.append(("listed", _without_times(client.get("/v1/memories").json())))
+    assert answers["sqlite"] == answers["postgres"]
+    assert answers["sqlite"][-4:-1] == [
+        ("memories injected", "1"),
+        ("recalled", [1]),
+        ("evicted", [3]),
+    ]

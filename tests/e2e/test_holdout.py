@@ -19,131 +19,20 @@ the stand-in bills every request as the provider would. Then:
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from ctxbudget.proxy.report.holdout import MIN_CONVERSATIONS
+from tests.e2e.conversations import replay, settled
 from tests.e2e.server import ProxyServer, serve, standin_config
-from tests.replay import HOP_BY_HOP, Recorded, Schedule, recorded
 from tests.standin import StandIn
 
 SHARE = 0.5
 """The largest share the config allows: ~30 conversations a side of 60, past the report's
 minimum (`MIN_CONVERSATIONS`) in both arms."""
-CONVERSATIONS = 60
-LENGTHS = (2, 12)
-"""Each conversation's requests, at least and at most (the recordings' first requests are
-60-300 KB each: a longer one would cost minutes on a shared machine, not more evidence)."""
-ARM = "x-context-budget-arm"
-TAG = "x-replay-request"
-"""A header each request carries (the proxy passes it on) to find it at the stand-in."""
-SESSION_HEADERS = ("x-claude-code-session-id", "session-id")
-FIRST_TASK = b"Task 1/5: "
-
-
-@dataclass(frozen=True)
-class Conversation:
-    number: int
-    agent: str
-    requests: tuple[Recorded, ...]
-
-
-def _own(request: Recorded, number: int) -> Recorded:
-    """`request` as conversation `number` sends it: its own session id (Claude Code, Codex)
-    and its first task stamped with its number (the same bytes in every request of it)."""
-    headers = {
-        k: f"{v}-{number}" if k.lower() in SESSION_HEADERS else v
-        for k, v in request.headers.items()
-        if k.lower() not in HOP_BY_HOP
-    }
-    assert FIRST_TASK in request.body, "every recording starts with the first task"
-    body = request.body.replace(FIRST_TASK, FIRST_TASK + f"(conversation {number}) ".encode(), 1)
-    return replace(request, headers=headers, body=body)
-
-
-def _workload() -> list[Conversation]:
-    sessions = recorded()
-    assert len(sessions) == 5, "bench/sessions holds the five recorded agents"
-    rng = random.Random(32)
-    found = []
-    for n in range(CONVERSATIONS):
-        session = sessions[n % len(sessions)]
-        length = rng.randint(*LENGTHS)
-        found.append(
-            Conversation(n, session.name, tuple(_own(r, n) for r in session.requests[:length]))
-        )
-    return found
-
-
-@dataclass
-class Sent:
-    """One request of the replay: what the client sent, what reached the provider, the arm
-    the answer named, and what the provider billed for it."""
-
-    conversation: int
-    client: bytes
-    upstream: bytes
-    arm: str | None
-    clamped: int
-    usd: float
-
-
-def _replay(servers: list[ProxyServer], standin: StandIn) -> list[Sent]:
-    sent: list[Sent] = []
-    schedule = Schedule()
-    with httpx.Client(timeout=120) as http:
-        for conversation in _workload():
-            requests = list(conversation.requests)
-            for j, (wait, r) in enumerate(zip(schedule.waits(requests), requests, strict=True)):
-                standin.clock.advance(wait or 30.0)  # the next conversation starts later
-                server = servers[(conversation.number + j) % len(servers)]
-                tag = f"{conversation.number}-{j}"
-                billed = len(standin.bills)
-                got = http.request(
-                    r.method,
-                    server.root + r.target,
-                    headers={**r.headers, TAG: tag},
-                    content=r.body,
-                )
-                assert got.status_code == 200, (tag, got.text[:500])
-                (upstream,) = [
-                    x.body for x in standin.received if x.headers.get(TAG) == tag
-                ]
-                (bill,) = standin.bills[billed:]  # the provider's bill for this request alone
-                assert bill.usd is not None, bill
-                sent.append(
-                    Sent(
-                        conversation.number,
-                        r.body,
-                        upstream,
-                        got.headers.get(ARM),
-                        int(got.headers["x-context-budget-clamped"]),
-                        bill.usd,
-                    )
-                )
-            standin.received.clear()  # found by tag: keep the search short
-    return sent
-
-
-def _settled(server: ProxyServer, requests: int) -> dict[str, Any]:
-    """The report once every request is written (the writer thread batches them)."""
-    report: dict[str, Any] = {}
-    for _ in range(100):
-        report = server.report()
-        arms = (report.get("holdout") or {}).get("arms") or {}
-        if sum(a["requests"] for a in arms.values()) >= requests:
-            return report
-        import time
-
-        time.sleep(0.1)
-    return report
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -171,7 +60,7 @@ def two(
 def test_a_replay_of_many_conversations_measures_the_saving_the_provider_billed(
     two: list[ProxyServer], standin: StandIn
 ) -> None:
-    sent = _replay(two, standin)
+    sent = replay(two, standin)
 
     # every answer names its arm, and both processes name the same one for a conversation
     assert all(s.arm in ("budget", "holdout") for s in sent), {s.arm for s in sent}
@@ -201,7 +90,7 @@ def test_a_replay_of_many_conversations_measures_the_saving_the_provider_billed(
         1 - (billed["budget"] / requests["budget"]) / (billed["holdout"] / requests["holdout"])
     )
     for server in two:
-        found = _settled(server, len(sent))["holdout"]
+        found = settled(server, len(sent))["holdout"]
         assert found["share"] == SHARE and found["excluded"] == 0
         for a in ("budget", "holdout"):
             got = found["arms"][a]
@@ -216,7 +105,12 @@ def test_a_replay_of_many_conversations_measures_the_saving_the_provider_billed(
         assert saving["estimatedPct"] is not None
     print(
         json.dumps(
-            {"conversations": counts, "requests": requests, "billedUsd": billed,
-             "truePct": round(true_pct, 2), "saving": found["saving"]}  # fmt: skip
+            {
+                "conversations": counts,
+                "requests": requests,
+                "billedUsd": billed,
+                "truePct": round(true_pct, 2),
+                "saving": found["saving"],
+            }  # fmt: skip
         )
     )

@@ -19,8 +19,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from ctxbudget.proxy.report.render import MINUS, money
-from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
+from tests.e2e.conversations import replay, settled
+from tests.e2e.server import CTXBUDGET, base_config, sdk, serve, standin_config
 from tests.openclaw import openclaw_request
+from tests.simclock import ClockFile
 from tests.standin import StandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,3 +196,51 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
     assert x_ticks and len(set(x_ticks)) == len(x_ticks), x_ticks
     assert float(saved_line or "nan") == pytest.approx(net)
     assert recommendations.startswith("None yet: not enough data")
+
+
+@pytest.mark.browser
+def test_the_holdout_card_and_both_arms_over_time_in_a_real_browser(
+    tmp_path: Path, standin: StandIn, browser: webdriver.Chrome
+) -> None:
+    """60 recorded-agent conversations, half held out, spread over two days of the server's
+    clock (`tests/e2e/conversations.py`): the page's holdout card says the measured saving
+    and both arms, and its chart draws both arms' cost per request over time."""
+    clock = ClockFile(tmp_path / "clock")
+    config = standin_config(tmp_path, standin)
+    config["agents"]["defaults"]["contextBudget"]["holdout"] = 0.5
+    with serve(tmp_path, config, clock=clock.path) as server:
+        sent = replay([server], standin, clock.advance, between=1800.0)
+        report = settled(server, len(sent))
+        browser.get(f"{server.root}/context/budget")
+        card = browser.find_element(By.ID, "holdout").text
+        figures = {
+            e.get_attribute("data-figure"): e.get_attribute("data-value")
+            for e in browser.find_elements(By.CSS_SELECTOR, "#holdout [data-figure]")
+        }
+        chart = browser.find_element(By.ID, "holdout-over-time")
+        lines = {arm: browser.find_element(By.ID, f"arm-{arm}") for arm in ("budget", "holdout")}
+        points = {arm: (line.get_attribute("points") or "").split() for arm, line in lines.items()}
+        drawn = {arm: line.rect for arm, line in lines.items()}
+        browser.execute_script(
+            "arguments[0].scrollIntoView()", browser.find_element(By.ID, "holdout")
+        )
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOTS / "report-page-holdout.png"
+        assert browser.save_screenshot(str(shot))
+        chart_text = chart.text
+
+    found = report["holdout"]
+    saving, arms = found["saving"], found["arms"]
+    assert saving["enough"] is True
+    assert f"{saving['pct']:g}% ({saving['low']:g}–{saving['high']:g}%)" in card
+    assert figures["holdout.saving.pct"] == str(saving["pct"])
+    for arm in ("budget", "holdout"):
+        assert figures[f"holdout.arms.{arm}.conversations"] == str(arms[arm]["conversations"])
+        assert f"{arms[arm]['requests']:,} requests" in card
+    # both arms over time, drawn: a point for each bucket the arm has, across the chart
+    series = found["series"]
+    assert len(series) >= 10, series
+    for arm in ("budget", "holdout"):
+        assert len(points[arm]) == sum(p[arm] is not None for p in series) >= 10, points[arm]
+        assert drawn[arm]["width"] > 400 and drawn[arm]["height"] > 20, drawn[arm]
+    assert "cost per request by arm" in chart_text

@@ -83,13 +83,13 @@ def replay(
     advance: Callable[[float], object] | None = None,
     *,
     between: float = 30.0,
+    schedule: Schedule = Schedule(),  # noqa: B008 - frozen: one default is safe to share
 ) -> list[Sent]:
     """Send every conversation of `workload()`, one after another, each request to the next
     of `servers` (as a load balancer would); before each, the clocks move on as a
     `Schedule` says (`between` seconds before a conversation's first request): the
     stand-in's, and by `advance` the servers' (`tests.simclock`)."""
     sent: list[Sent] = []
-    schedule = Schedule()
     with httpx.Client(timeout=120) as http:
         for conversation in workload():
             requests = list(conversation.requests)

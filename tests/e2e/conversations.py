@@ -35,6 +35,27 @@ class Conversation:
     agent: str
     requests: tuple[Recorded, ...]
 
+    @property
+    def turns(self) -> int:
+        """The user's turns: each task starts with one, the tool loop after it is not."""
+        return len({r.task for r in self.requests})
+
+    @property
+    def tool_results(self) -> int:
+        """The tool results its last request holds (one per tool call made so far)."""
+        last = self.requests[-1]
+        body = last.json
+        if last.path == "/v1/chat/completions":
+            return sum(m.get("role") == "tool" for m in body["messages"])
+        if last.path == "/v1/messages":
+            return sum(
+                b.get("type") == "tool_result"
+                for m in body["messages"]
+                if isinstance(m.get("content"), list)
+                for b in m["content"]
+            )
+        return sum(str(item.get("type", "")).endswith("_output") for item in body["input"])
+
 
 def _own(request: Recorded, number: int) -> Recorded:
     """`request` as conversation `number` sends it: its own session id (Claude Code, Codex)

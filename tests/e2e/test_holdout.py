@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from ctxbudget.proxy.report.holdout import MIN_CONVERSATIONS
-from tests.e2e.conversations import replay, settled
+from tests.e2e.conversations import replay, settled, workload
 from tests.e2e.server import ProxyServer, serve, standin_config
 from tests.standin import StandIn
 
@@ -89,8 +89,27 @@ def test_a_replay_of_many_conversations_measures_the_saving_the_provider_billed(
     true_pct = 100 * (
         1 - (billed["budget"] / requests["budget"]) / (billed["holdout"] / requests["holdout"])
     )
+    # the quality signals, per arm: the user's turns, the tool calls in them, and no call
+    # made again (a replay sends the recorded requests, whatever was clamped)
+    turns = {a: sum(c.turns for c in workload() if arm_of[c.number] == a) for a in counts}
+    calls = {a: sum(c.tool_results for c in workload() if arm_of[c.number] == a) for a in counts}
     for server in two:
         found = settled(server, len(sent))["holdout"]
+        quality = {
+            a: {
+                k: found["arms"][a][k]
+                for k in ("turnsPerConversation", "toolCallsPerTurn", "rerunsAfterPrune")
+            }
+            for a in counts
+        }
+        assert quality == {
+            a: {
+                "turnsPerConversation": round(turns[a] / counts[a], 2),
+                "toolCallsPerTurn": round(calls[a] / turns[a], 2),
+                "rerunsAfterPrune": 0,
+            }
+            for a in counts
+        }
         assert found["share"] == SHARE and found["excluded"] == 0
         for a in ("budget", "holdout"):
             got = found["arms"][a]

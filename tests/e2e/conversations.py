@@ -99,7 +99,7 @@ class Sent:
 
 
 def replay(
-    servers: list[ProxyServer],
+    servers: list[ProxyServer] | list[str],
     standin: StandIn,
     advance: Callable[[float], object] | None = None,
     *,
@@ -109,7 +109,9 @@ def replay(
     """Send every conversation of `workload()`, one after another, each request to the next
     of `servers` (as a load balancer would); before each, the clocks move on as a
     `Schedule` says (`between` seconds before a conversation's first request): the
-    stand-in's, and by `advance` the servers' (`tests.simclock`)."""
+    stand-in's, and by `advance` the servers' (`tests.simclock`). A server may be given as
+    a root URL (the stand-in's own: the conversations sent direct)."""
+    roots = [s if isinstance(s, str) else s.root for s in servers]
     sent: list[Sent] = []
     with httpx.Client(timeout=120) as http:
         for conversation in workload():
@@ -118,12 +120,12 @@ def replay(
                 standin.clock.advance(wait or between)
                 if advance is not None:
                     advance(wait or between)
-                server = servers[(conversation.number + j) % len(servers)]
+                root = roots[(conversation.number + j) % len(roots)]
                 tag = f"{conversation.number}-{j}"
                 billed = len(standin.bills)
                 got = http.request(
                     r.method,
-                    server.root + r.target,
+                    root + r.target,
                     headers={**r.headers, TAG: tag},
                     content=r.body,
                 )
@@ -137,7 +139,7 @@ def replay(
                         r.body,
                         upstream,
                         got.headers.get(ARM),
-                        int(got.headers["x-context-budget-clamped"]),
+                        int(got.headers.get("x-context-budget-clamped", 0)),
                         bill.usd,
                     )
                 )

@@ -22,11 +22,12 @@ import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ctxbudget.proxy.report.holdout import MIN_CONVERSATIONS
-from tests.e2e.conversations import replay, settled, workload
+from tests.e2e.conversations import Sent, replay, settled, workload
 from tests.e2e.server import ProxyServer, serve, standin_config
 from tests.standin import StandIn
 
@@ -133,3 +134,50 @@ def test_a_replay_of_many_conversations_measures_the_saving_the_provider_billed(
             }  # fmt: skip
         )
     )
+
+
+def test_the_interval_holds_the_saving_of_the_whole_population(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """The same 60 conversations three times: half held out (what the report measures), all
+    sent direct, all through the budget. The last two are what this population costs without
+    and with ctxbudget; the holdout's 95% interval must hold that saving per request."""
+
+    def run(share: float | None, folder: str) -> list[Sent]:
+        standin.reset()
+        if share is None:
+            return replay([standin.root], standin)
+        (tmp_path / folder).mkdir()
+        config = standin_config(tmp_path / folder, standin)
+        config["agents"]["defaults"]["contextBudget"]["holdout"] = share
+        with serve(tmp_path / folder, config) as server:
+            sent = replay([server], standin)
+            measured.append(settled(server, len(sent)).get("holdout"))
+        return sent
+
+    measured: list[dict[str, Any] | None] = []
+    held = run(SHARE, "holdout")
+    direct, budget = run(None, "direct"), run(0.0, "budget")
+    assert len(direct) == len(budget) and all(s.clamped == 0 for s in direct)
+    true_pct = 100 * (1 - sum(s.usd for s in budget) / sum(s.usd for s in direct))
+    found, no_holdout = measured
+    assert no_holdout is None  # a share of 0 measures nothing
+    assert found is not None
+    saving = found["saving"]
+    in_budget = {s.conversation for s in held if s.arm == "budget"}
+    arm_pct = 100 * (
+        1
+        - sum(s.usd for s in budget if s.conversation in in_budget)
+        / sum(s.usd for s in direct if s.conversation in in_budget)
+    )
+    print(
+        json.dumps(
+            {
+                "populationPct": round(true_pct, 2),
+                "budgetArmPct": round(arm_pct, 2),
+                "saving": saving,
+            }  # fmt: skip
+        )
+    )
+    assert saving["enough"] is True
+    assert saving["low"] <= true_pct <= saving["high"], (saving, true_pct)

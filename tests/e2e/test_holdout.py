@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from ctxbudget.proxy.report.holdout import MIN_CONVERSATIONS
-from tests.e2e.conversations import Sent, replay, settled, workload
+from tests.e2e.conversations import ARM, Sent, replay, settled, workload
 from tests.e2e.server import ProxyServer, serve, standin_config
+from tests.replay import Recorded
 from tests.standin import StandIn
 
 SHARE = 0.5
@@ -181,3 +184,41 @@ def test_the_interval_holds_the_saving_of_the_whole_population(
     )
     assert saving["enough"] is True
     assert saving["low"] <= true_pct <= saving["high"], (saving, true_pct)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_two_servers_meeting_a_conversation_at_once_agree_whatever_their_shares(
+    request: pytest.FixtureRequest, tmp_path: Path, standin: StandIn, backend: str
+) -> None:
+    """Each conversation's first request reaches both servers at the same moment, and the
+    servers hold different shares (one was changed and not yet the other): the first
+    writer's draw is the conversation's arm on both, and stays it."""
+    url = request.getfixturevalue("pg_url") if backend == "postgres" else None
+    conversations = workload()[:40]
+    with ExitStack() as stack:
+        servers = []
+        for name, share in (("a", 0.5), ("b", 0.1)):
+            folder = tmp_path / name
+            folder.mkdir()
+            config = standin_config(folder, standin)
+            config["agents"]["defaults"]["contextBudget"]["holdout"] = share
+            if url is None:
+                config["report"]["path"] = str(tmp_path / "report.db")
+            else:
+                config["database"] = {"url": url, "connectTimeoutSeconds": 5}
+            servers.append(stack.enter_context(serve(folder, config)))
+        http = stack.enter_context(httpx.Client(timeout=120))
+        pool = stack.enter_context(ThreadPoolExecutor(2))
+
+        def send(server: ProxyServer, r: Recorded) -> str | None:
+            got = http.request(r.method, server.root + r.target, headers=r.headers, content=r.body)
+            assert got.status_code == 200, got.text[:500]
+            return got.headers.get(ARM)
+
+        arms = []
+        for c in conversations:
+            first, second = c.requests[:2]
+            at_once = list(pool.map(send, servers, [first, first]))
+            arms.append([*at_once, send(servers[1], second), send(servers[0], second)])
+    assert all(len(set(found)) == 1 for found in arms), arms
+    assert {found[0] for found in arms} == {"budget", "holdout"}

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 from ctxbudget.caps import Segment
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import ClientPrefix
+from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, Digested
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.headers import PREFIX
 from ctxbudget.proxy.report.arms import Arm, Arms
@@ -37,6 +40,8 @@ class Drawn:
     arm: Arm
     chosen: bool
     """The request chose the budget itself (`x-context-budget`): not compared."""
+    results: frozenset[str] = field(default=frozenset())
+    """The call ids of the tool results in the request's history (`result_ids`)."""
 
     @property
     def held_out(self) -> bool:
@@ -66,15 +71,57 @@ class HoldoutStage:
             return None
         conversation = prefix.conversation(session)
         chosen = PREFIX in headers
+        results = result_ids(prefix.blocks)
         arm = self._arms.known(owner, conversation)
         if arm is None:  # a conversation new to this process: the database decides
-            return Drawn(conversation, await self._draw(owner, conversation, settings, now), chosen)
-        return Drawn(conversation, arm, chosen)
+            arm = await self._draw(owner, conversation, settings, now)
+        return Drawn(conversation, arm, chosen, results)
 
     async def _draw(self, owner: str, conversation: str, settings: Settings, now: float) -> Arm:
         return await asyncio.to_thread(
             self._arms.arm, owner, conversation, settings.holdout, at=now
         )
+
+
+def result_ids(blocks: Sequence[Block]) -> frozenset[str]:
+    """The call ids of the tool results in a request's history as the client sent it, in
+    any format (a chat `tool` message, a Messages `tool_result` part, a Responses
+    `*_output` item), whatever their size: the clamps' segments name only the results over
+    a cap, and a held-out request's only those that would be (counting calls from them gave
+    the budget arm 0.46 tool calls a turn and the holdout 0.23, where both made ~4.5).
+
+    A block the offload process kept no bytes of (over 64 KB) is left to the segments: a
+    result that large is over every cap, so its segment names it in either arm.
+
+    >>> chat = Block("messages[2]", {"role": "tool", "tool_call_id": "c1"}, None)
+    >>> part = {"type": "tool_result", "tool_use_id": "t1"}
+    >>> messages = Block("messages[3]", {"role": "user", "content": [part]}, None)
+    >>> responses = Block("input[4]", {"type": "function_call_output", "call_id": "r1"}, None)
+    >>> sorted(result_ids([chat, messages, responses]))
+    ['c1', 'r1', 't1']
+    """
+    found: set[str] = set()
+    for block in blocks:
+        if not block.label.startswith(("messages[", "input[")):
+            continue
+        value: Any = block.client
+        if isinstance(value, Digested):
+            if value.data is None or value.role not in (None, "user", "tool"):
+                continue
+            value = orjson.loads(value.data)
+        if not isinstance(value, dict):
+            continue
+        if value.get("role") == "tool":
+            found.add(str(value.get("tool_call_id")))
+        elif str(value.get("type", "")).endswith("_output") and "call_id" in value:
+            found.add(str(value["call_id"]))
+        elif value.get("role") == "user" and isinstance(value.get("content"), list):
+            found.update(
+                str(part.get("tool_use_id"))
+                for part in value["content"]
+                if isinstance(part, dict) and part.get("type") == "tool_result"
+            )
+    return frozenset(found)
 
 
 def mark(drawn: Drawn, segments: Sequence[Segment], turn: UserTurn | None) -> HoldoutMark:
@@ -87,7 +134,7 @@ def mark(drawn: Drawn, segments: Sequence[Segment], turn: UserTurn | None) -> Ho
     the conversation so far, so the row keeps the largest count. A large body's segments
     come without their texts (the offload process kept them): its reruns are not counted.
     """
-    calls: set[str] = set()
+    calls = set(drawn.results)
     first: dict[tuple[str, int], bool] = {}
     reruns = 0
     acted = False

@@ -375,17 +375,25 @@ def _holdout(found: dict[str, Any] | None) -> str:
     plot_w, plot_h = width - left - 24, height - top - bottom
     values = [p[a] for p in points for a in arms if p.get(a) is not None]
     high = max(values, default=0.0) or 1.0
+    step = plot_w / (len(points) - 1) if len(points) > 1 else 0.0
     lines = []
     for arm, colour in (("budget", "var(--after)"), ("holdout", "var(--before)")):
-        xy = [
-            (left + (i / max(len(points) - 1, 1)) * plot_w, top + (1 - p[arm] / high) * plot_h)
+        # one bucket (the first hour or day) sits mid-chart
+        drawn = [
+            (left + (i * step if step else plot_w / 2), top + (1 - p[arm] / high) * plot_h, p)
             for i, p in enumerate(points)
             if p.get(arm) is not None
         ]
-        shown = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        shown = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in drawn)
         lines.append(
             f"<polyline id='arm-{arm}' points='{shown}' fill='none' stroke='{colour}' "
             "stroke-width='2'/>"
+        )
+        # a mark on each point: a line of one point (an arm's first bucket) draws nothing
+        lines.extend(
+            f"<circle class='point-{arm}' cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='{colour}'>"
+            f"<title>{arm}, {p['at']}: {money(p[arm])} a request</title></circle>"
+            for x, y, p in drawn
         )
     label = f"cost per request by arm, {points[0]['at']} to {points[-1]['at']} (top: {money(high)})"
     return card + (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from ctxbudget.proxy.report.render import MINUS, money
-from tests.e2e.server import CTXBUDGET, base_config, sdk, serve
+from tests.e2e.conversations import replay, settled
+from tests.e2e.server import CTXBUDGET, base_config, sdk, serve, standin_config
 from tests.openclaw import openclaw_request
+from tests.replay import Schedule
+from tests.simclock import ClockFile
 from tests.standin import StandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,3 +198,68 @@ def test_report_page_in_a_real_browser_agrees_with_the_json_and_the_command(
     assert x_ticks and len(set(x_ticks)) == len(x_ticks), x_ticks
     assert float(saved_line or "nan") == pytest.approx(net)
     assert recommendations.startswith("None yet: not enough data")
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("days", [True, False], ids=["two-days", "first-hour"])
+def test_the_holdout_card_and_both_arms_over_time_in_a_real_browser(
+    tmp_path: Path, standin: StandIn, browser: webdriver.Chrome, days: bool
+) -> None:
+    """60 recorded-agent conversations, half held out (`tests/e2e/conversations.py`), spread
+    over two days of the server's clock, or all in the first hour after the holdout was
+    turned on: the page's holdout card says the measured saving and both arms, and its chart
+    draws both arms' cost per request over time (in the first hour, one point each: it once
+    drew a line of one point, which a browser does not show)."""
+    clock = ClockFile(tmp_path / "clock")
+    if not days:  # the server's clock at the start of an hour: the run stays in it
+        clock.advance(3600 - time.time() % 3600)
+    config = standin_config(tmp_path, standin)
+    config["agents"]["defaults"]["contextBudget"]["holdout"] = 0.5
+    with serve(tmp_path, config, clock=clock.path) as server:
+        if days:  # 30 minutes between conversations, the recordings' idle gaps in them
+            sent = replay([server], standin, clock.advance, between=1800.0)
+        else:  # ~20 minutes in all
+            quick = Schedule(burst=1.0, gaps=(10.0,))
+            sent = replay([server], standin, clock.advance, between=2.0, schedule=quick)
+        report = settled(server, len(sent))
+        browser.get(f"{server.root}/context/budget")
+        card = browser.find_element(By.ID, "holdout").text
+        figures = {
+            e.get_attribute("data-figure"): e.get_attribute("data-value")
+            for e in browser.find_elements(By.CSS_SELECTOR, "#holdout [data-figure]")
+        }
+        chart = browser.find_element(By.ID, "holdout-over-time")
+        lines = {arm: browser.find_element(By.ID, f"arm-{arm}") for arm in ("budget", "holdout")}
+        points = {arm: (line.get_attribute("points") or "").split() for arm, line in lines.items()}
+        drawn = {arm: line.rect for arm, line in lines.items()}
+        marks = {
+            arm: [m.rect for m in chart.find_elements(By.CSS_SELECTOR, f".point-{arm}")]
+            for arm in ("budget", "holdout")
+        }
+        browser.execute_script(
+            "arguments[0].scrollIntoView()", browser.find_element(By.ID, "holdout")
+        )
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOTS / f"report-page-holdout-{'days' if days else 'hour'}.png"
+        assert browser.save_screenshot(str(shot))
+        chart_text = chart.text
+
+    found = report["holdout"]
+    saving, arms = found["saving"], found["arms"]
+    assert saving["enough"] is True
+    assert f"{saving['pct']:g}% ({saving['low']:g}–{saving['high']:g}%)" in card
+    assert figures["holdout.saving.pct"] == str(saving["pct"])
+    for arm in ("budget", "holdout"):
+        assert figures[f"holdout.arms.{arm}.conversations"] == str(arms[arm]["conversations"])
+        assert f"{arms[arm]['requests']:,} requests" in card
+    assert "cost per request by arm" in chart_text
+    # both arms, drawn: a visible mark for each bucket the arm has (a line of one point
+    # shows nothing); over two days, lines across the chart
+    series = found["series"]
+    for arm in ("budget", "holdout"):
+        buckets = sum(p[arm] is not None for p in series)
+        assert buckets >= (10 if days else 1), series
+        assert len(points[arm]) == len(marks[arm]) == buckets, (points[arm], marks[arm])
+        assert all(m["width"] > 2 and m["height"] > 2 for m in marks[arm]), marks[arm]
+        if days:
+            assert drawn[arm]["width"] > 400 and drawn[arm]["height"] > 20, drawn[arm]

@@ -144,3 +144,27 @@ def test_each_key_sees_only_its_own_conversations_arms_and_numbers(tmp_path: Pat
     for who, count in (("alice", 6), ("bob", 3)):
         arms = seen[who]["arms"]
         assert arms["budget"]["conversations"] + arms["holdout"]["conversations"] == count
+
+
+def _small_results(n: int, calls: int) -> dict[str, Any]:
+    """A conversation's one user turn and `calls` tool results each well under every cap."""
+    body = _conversation(n, calls)
+    for m in body["messages"]:
+        if m["role"] == "tool":
+            m["content"] = f"ok {m['tool_call_id']}"
+    return body
+
+
+def test_both_arms_count_every_tool_call_whatever_its_size(tmp_path: Path) -> None:
+    # the tool calls a turn are a quality signal compared across arms: they once counted only
+    # results a clamp reported (over its cap), so a conversation of small results had none
+    with proxy_app(tmp_path, _config(tmp_path, 0.5)) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for n in range(16):  # the user's turn, then its tool loop
+            _send(client, json.dumps(_conversation(n, 0)).encode())
+            _send(client, json.dumps(_small_results(n, 3)).encode())
+        report = client.get("/context/budget").json()["holdout"]
+    for arm in ("budget", "holdout"):
+        found = report["arms"][arm]
+        assert found["conversations"] > 0, report["arms"]
+        assert (found["turnsPerConversation"], found["toolCallsPerTurn"]) == (1, 3), found

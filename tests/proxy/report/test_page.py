@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from ctxbudget.proxy.report.arms import ARMS
 from tests.fakes import chat_completion
-from tests.inproc import proxy_app
+from tests.inproc import config_for, proxy_app
 from tests.openclaw import openclaw_request
 
 LEFT_WHOLE = "no untrusted-content wrapper to cut inside: left whole"
@@ -112,3 +113,29 @@ def test_the_header_stands_apart_from_the_cards(tmp_path: Path) -> None:
     assert re.search(r"<header id='head'>.*?</header><div class='cards' id='totals'>", page, re.S)
     css = re.search(r"header \{[^}]*margin-bottom:\s*(\d+)px", page)
     assert css and int(css.group(1)) >= 16
+
+
+def test_the_holdout_chart_shows_both_arms_in_its_first_hour(tmp_path: Path) -> None:
+    # right after the holdout is turned on every conversation began in the same hour: one
+    # point an arm, which a line alone does not draw
+    budget = {"enabled": True, "holdout": 0.5}
+    config = config_for(tmp_path, agents={"defaults": {"contextBudget": budget}})
+    with proxy_app(tmp_path, config) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        for n in range(12):
+            body = openclaw_request(stream=False, model="gpt-4o")
+            body["messages"][1]["content"] = f"[conversation {n}] what changed?"
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+        found = client.get("/context/budget").json()["holdout"]
+        html = client.get("/context/budget?format=html").text
+    assert len(found["series"]) == 1
+    assert all(found["arms"][arm]["conversations"] > 0 for arm in ARMS), found["arms"]
+    chart = html[html.index("id='holdout-over-time'") :]
+    chart = chart[: chart.index("</svg>")]
+    for arm in ARMS:
+        marks = re.findall(rf"<circle class='point-{arm}' cx='([\d.]+)' cy='([\d.]+)'", chart)
+        assert len(marks) == 1, chart
+        (line,) = re.findall(rf"id='arm-{arm}' points='([^']*)'", chart)
+        assert line.split() == [",".join(marks[0])]
+        assert float(marks[0][0]) > 300  # mid-chart, not against its left edge

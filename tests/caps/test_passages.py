@@ -57,7 +57,7 @@ CRAFTED = {
     # each held the event loop this long per 100 KB before (a clamp of a body under the
     # offload threshold runs there): the target is 5 ms
     "a 4,000-char question of ~1,000 terms (788 ms)": (_PROSE, _MANY_TERMS, False),
-    "a dotted capital I, which lower-cases to two (79 ms)": (_PROSE[:-1] + "\u0130", "ferry", False),
+    "a dotted capital I, lower-cased to two (79 ms)": (_PROSE[:-1] + "\u0130", "ferry", False),
     "25,000 one-word paragraphs (43 ms)": ("ab\n\n" * 25_000, "ab", False),
     "14,000 error lines in command output (68 ms)": ("error\n\n" * 14_000, "x", True),
     "a traceback of 33,000 frames (57 ms)": (

@@ -106,15 +106,17 @@ class Reporting:
     async def budget(self, request: Request) -> Response:
         settings = self.state.settings()
         fmt = request.query_params.get("format")
+        accept = request.headers.get("accept", "")
+        if fmt is None and "json" not in accept:
+            # a browser asks for text/html first; curl and SDKs for */* or JSON
+            fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
+        # the key first, as on every route: a caller without one learns nothing of the query
+        owner = report_viewer(request.headers, settings, browser=fmt == "html")
         if fmt not in (None, "json", "text", "summary", "html"):
             raise BadRequest(
                 f"format must be 'json', 'text', 'summary' or 'html', got {fmt!r}",
                 param="format",
             )
-        accept = request.headers.get("accept", "")
-        if fmt is None and "json" not in accept:
-            # a browser asks for text/html first; curl and SDKs for */* or JSON
-            fmt = "html" if "text/html" in accept else "text" if "text/plain" in accept else None
         section = request.query_params.get("section")
         if section is not None:  # one part of the text (`/context budget full <section>`)
             if section not in TEXT_SECTIONS:
@@ -129,7 +131,6 @@ class Reporting:
                     param="section",
                 )
             fmt = "text"
-        owner = report_viewer(request.headers, settings, browser=fmt == "html")
         since = _since(request.query_params.get("since"))
         if fmt == "html":
             report = await self.report(

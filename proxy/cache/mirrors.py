@@ -267,13 +267,33 @@ class SessionMirror:
                 self.sent.forget_before(view.written)
 
 
+class _Kept(LRUCache[tuple[str, str], SessionMirror]):
+    """The mirrors, and which owners hold a session of each id (`Mirrors.paused` reads it):
+    an eviction takes its owner out of the index too."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize=maxsize, getsizeof=lambda m: m.weight)
+        self.owners: dict[str, set[str]] = {}
+
+    def __setitem__(self, key: tuple[str, str], value: SessionMirror) -> None:
+        super().__setitem__(key, value)  # raises before anything changes when too large
+        self.owners.setdefault(key[1], set()).add(key[0])
+
+    def popitem(self) -> tuple[tuple[str, str], SessionMirror]:
+        (owner, session), mirror = super().popitem()
+        holders = self.owners.get(session)
+        if holders is not None:
+            holders.discard(owner)
+            if not holders:
+                del self.owners[session]
+        return (owner, session), mirror
+
+
 class Mirrors:
     """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes`."""
 
     def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
-        self._kept: LRUCache[tuple[str, str], SessionMirror] = LRUCache(
-            maxsize=keep_bytes, getsizeof=lambda m: m.weight
-        )
+        self._kept = _Kept(keep_bytes)
         self._lock = threading.Lock()
 
     def observe(
@@ -314,6 +334,8 @@ class Mirrors:
         """Why warm pruning is stopped for `owner`'s `session` in this process (any owner's
         session of that id when `owner` is None: the admin's report), or None."""
         with self._lock:
-            keys = [(o, s) for o, s in list(self._kept) if s == session and owner in (None, o)]
-            found = [m for k in keys if (m := self._kept.get(k)) is not None]
+            # by key, never a walk over every mirror: one key's new session ids make up to
+            # 131,072 of them, and the report asks this for each session it shows
+            owners = sorted(self._kept.owners.get(session, ())) if owner is None else [owner]
+            found = [m for o in owners if (m := self._kept.get((o, session))) is not None]
         return next((r for m in found if (r := m.paused()) is not None), None)

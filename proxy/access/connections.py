@@ -36,7 +36,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from ctxbudget.proxy.config.schema import LimitsConfig
-from ctxbudget.proxy.errors import CtxBudgetError, RequestTimeout, TooManyConnections
+from ctxbudget.proxy.errors import (
+    BadRequest,
+    CtxBudgetError,
+    RequestTimeout,
+    TooManyConnections,
+)
 from ctxbudget.proxy.wire import for_path
 
 log = logging.getLogger("ctxbudget.connections")
@@ -197,6 +202,18 @@ class _Clocked(asyncio.Protocol):
         self.transport.write(_response(error, "/"))
         self._arm(self.loop.time() + LINGER_SECONDS)
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a request its parser refuses (a header with no colon, a bad
+        # content-length, a URL past the parser's limit) was its own plain text, which no SDK
+        # reads as an error: the path's wire format instead, as for a 408
+        self._answer(
+            BadRequest(
+                "the request is not valid HTTP/1.1 (its request line or a header could not be "
+                "parsed, or is too long)"
+            ),
+            _path(self._head),
+        )
+
     def _answer(self, error: CtxBudgetError, path: str) -> None:
         peer = self.client[0] if self.client else "?"
         log.info("closed a connection from %s: %s", peer, error.message)
@@ -208,6 +225,8 @@ class _Clocked(asyncio.Protocol):
 def _path(head: bytes) -> str:
     """The path in a request's first line, as far as it has arrived ("/" before it has)."""
     parts = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(parts) == 2 and b"?" in parts[1]:  # the path is whole: only its query is cut
+        return parts[1].split(b"?", 1)[0].decode("latin-1")
     if len(parts) < 3:  # the whole target has not arrived, or this is not HTTP
         return "/"
     return parts[1].split(b"?", 1)[0].decode("latin-1")

@@ -16,21 +16,22 @@ provider says it read is what it holds) and says how far the mirror was off
 comes as digests, without its breakpoints: it is not mirrored (its money is estimated from the
 blocks ctxbudget moved, as before).
 
-`Mirrors` keeps them per owner and session, the most recently used first, bounded by an
-estimate of their bytes (`KEEP_BYTES` in all); a session it lost is mirrored again from its
-next request, cold (its first prediction reads nothing).
+`Mirrors` keeps them per owner and session, bounded by an estimate of their bytes
+(`KEEP_BYTES` in all): past it, the owner holding the most bytes loses its least recently used
+mirror, so one key's flood of new sessions never pushes out another's. A session it lost is
+mirrored again from its next request, cold (its first prediction reads nothing).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 import xxhash
-from cachetools import LRUCache
 
 from ctxbudget.proxy.cache.mirror import AnthropicMirror, MirrorBlock, OpenAIMirror, Predicted
 from ctxbudget.proxy.cache.sessions import Block, Digested, _data, _hash
@@ -267,13 +268,62 @@ class SessionMirror:
                 self.sent.forget_before(view.written)
 
 
+class _Kept:
+    """The mirrors per owner, each owner's least recent first, `keep_bytes` in all (each
+    mirror's weight as it was last stored): past it, the owner holding the most bytes loses
+    its least recent mirror, so one key's flood of new session ids pushes out its own, never
+    another's (one shared LRU let any key holder push out everyone's). Which owners hold a
+    session of each id is indexed (`Mirrors.paused`). Not locked: `Mirrors` locks."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self._keep = keep_bytes
+        self._owners: dict[str, OrderedDict[str, tuple[SessionMirror, int]]] = {}
+        self._bytes: dict[str, int] = {}
+        self._total = 0
+        self.owners: dict[str, set[str]] = {}
+
+    def get(self, owner: str, session: str) -> SessionMirror | None:
+        mirrors = self._owners.get(owner)
+        if mirrors is None or (found := mirrors.get(session)) is None:
+            return None
+        mirrors.move_to_end(session)
+        return found[0]
+
+    def put(self, owner: str, session: str, mirror: SessionMirror) -> None:
+        weight = mirror.weight
+        if weight > self._keep:  # one mirror larger than them all: not kept
+            return
+        mirrors = self._owners.setdefault(owner, OrderedDict())
+        old = mirrors.pop(session, None)
+        held = self._bytes.get(owner, 0) - (0 if old is None else old[1]) + weight
+        self._total += weight - (0 if old is None else old[1])
+        mirrors[session] = (mirror, weight)
+        self._bytes[owner] = held
+        self.owners.setdefault(session, set()).add(owner)
+        while self._total > self._keep:
+            most = max(self._bytes, key=self._bytes.__getitem__)
+            # on a tie, the owner whose mirror went over gives way
+            self._evict(owner if self._bytes[owner] >= self._bytes[most] else most)
+
+    def _evict(self, owner: str) -> None:
+        mirrors = self._owners[owner]
+        session, (_, weight) = mirrors.popitem(last=False)
+        self._total -= weight
+        self._bytes[owner] -= weight
+        if not mirrors:
+            del self._owners[owner], self._bytes[owner]
+        holders = self.owners[session]
+        holders.discard(owner)
+        if not holders:
+            del self.owners[session]
+
+
 class Mirrors:
-    """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes`."""
+    """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes` (per
+    owner, as `_Kept` says)."""
 
     def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
-        self._kept: LRUCache[tuple[str, str], SessionMirror] = LRUCache(
-            maxsize=keep_bytes, getsizeof=lambda m: m.weight
-        )
+        self._kept = _Kept(keep_bytes)
         self._lock = threading.Lock()
 
     def observe(
@@ -293,27 +343,25 @@ class Mirrors:
         direct = mirror_blocks(blocks, provider, sent=False)
         if sent is None or direct is None or not sent:
             return None
-        key = (owner, session)
         with self._lock:
-            mirror = self._kept.get(key)
+            mirror = self._kept.get(owner, session)
             if mirror is None or mirror.provider != provider:
                 mirror = SessionMirror.new(provider)
         view = mirror.observe(sent, direct, now=now, model=model, retention=retention)
         with self._lock:
-            try:
-                self._kept[key] = mirror  # again: its weight grew
-            except ValueError:  # one mirror larger than them all: not kept
-                pass
+            self._kept.put(owner, session, mirror)  # again: its weight grew
         return view
 
     def get(self, owner: str, session: str) -> SessionMirror | None:
         with self._lock:
-            return self._kept.get((owner, session))
+            return self._kept.get(owner, session)
 
     def paused(self, owner: str | None, session: str) -> str | None:
         """Why warm pruning is stopped for `owner`'s `session` in this process (any owner's
         session of that id when `owner` is None: the admin's report), or None."""
         with self._lock:
-            keys = [(o, s) for o, s in list(self._kept) if s == session and owner in (None, o)]
-            found = [m for k in keys if (m := self._kept.get(k)) is not None]
+            # by key, never a walk over every mirror: one key's new session ids make up to
+            # 131,072 of them, and the report asks this for each session it shows
+            owners = sorted(self._kept.owners.get(session, ())) if owner is None else [owner]
+            found = [m for o in owners if (m := self._kept.get(o, session)) is not None]
         return next((r for m in found if (r := m.paused()) is not None), None)

@@ -208,7 +208,8 @@ CACHES: tuple[Cache, ...] = (
     Cache(
         where="proxy/cache/mirrors.py:_kept",
         key="owner, session",
-        bound="64 MB (an estimate of the entries both copies hold)",
+        bound="64 MB (an estimate of the entries both copies hold; the owner holding the "
+        "most gives way)",
         invariant="a session's cache mirror (sent and direct) and its running bill: fed only "
         "by that owner's requests of that session",
     ),

@@ -534,6 +534,8 @@ def load_config(
         config = Config.model_validate(data)
     except ValidationError as exc:
         problems.extend(_describe(err, origins, sources) for err in exc.errors())
+    else:
+        problems.extend((text, "env") for text in _placeholders(config, env))
     if problems:
         # blame what holds the bad values: the file, the environment, the command line
         blamed = {origin for _, origin in problems}
@@ -552,6 +554,31 @@ def load_config(
     config._origins = origins
     config._sources = sources
     return config
+
+
+PLACEHOLDER = "replace-me"
+"""What every key in `deploy/ctxbudget.env` holds as shipped (`sk-replace-me`,
+`replace-me-admin`, ...)."""
+
+
+def _placeholders(config: Config, env: Mapping[str, str]) -> list[str]:
+    """The key variables the config names that still hold the deploy example's placeholder:
+    it is public (this repository), so as a proxy, admin or metrics key it would let anyone in
+    (the container listens on 0.0.0.0). The value is never shown: a list of proxy keys may
+    hold real ones beside it."""
+    names = (
+        config.proxy.keys_env,
+        config.proxy.admin_key_env,
+        config.proxy.metrics_key_env,
+        config.proxy.upstream.api_key_env,
+        config.proxy.anthropic.api_key_env,
+    )
+    return [
+        f"${name} still holds the example's placeholder ({PLACEHOLDER!r}, "
+        "deploy/ctxbudget.env): put a key of your own there, or unset it"
+        for name in dict.fromkeys(n for n in names if n)
+        if PLACEHOLDER in env.get(name, "").lower()
+    ]
 
 
 FILE_PATHS = (("memory", "store", "path"), ("report", "path"))

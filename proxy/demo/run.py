@@ -33,6 +33,8 @@ from typing import Any, TextIO
 import httpx
 import uvicorn
 
+from ctxbudget.proxy.access.connections import GuardedHTTP
+from ctxbudget.proxy.config.schema import LimitsConfig
 from ctxbudget.proxy.demo.upstream import create_upstream
 from ctxbudget.proxy.routes.websocket import Refusal
 
@@ -101,9 +103,14 @@ def bind(port: int) -> socket.socket:
 
 
 @contextmanager
-def serving(app: Any, sock: socket.socket) -> Iterator[int]:
-    """Serve `app` on `sock` with uvicorn in a thread; yield its port; stop it after."""
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, ws=Refusal)
+def serving(app: Any, sock: socket.socket, *, guarded: bool = False) -> Iterator[int]:
+    """Serve `app` on `sock` with uvicorn in a thread; yield its port; stop it after.
+    `guarded`: with `serve`'s HTTP protocol (`proxy.limits`' defaults: slow clients cut, a
+    request the parser refuses answered in the path's wire format, not uvicorn's plain text)."""
+    http: Any = GuardedHTTP(LimitsConfig()) if guarded else "auto"
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=2, ws=Refusal, http=http
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="ctxbudget-demo", daemon=True
@@ -175,7 +182,7 @@ def run_demo(
             # the user's CTXBUDGET_*, OTEL_* and keys stay out
             env: dict[str, str] = {ADMIN_KEY_ENV: admin_key}
             app = create_app(ConfigSource(config, env, {}), env=env, run="demo")
-            with serving(app, sock) as proxy_port:
+            with serving(app, sock, guarded=True) as proxy_port:
                 root = f"http://127.0.0.1:{proxy_port}"
                 if serve_only:
                     out.write(agent_setup(root, admin_key))

@@ -51,6 +51,34 @@ def test_a_100_kb_page_is_picked_in_a_few_milliseconds() -> None:
     assert statistics.median(times) < 0.025
 
 
+_PROSE = ("The quick brown fox jumps over the lazy dog near the river bank.\n" * 2000)[:100_000]
+_MANY_TERMS = " ".join(f"{a}{b}{c}" for a in "abcdefghij" for b in "klmnopqrst" for c in "uvwxyz")
+CRAFTED = {
+    # each held the event loop this long per 100 KB before (a clamp of a body under the
+    # offload threshold runs there): the target is 5 ms
+    "a 4,000-char question of ~1,000 terms (788 ms)": (_PROSE, _MANY_TERMS, False),
+    "a dotted capital I, lower-cased to two (79 ms)": (_PROSE[:-1] + "\u0130", "ferry", False),
+    "25,000 one-word paragraphs (43 ms)": ("ab\n\n" * 25_000, "ab", False),
+    "14,000 error lines in command output (68 ms)": ("error\n\n" * 14_000, "x", True),
+    "a traceback of 33,000 frames (57 ms)": (
+        "traceback (most recent call last)\n" + " x\n" * 33_000,
+        "x",
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_text_or_question_is_picked_in_a_few_milliseconds(case: str) -> None:
+    text, asked, errors = CRAFTED[case]
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        pick(text, 8000, ctxbudget.caps.question.question((asked,), None), how="x", errors=errors)
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.025, f"{statistics.median(times) * 1000:.0f} ms"
+
+
 def test_error_lines_and_tracebacks_always_score_in_command_output() -> None:
     log = "".join(f"step {i}: ok\n" for i in range(3000))
     log = log.replace(

@@ -26,11 +26,12 @@ def unit_entries(path: Path = DEPLOY / "ctxbudget.service") -> dict[str, list[st
 
 
 def env_file(path: Path = DEPLOY / "ctxbudget.env") -> dict[str, str]:
-    """The variables of an EnvironmentFile (KEY=VALUE lines; # comments)."""
+    """The variables of an EnvironmentFile (KEY=VALUE lines; # comments), each key's
+    `replace-me` filled in as a deployer must (`serve` refuses the placeholder)."""
     out: dict[str, str] = {}
     for raw in path.read_text().splitlines():
         line = raw.strip()
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
+            out[key.strip()] = value.strip().replace("replace-me", "filled-by-the-test")
     return out

@@ -4,9 +4,11 @@ proxy, its built-in stand-in upstream and the bundled sample session, the report
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -221,6 +223,14 @@ def test_demo_serve_is_an_upstream_for_your_own_agent_in_every_format(tmp_path: 
             timeout=30,
         )
         report = httpx.get(f"{root}/context/budget", timeout=30).json()
+        # a request uvicorn's parser refuses: the demo runs `serve`'s HTTP protocol too
+        # (round 36: it answered in plain text, and kept slow clients for good)
+        port = int(root.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nNo colon\r\n\r\n")
+            refused = b""
+            while chunk := sock.recv(65536):
+                refused += chunk
     finally:
         demo.send_signal(signal.SIGINT)
         try:
@@ -232,6 +242,9 @@ def test_demo_serve_is_an_upstream_for_your_own_agent_in_every_format(tmp_path: 
         demo.stderr.close()
 
     assert code == 0, err
+    head, _, refusal = refused.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), refused[:200]
+    assert json.loads(refusal)["error"]["type"] == "invalid_request_error"  # Anthropic's shape
     assert chat.status_code == 200, chat.text
     assert "stand-in answered" in chat.json()["choices"][0]["message"]["content"]
     assert messages.status_code == 200, messages.text

@@ -262,3 +262,51 @@ def _error_of(body: dict[str, object]) -> dict[str, object]:
     error = body["error"]
     assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, body
     return error
+
+
+_MALFORMED = {
+    # (what is sent, the wire format its path names)
+    "not-http": (b"GARBAGE\r\n\r\n", "openai"),
+    "bad-header-line": (
+        b"POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nNo colon\r\n\r\n",
+        "anthropic",
+    ),
+    "bad-content-length": (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\ncontent-length: x\r\n\r\n",
+        "openai",
+    ),
+    "url-of-70-kb": (
+        b"POST /v1/messages?" + b"q" * 70_000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "anthropic",
+    ),
+}
+
+
+def test_a_malformed_http_request_is_a_400_in_the_paths_wire_format(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    """Found by the round-36 attack: uvicorn answered a request its parser refused (no colon
+    in a header, a bad content-length, a 70 KB URL) itself, `Invalid HTTP request received.`
+    in plain text, which no SDK reads as an error; the connection answers it now, as its 408s."""
+    with serve(tmp_path, base_config(tmp_path, standin.base_url)) as server:
+        answers = {}
+        for name, (sent, _) in _MALFORMED.items():
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                sock.sendall(sent)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            answers[name] = answer
+        after = httpx.get(f"{server.root}/healthz", timeout=10)
+    for name, answer in answers.items():
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), (name, answer[:200])
+        assert b"content-type: application/json" in head.lower(), (name, head)
+        found = json.loads(body)
+        if _MALFORMED[name][1] == "anthropic":
+            assert found["type"] == "error", name
+            assert found["error"]["type"] == "invalid_request_error", name
+        else:
+            assert _error_of(found)["type"] == "invalid_request_error", name
+    assert after.status_code == 200
+    assert standin.received == []

@@ -289,3 +289,28 @@ def test_default_files_are_in_the_home_of_the_moment_of_loading(
     config = load_config(None, env={}, overrides={})
     assert config.memory.store.path == tmp_path / ".ctxbudget" / "memory.db"
     assert config.report.path == tmp_path / ".ctxbudget" / "report.db"
+
+
+def _example_env() -> dict[str, str]:
+    """deploy/ctxbudget.env as shipped: the keys' placeholders."""
+    lines = (ROOT / "deploy" / "ctxbudget.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["CTXBUDGET_ADMIN_KEY", "CTXBUDGET_PROXY_KEYS", "CTXBUDGET_METRICS_KEY", "OPENAI_API_KEY"],
+)
+def test_a_key_left_as_the_deploy_examples_placeholder_is_refused(name: str) -> None:
+    # Found by the round-36 attack: deploy/ctxbudget.env ships `replace-me` keys, and the
+    # container listens on 0.0.0.0; a line left as shipped made `replace-me-admin` (in this
+    # public repository) an admin key that reads every owner's report and manages memories.
+    example = _example_env()
+    env = {name: example[name]}
+    if name != "CTXBUDGET_PROXY_KEYS":  # a real proxy key beside it: only one is left
+        env["CTXBUDGET_PROXY_KEYS"] = "alice=pk-9f8e7d6c5b4a"
+    with pytest.raises(ConfigError) as raised:
+        load_config(ROOT / "deploy" / "container.jsonc", env=env, overrides={})
+    assert f"${name}" in str(raised.value)
+    assert example[name] not in str(raised.value)  # a key's value is never shown
+    assert "pk-9f8e7d6c5b4a" not in str(raised.value)

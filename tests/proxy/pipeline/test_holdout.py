@@ -6,6 +6,9 @@ and a request that chooses the budget itself takes its conversation out of the c
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +171,42 @@ def test_both_arms_count_every_tool_call_whatever_its_size(tmp_path: Path) -> No
         found = report["arms"][arm]
         assert found["conversations"] > 0, report["arms"]
         assert (found["turnsPerConversation"], found["toolCallsPerTurn"]) == (1, 3), found
+
+
+def test_a_report_over_many_conversations_never_holds_the_event_loop(tmp_path: Path) -> None:
+    # The comparison walks every conversation with an arm (a key's new session ids each make
+    # one, kept `report.keepDays`): 100,000 took ~1 s, and ran on the event loop, so every
+    # other client waited while anyone read the report. It runs in the reading thread now.
+    with proxy_app(tmp_path, _config(tmp_path, 0.2)) as (client, fake):
+        fake.answer_json(chat_completion(model="gpt-4o"))
+        _send(client, json.dumps(_conversation(0)).encode())
+        client.settle()
+        now = time.time()
+        with sqlite3.connect(tmp_path / "report.db") as db:
+            db.executemany(
+                "INSERT INTO arms (owner, conversation, arm, drawn, last, requests, priced, "
+                "cost_usd, without_usd, turns) VALUES ('default', ?, ?, ?, ?, 2, 2, ?, 0.03, 1)",
+                (
+                    (f"s{i}", "holdout" if i % 5 == 0 else "budget", now - i, now, 0.01 + i % 7e-3)
+                    for i in range(100_000)
+                ),
+            )
+        waits: list[float] = []
+        done = threading.Event()
+
+        def read() -> None:
+            try:
+                found = client.get("/context/budget?format=json").json()["holdout"]
+                assert found["arms"]["holdout"]["conversations"] >= 20_000
+            finally:
+                done.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        while not done.is_set():
+            started = time.perf_counter()
+            assert client.get("/healthz").status_code == 200
+            waits.append(time.perf_counter() - started)
+            time.sleep(0.005)
+        reader.join()
+    assert max(waits) < 0.3, f"/healthz waited {max(waits) * 1000:.0f} ms"

@@ -4,7 +4,9 @@ same bytes on every later turn of the conversation, in all three wire formats.""
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +270,39 @@ def test_a_bad_strategy_is_refused_naming_the_choices(tmp_path: Path) -> None:
     path.write_text(json.dumps({"agents": {"defaults": {"contextBudget": {"clampStrategy": "x"}}}}))
     with pytest.raises(ConfigError, match="agents.defaults.contextBudget.clampStrategy"):
         load_config(path, env={}, overrides={})
+
+
+def _pasted_question(chars: int) -> str:
+    """A user turn of distinct short words: every one a question term."""
+    words = (f"{a}{b}{c}" for a in "abcdefghij" for b in "klmnopqrst" for c in "uvwxyzabcd")
+    return " ".join(itertools.islice(itertools.cycle(words), chars // 4))[:chars]
+
+
+def test_a_pasted_megabyte_question_costs_the_event_loop_no_more_than_a_short_one(
+    tmp_path: Path,
+) -> None:
+    # The question keeps 4,000 chars of the user's turn: ~1,000 distinct terms, each of which
+    # was searched through the whole page (800 ms per 100 KB: a 300 KB page held the event
+    # loop ~2.5 s, under the offload threshold). Now a question searches its first terms only.
+    def body(title: str, ask: str) -> dict[str, Any]:
+        page = f"# {title}\n\n" + "".join(
+            f"Note {i} on the {'abcdefghij'[i % 10]}kv road: the quick brown fox jumps over "
+            f"the lazy dog near the river bank.\n\n"
+            for i in range(3_000)
+        )
+        sent = _conversation(PATHS[0], 1, web_fetch_result(url=URL, content=page))
+        sent["messages"][1]["content"] = ask
+        return sent
+
+    times = {}
+    with proxy_app(tmp_path) as (client, fake):
+        fake.answer_json(REPLIES[PATHS[0]])
+        runs = (("warm", ASK_FERRY), ("short", ASK_FERRY), ("pasted", _pasted_question(500_000)))
+        for name, ask in runs:  # a page of its own each: no clamp result is found cached
+            sent = orjson.dumps(body(name, ask))
+            assert len(sent) < 1_000_000  # under the offload threshold: on the event loop
+            start = time.perf_counter()
+            r = client.post(PATHS[0], content=sent, headers={"content-type": "application/json"})
+            times[name] = time.perf_counter() - start
+            assert r.status_code == 200, r.text
+    assert times["pasted"] < times["short"] + 0.25, times

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.inproc import InProcess, proxy_app
 from tests.openclaw import memory_get_result, openclaw_request, web_fetch_result
@@ -155,3 +156,16 @@ def test_a_key_cannot_continue_another_keys_response(tmp_path: Path) -> None:
     assert detail["segments"] == []
     # his session holds his request only, never joined to hers (keyed by owner)
     assert [s["requests"] for s in bobs["sessions"]] == [1]
+
+
+@pytest.mark.parametrize(
+    "query", ["?format=text&section=zzz", "?format=xml", "?format=json&section=caps", "?since=x"]
+)
+def test_without_a_key_the_report_is_a_401_whatever_its_query(tmp_path: Path, query: str) -> None:
+    # Found by the round-36 attack: `format` and `section` were checked before the key, so a
+    # caller with none got a 400 about its query: the key comes first, as on every route.
+    with proxy_app(tmp_path, env=ENV) as (client, _):
+        anonymous = client.get(f"/context/budget{query}")
+        wrong = client.get(f"/context/budget{query}", headers={"authorization": "Bearer no"})
+        alice = client.get(f"/context/budget{query}", headers=ALICE)
+    assert (anonymous.status_code, wrong.status_code, alice.status_code) == (401, 401, 400)

@@ -66,7 +66,7 @@ def clamp_request(
     changed = False
     first_user = True
     # the memo goes to the clamp outside the key: messages are found by identity and index
-    clamp_at = None if memo is None else functools.partial(_clamp_texts_at, memo=memo)
+    clamp_at = None if memo is None else functools.partial(_clamp_texts_at, memo)
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role == "user" and first_user:
@@ -77,7 +77,7 @@ def clamp_request(
         else:
             continue
         if memo is None or clamp_at is None:
-            new_message, found = _clamp_texts_at(message, clamp_text, caps, index, None)
+            new_message, found = _clamp_texts_at(None, message, clamp_text, caps, index)
         else:
             new_message, found = memo.texts.get(clamp_at, message, clamp_text, caps, index)
         segments.extend(found)
@@ -104,7 +104,7 @@ _ClampText = Callable[[str, Caps, Memo | None], tuple[str, list[Segment]]]
 
 
 def _clamp_texts_at(
-    message: Message, clamp_text: _ClampText, caps: Caps, index: int, memo: Memo | None
+    memo: Memo | None, message: Message, clamp_text: _ClampText, caps: Caps, index: int
 ) -> tuple[Message, tuple[Segment, ...]]:
     """What `Memo.texts` keeps by the message (the same objects every turn, at the same
     index: `caps._kept`)."""

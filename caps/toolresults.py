@@ -42,7 +42,7 @@ def clamp_tool_results(
     query = caps.strategy == "query"
     calls = _calls(messages, memo, asked=query)
     # each message by its identity; within one, each text by value (`Memo.tool_texts`)
-    clamp_at = None if memo is None else functools.partial(_clamp_message_at, memo=memo)
+    clamp_at = None if memo is None else functools.partial(_clamp_message_at, memo)
     out: list[Message] | None = None
     segments: list[Segment] = []
     for index, message in enumerate(messages):
@@ -60,7 +60,7 @@ def clamp_tool_results(
             arguments,
         )
         if memo is None or clamp_at is None:
-            new_message, found = _clamp_message_at(message, key, caps, tools, index, None)
+            new_message, found = _clamp_message_at(None, message, key, caps, tools, index)
         else:
             new_message, found = memo.tool_messages.get(clamp_at, message, key, caps, tools, index)
         segments.extend(found)
@@ -94,10 +94,11 @@ def _clamp_message(
 
 
 def _clamp_message_at(
-    message: Message, key: _Key, caps: Caps, tools: ToolNames, index: int, memo: Memo | None
+    memo: Memo | None, message: Message, key: _Key, caps: Caps, tools: ToolNames, index: int
 ) -> tuple[Message, tuple[Segment, ...]]:
     """What `Memo.tool_messages` keeps by the message (the same objects every turn, at the
-    same index: `caps._kept`)."""
+    same index: `caps._kept`). `memo` first: bound by a positional partial, which passes it
+    without a keyword dict on each call."""
     new, found = _clamp_message(message, key, caps, tools, memo)
     return new, tuple(evolve(s, message_index=index) for s in found)
 

@@ -61,7 +61,7 @@ WAIT_SECONDS = 30.0
 MAX_WAITING = 8
 """Large bodies that may wait for the worker at once; one more gets `OffloadBusy` at once."""
 WORKER_RSS = 1 << 30
-"""Past this resident size after a job, the worker drops the clamp caches (`caps`): they are
+"""Past this resident size after a job, the worker drops the clamp caches (its `memo`): they are
 keyed by whole texts, and each distinct 30 MB tool result kept ~60-70 MB."""
 
 

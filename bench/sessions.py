@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ctxbudget.caps import clamp_request  # noqa: E402
+from ctxbudget.caps import Memo, clamp_request, remembering  # noqa: E402
 from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker, session_key  # noqa: E402
 from ctxbudget.proxy.config.schema import Config  # noqa: E402
 from ctxbudget.proxy.config.settings import settings_for  # noqa: E402
@@ -45,12 +45,13 @@ def main() -> None:
             continue
         raw = found[-1][1]
         tracker = SessionTracker()
+        clamp = remembering(clamp_request, Memo())  # as an app's: what it made is found again
         before, stage = [], []
         for i in range(args.rounds + 20):
             t0 = time.perf_counter()
             body = wire.parse(raw)
             body.user_turn()
-            body.clamp(clamp_request, settings.caps, settings.tool_names, apply=True)
+            body.clamp(clamp, settings.caps, settings.tool_names, apply=True)
             t1 = time.perf_counter()
             prefix = ClientPrefix(body.blocks())
             session = session_key({}, body.get, body.model, prefix)

@@ -1,10 +1,12 @@
 """Find the context-cost segments of a chat request and clamp them to their caps.
 
-Pure functions: no I/O, no configuration files, no clock.
+Pure functions: no I/O, no configuration files, no clock, no state between calls (what the
+clamps remember is the caller's `Memo`).
 """
 
 from ctxbudget.caps._text import utf16_len
 from ctxbudget.caps.clamp import clamp_request, prune_request
+from ctxbudget.caps.memo import Memo, remembering
 from ctxbudget.caps.prune import pays
 from ctxbudget.caps.types import (
     KEEP_WHOLE,
@@ -29,6 +31,7 @@ __all__ = [
     "Clamp",
     "ClampResult",
     "KEEP_WHOLE",
+    "Memo",
     "Message",
     "PrunePolicy",
     "SEGMENT_KINDS",
@@ -39,5 +42,6 @@ __all__ = [
     "clamp_request",
     "pays",
     "prune_request",
+    "remembering",
     "utf16_len",
 ]

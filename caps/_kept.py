@@ -1,4 +1,6 @@
-"""What a clamp made of a message, kept by the message's identity.
+"""The cache types the clamps remember with; their instances are the caller's (`caps.Memo`).
+
+What a clamp made of a message is kept by the message's identity.
 
 The proxy hands the clamps the same message objects turn after turn (an agent resends its
 history byte for byte, and the proxy parses each large item once: `proxy/cache/resent.py`).
@@ -45,7 +47,6 @@ class Generations(Generic[K, T]):
     """
 
     def __init__(self, max_weight: int) -> None:
-        _ALL.append(self)
         self.max_weight = max_weight
         self._half = max_weight // 2
         self._new: dict[K, tuple[T, int]] = {}
@@ -88,20 +89,43 @@ class Generations(Generic[K, T]):
         self._weight = 0
 
 
-_ALL: list[Generations[Any, Any]] = []
-"""Every `Generations` made (module-level caches only: `clear_all`)."""
+class ByValue:
+    """Results of a pure function of hashable values, bounded by what it keeps (each entry:
+    its string and bytes arguments, three times: they, the result's texts and a segment's
+    `original`, ~1 KB of the rest) rather than by a count of entries of any size. One
+    instance per function: the function is not part of the key.
 
+    >>> kept = ByValue(20_000)
+    >>> kept.get(str.upper, "a" * 1000) is kept.get(str.upper, "a" * 1000)  # kept
+    True
+    >>> kept.get(str.upper, "b" * 4000) is kept.get(str.upper, "b" * 4000)  # over half: not
+    False
+    """
 
-def clear_all() -> None:
-    """Empty every `Generations` (the offload worker, past its memory bound)."""
-    for kept in _ALL:
-        kept.clear()
+    def __init__(self, max_weight: int) -> None:
+        self.kept: Generations[tuple[Any, ...], tuple[Any]] = Generations(max_weight)
+
+    def get(self, make: Callable[..., T], *args: Hashable) -> T:
+        """`make(*args)`, or what it gave for equal `args` before."""
+        found = self.kept.get(args)
+        if found is None:
+            found = (make(*args),)
+            weight = 1024 + 3 * sum(len(a) for a in args if isinstance(a, str | bytes | bytearray))
+            self.kept.put(args, found, weight=weight)
+        result: T = found[0]
+        return result
+
+    @property
+    def weight(self) -> int:
+        return self.kept.weight
+
+    def clear(self) -> None:
+        self.kept.clear()
 
 
 def weighed(max_weight: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """`functools.lru_cache` for a pure function of hashable values, bounded by what it keeps
-    (each entry: its string and bytes arguments, three times: they, the result's texts and a
-    segment's `original`, ~1 KB of the rest) rather than by a count of entries of any size.
+    """`functools.lru_cache` for a pure function of hashable values, bounded as `ByValue`
+    (for the proxy's own module-level caches: never in `caps`, which keeps no state).
 
     >>> @weighed(20_000)
     ... def upper(text: str) -> str:
@@ -113,19 +137,12 @@ def weighed(max_weight: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """
 
     def wrap(function: Callable[..., T]) -> Callable[..., T]:
-        kept: Generations[tuple[Any, ...], tuple[T]] = Generations(max_weight)
+        kept = ByValue(max_weight)
 
         def cached(*args: Any) -> T:
-            found = kept.get(args)
-            if found is None:
-                found = (function(*args),)
-                weight = 1024 + 3 * sum(
-                    len(a) for a in args if isinstance(a, str | bytes | bytearray)
-                )
-                kept.put(args, found, weight=weight)
-            return found[0]
+            return kept.get(function, *args)
 
-        cached.kept = kept  # type: ignore[attr-defined]
+        cached.kept = kept.kept  # type: ignore[attr-defined]
         cached.cache_clear = kept.clear  # type: ignore[attr-defined]
         cached.__wrapped__ = function  # type: ignore[attr-defined]
         cached.__doc__ = function.__doc__
@@ -165,6 +182,13 @@ class ByIdentity:
         if weight is not None:
             self._memo.put(key, (obj, result), weight=weight)
         return result
+
+    @property
+    def weight(self) -> int:
+        return self._memo.weight
+
+    def clear(self) -> None:
+        self._memo.clear()
 
 
 class OfObjects:
@@ -207,6 +231,9 @@ class OfObjects:
         if weight is not None:
             self._memo.put(key, (held, result), weight=weight)
         return result
+
+    def clear(self) -> None:
+        self._memo.clear()
 
 
 def footprint(obj: Any, limit: int = 20_000) -> int | None:

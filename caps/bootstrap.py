@@ -45,13 +45,17 @@ True
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ctxbudget.caps._cut import head_tail
-from ctxbudget.caps._kept import weighed
 from ctxbudget.caps._text import utf16_len
 from ctxbudget.caps.types import Segment
+
+if TYPE_CHECKING:
+    from ctxbudget.caps.memo import Memo
 
 _BLOCK_TITLE = "Project Context\n"
 _BLOCK_INTROS = (
@@ -83,29 +87,32 @@ HEAD_SHARE = 0.75
 """Share of the space left after the marker that goes to the head (OpenClaw 9.x)."""
 
 
-def clamp_system_text(text: str, cap: int | None, owner: str = "") -> tuple[str, list[Segment]]:
+def clamp_system_text(
+    text: str, cap: int | None, owner: str = "", memo: Memo | None = None
+) -> tuple[str, list[Segment]]:
     """Clamp each bootstrap file body in one system-prompt text to `cap` UTF-16 units.
 
     Returns the text (the same object when nothing changed) and one segment per file found.
     `cap=None` clamps nothing but still reports every file. `owner`: whose text it is (what
-    is remembered of it is found by the owner too: `Caps.owner`).
+    is remembered of it is found by the owner too: `Caps.owner`); `memo`: where it is
+    remembered (`caps.Memo`; None: nowhere).
     """
     if "Project Context\n" not in text:
         return text, []
-    new, segments = _clamp_cached(text, cap, owner)
-    # Hand back the caller's own object when nothing changed (the cache may hold an equal one).
+    if memo is None:
+        new, segments = _clamp(text, cap, owner, None)
+    else:
+        # An agent sends the same system prompt on every turn of a session: hashing it
+        # (~25 µs for 50 KB) is several times cheaper than finding and measuring its files.
+        clamp = functools.partial(_clamp, memo=memo)
+        new, segments = memo.system_texts.get(clamp, text, cap, owner)
+    # Hand back the caller's own object when nothing changed (the memo may hold an equal one).
     return (text if new == text else new), list(segments)
 
 
-@weighed(16 << 20)
-def _clamp_cached(text: str, cap: int | None, owner: str) -> tuple[str, tuple[Segment, ...]]:
-    # An agent sends the same system prompt on every turn of a session: hashing it (~25 µs
-    # for 50 KB) is several times cheaper than finding and measuring its files again.
-    new, segments = _clamp(text, cap, owner)
-    return new, tuple(segments)
-
-
-def _clamp(text: str, cap: int | None, owner: str) -> tuple[str, list[Segment]]:
+def _clamp(
+    text: str, cap: int | None, owner: str, memo: Memo | None
+) -> tuple[str, tuple[Segment, ...]]:
     segments: list[Segment] = []
     pieces: list[str] = []
     done = 0
@@ -116,26 +123,32 @@ def _clamp(text: str, cap: int | None, owner: str) -> tuple[str, list[Segment]]:
         if cap is None or before <= cap:
             segments.append(_segment(path, before, before, "kept", cap, note, body, body))
             continue
-        clamped = clamp_body(body, cap, name, owner)
+        clamped = cut(body, cap, name, owner, memo)
         segments.append(
             _segment(path, before, utf16_len(clamped), "clamped", cap, note, body, clamped)
         )
         pieces += [text[done:start], clamped]
         done = end
     if not pieces:
-        return text, segments
+        return text, tuple(segments)
     pieces.append(text[done:])
-    return "".join(pieces), segments
+    return "".join(pieces), tuple(segments)
 
 
-@weighed(8 << 20)
+def cut(body: str, cap: int, name: str, owner: str, memo: Memo | None) -> str:
+    """`clamp_body`, remembered in `memo` (None: made afresh): an agent sends the same files
+    on every turn; by `owner` too, which changes nothing of the result (`Caps.owner`)."""
+    if memo is None:
+        return clamp_body(body, cap, name, owner)
+    return memo.bodies.get(clamp_body, body, cap, name, owner)
+
+
 def clamp_body(body: str, cap: int, name: str, owner: str = "") -> str:
     """Cut `body` to at most `cap` UTF-16 units as head + marker + tail.
 
     The marker reports the original size: for a body OpenClaw already truncated, the raw size
-    its own marker states, so a second cut is not counted as the first. Cached: an agent sends
-    the same files on every turn, and the function is pure; by `owner` too, which changes
-    nothing of the result (`Caps.owner`).
+    its own marker states, so a second cut is not counted as the first. `owner` changes
+    nothing of the result: it is there for `cut`'s memo, which is found by owner.
     """
     size = utf16_len(body)
     if size <= cap:

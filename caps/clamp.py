@@ -10,18 +10,22 @@ Code's and Codex's instruction files, and the page of Claude Code's WebFetch sum
 request, in the texts of the first user message that are the agent's own wrappers (never the
 user's words: `caps.instructions`, `caps.summariser`); memory, web_fetch and any other tool's
 results in `tool` messages (`caps.toolresults`).
+
+What was made for an earlier request is remembered in the caller's `memo` (`caps.Memo`), never
+here: the same bytes out with it or without.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ctxbudget.caps import prune
-from ctxbudget.caps._kept import ByIdentity, Generations, message_weight
 from ctxbudget.caps.bootstrap import clamp_system_text
 from ctxbudget.caps.instructions import clamp_instructions
+from ctxbudget.caps.memo import Memo
 from ctxbudget.caps.summariser import clamp_page
 from ctxbudget.caps.toolresults import clamp_tool_results
 from ctxbudget.caps.types import (
@@ -39,12 +43,18 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
 def clamp_request(
-    request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
+    request: ChatRequest,
+    caps: Caps,
+    *,
+    tools: ToolNames | None = None,
+    memo: Memo | None = None,
 ) -> ClampResult:
     """Clamp bootstrap and instruction files, memory, web_fetch and other tool results, and
     the WebFetch summariser's page in `request`.
 
-    A request without a `messages` list is returned as it came, with no segments.
+    A request without a `messages` list is returned as it came, with no segments. `memo`:
+    where what is made is remembered for the next request (`caps.Memo`, the caller's: one per
+    app); None remembers nothing.
     """
     messages = request.get("messages")
     if not isinstance(messages, list):
@@ -55,6 +65,8 @@ def clamp_request(
     new_messages: list[Any] = list(messages)
     changed = False
     first_user = True
+    # the memo goes to the clamp outside the key: messages are found by identity and index
+    clamp_at = None if memo is None else functools.partial(_clamp_texts_at, memo)
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role == "user" and first_user:
@@ -64,19 +76,22 @@ def clamp_request(
             clamp_text = _system_text
         else:
             continue
-        new_message, found = _TEXTS.get(_clamp_texts_at, message, clamp_text, caps, index)
+        if memo is None or clamp_at is None:
+            new_message, found = _clamp_texts_at(None, message, clamp_text, caps, index)
+        else:
+            new_message, found = memo.texts.get(clamp_at, message, clamp_text, caps, index)
         segments.extend(found)
         if new_message is not message:
             new_messages[index] = new_message
             changed = True
 
-    tool_messages, tool_segments = clamp_tool_results(new_messages, caps, tools)
+    tool_messages, tool_segments = clamp_tool_results(new_messages, caps, tools, memo)
     segments.extend(tool_segments)
     if tool_messages is not new_messages:
         new_messages = tool_messages
         changed = True
     if caps.prune is not None:
-        segments.extend(_prunable(new_messages, caps.prune, caps.owner))
+        segments.extend(_prunable(new_messages, caps.prune, caps.owner, memo))
 
     if not changed:
         return ClampResult(request=request, segments=tuple(segments), changed=False)
@@ -85,39 +100,36 @@ def clamp_request(
     )
 
 
-_TEXTS = ByIdentity(8 << 20, message_weight)
-"""`_clamp_texts_at` by the message (the same objects every turn, at the same index:
-`caps._kept`)."""
+_ClampText = Callable[[str, Caps, Memo | None], tuple[str, list[Segment]]]
 
 
 def _clamp_texts_at(
-    message: Message,
-    clamp_text: Callable[[str, Caps], tuple[str, list[Segment]]],
-    caps: Caps,
-    index: int,
+    memo: Memo | None, message: Message, clamp_text: _ClampText, caps: Caps, index: int
 ) -> tuple[Message, tuple[Segment, ...]]:
-    new, found = _clamp_texts(message, clamp_text, caps)
+    """What `Memo.texts` keeps by the message (the same objects every turn, at the same
+    index: `caps._kept`)."""
+    new, found = _clamp_texts(message, clamp_text, caps, memo)
     return new, tuple(evolve(s, message_index=index) for s in found)
 
 
-def _system_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
-    return clamp_system_text(text, caps.bootstrap_max_chars, caps.owner)
+def _system_text(text: str, caps: Caps, memo: Memo | None) -> tuple[str, list[Segment]]:
+    return clamp_system_text(text, caps.bootstrap_max_chars, caps.owner, memo)
 
 
-def _first_user_text(text: str, caps: Caps) -> tuple[str, list[Segment]]:
-    new, found = clamp_instructions(text, caps.bootstrap_max_chars, caps.owner)
+def _first_user_text(text: str, caps: Caps, memo: Memo | None) -> tuple[str, list[Segment]]:
+    new, found = clamp_instructions(text, caps.bootstrap_max_chars, caps.owner, memo)
     if found:
         return new, found
     return clamp_page(text, caps.web_fetch_max_chars, query=caps.strategy == "query")
 
 
 def _clamp_texts(
-    message: Message, clamp_text: Callable[[str, Caps], tuple[str, list[Segment]]], caps: Caps
+    message: Message, clamp_text: _ClampText, caps: Caps, memo: Memo | None
 ) -> tuple[Message, tuple[Segment, ...]]:
     """`message` with each text (a string content, or each text part) through `clamp_text`."""
     content = message.get("content")
     if isinstance(content, str):
-        text, found = clamp_text(content, caps)
+        text, found = clamp_text(content, caps, memo)
         if text == content:
             return message, tuple(found)
         return {**message, "content": text}, tuple(found)
@@ -133,7 +145,7 @@ def _clamp_texts(
         part_text = part.get("text")
         if not isinstance(part_text, str):
             continue
-        new_text, found = clamp_text(part_text, caps)
+        new_text, found = clamp_text(part_text, caps, memo)
         found_all.extend(found)
         if new_text != part_text:
             parts[i] = {**part, "text": new_text}
@@ -144,7 +156,11 @@ def _clamp_texts(
 
 
 def prune_request(
-    request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
+    request: ChatRequest,
+    caps: Caps,
+    *,
+    tools: ToolNames | None = None,
+    memo: Memo | None = None,
 ) -> ClampResult:
     """`request` with the pruning decisions of `caps.pruned` applied, and nothing else: the
     second pass over a request the clamps went through already (`caps/prune.py`)."""
@@ -156,40 +172,45 @@ def prune_request(
         # a result the first pass found prunable has its digest on its segment, kept by the
         # same key: not hashed again (~10 µs an 8 KB result, on every request)
         policy = caps.prune
-        kept = None if policy is None else _PRUNABLE.get((caps.owner, text, tool, call_id, policy))
+        key = (caps.owner, text, tool, call_id, policy)
+        kept = None if policy is None or memo is None else memo.prunable.get(key)
         found = None if kept is None or kept[0] is None else kept[0].digest
         return found if found is not None else prune.digest(text)
 
     decisions = {(call_id, digest): text for call_id, digest, text in caps.pruned}
     new, segments = prune.apply(
-        messages, decisions, fresh=caps.pruned_now, policy=caps.prune, digest_of=digest_of
+        messages,
+        decisions,
+        fresh=caps.pruned_now,
+        policy=caps.prune,
+        digest_of=digest_of,
+        memo=memo,
     )
     if new is messages:
         return ClampResult(request=request, segments=tuple(segments), changed=False)
     return ClampResult(request={**request, "messages": new}, segments=tuple(segments), changed=True)
 
 
-def _prunable(messages: list[Any], policy: PrunePolicy, owner: str) -> list[Segment]:
+def _prunable(
+    messages: list[Any], policy: PrunePolicy, owner: str, memo: Memo | None
+) -> list[Segment]:
     """A `prunable` segment for each result pruning could take, `after` what would stand for
-    it (the caller decides whether it does)."""
+    it (the caller decides whether it does). Every request of a long session finds the same
+    old results prunable (the text's hash is kept on the string, which the next request holds
+    again): their segments are remembered in `Memo.prunable`, by what they depend on."""
     out = []
-    for found in prune.prunable(messages, policy):
+    for found in prune.prunable(messages, policy, memo):
         key = (owner, found.text, found.tool, found.call_id, policy)
-        kept = _PRUNABLE.get(key)
+        kept = None if memo is None else memo.prunable.get(key)
         if kept is None:
             kept = (_prunable_segment(found.text, found.tool, found.call_id, found.chars, policy),)
-            # what it keeps alive: the text (the key), the segment's own two texts
-            _PRUNABLE.put(key, kept, weight=3 * sys.getsizeof(found.text) + 400)
+            if memo is not None:
+                # what it keeps alive: the text (the key), the segment's own two texts
+                memo.prunable.put(key, kept, weight=3 * sys.getsizeof(found.text) + 400)
         (segment,) = kept
         if segment is not None:
             out.append(evolve(segment, message_index=found.message_index))
     return out
-
-
-_PRUNABLE: Generations[tuple[Any, ...], tuple[Segment | None]] = Generations(8 << 20)
-"""Every request of a long session finds the same old results prunable (the text's hash is
-kept on the string, which the next request holds again): their segments, by what they
-depend on, at most 8 MB."""
 
 
 def _prunable_segment(

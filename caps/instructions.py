@@ -60,10 +60,14 @@ the same text gives the same bytes on every request, so the prompt cache holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ctxbudget.caps._text import utf16_len
-from ctxbudget.caps.bootstrap import clamp_body
+from ctxbudget.caps.bootstrap import cut
 from ctxbudget.caps.types import Segment
+
+if TYPE_CHECKING:
+    from ctxbudget.caps.memo import Memo
 
 _REMINDER = "<system-reminder>\n"
 _REMINDER_END = "\n</system-reminder>"
@@ -73,11 +77,14 @@ _CODEX_OPEN = "\n\n<INSTRUCTIONS>\n"
 _CODEX_CLOSE = "\n</INSTRUCTIONS>"
 
 
-def clamp_instructions(text: str, cap: int | None, owner: str = "") -> tuple[str, list[Segment]]:
+def clamp_instructions(
+    text: str, cap: int | None, owner: str = "", memo: Memo | None = None
+) -> tuple[str, list[Segment]]:
     """Clamp each instruction file in one text block of a first user message to `cap`
     UTF-16 units. Returns the text (the same object when nothing changed) and one segment per
     file found; `cap=None` clamps nothing but reports every file. A text that is not one of
-    the two wrappers (the user's own words) is never touched."""
+    the two wrappers (the user's own words) is never touched. `memo`: where the cuts are
+    remembered (`caps.Memo`; None: nowhere)."""
     if text.startswith(_REMINDER):
         files = list(_claude_code(text))
     elif text.startswith(_CODEX):
@@ -93,7 +100,7 @@ def clamp_instructions(text: str, cap: int | None, owner: str = "") -> tuple[str
         if cap is None or before <= cap:
             segments.append(_segment(path, note, cap, body, body))
             continue
-        clamped = clamp_body(body, cap, path, owner)
+        clamped = cut(body, cap, path, owner, memo)
         segments.append(_segment(path, note, cap, body, clamped))
         pieces += [text[done:start], clamped]
         done = end

@@ -49,11 +49,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxbudget.caps._text import utf16_head, utf16_len, utf16_tail
 from ctxbudget.caps.toolresults import tool_calls
 from ctxbudget.caps.types import Action, Message, PrunePolicy, Segment
+
+if TYPE_CHECKING:
+    from ctxbudget.caps.memo import Memo
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,12 +71,15 @@ class Prunable:
     text: str
 
 
-def prunable(messages: Sequence[Any], policy: PrunePolicy) -> list[Prunable]:
-    """The prunable results of chat-shaped `messages`, oldest first."""
+def prunable(
+    messages: Sequence[Any], policy: PrunePolicy, memo: Memo | None = None
+) -> list[Prunable]:
+    """The prunable results of chat-shaped `messages`, oldest first (`memo`: where the calls
+    read are remembered, `caps.Memo`)."""
     cutoff = _cutoff(messages, policy.keep_last_assistants)
     if cutoff <= 0:
         return []
-    names = _names(messages[:cutoff])
+    names = _names(messages[:cutoff], memo)
     found = []
     for index in range(cutoff):
         message = messages[index]
@@ -135,6 +141,7 @@ def apply(
     fresh: frozenset[tuple[str, str]] = frozenset(),
     policy: PrunePolicy | None = None,
     digest_of: Callable[[str, str | None, str], str] | None = None,
+    memo: Memo | None = None,
 ) -> tuple[list[Message], list[Segment]]:
     """`messages` with each result that has a decision replaced by its text (a string
     content; parts that were all text become that string); the same list when no decision
@@ -148,7 +155,7 @@ def apply(
         return messages, []
     find = digest_of or (lambda text, tool, call_id: digest(text))
     decided = {call_id for call_id, _ in decisions}
-    names = _names(messages)
+    names = _names(messages, memo)
     out: list[Message] | None = None
     segments: list[Segment] = []
     for index, message in enumerate(messages):
@@ -259,9 +266,9 @@ def _cutoff(messages: Sequence[Any], keep: int) -> int:
     return 0
 
 
-def _names(messages: Sequence[Any]) -> dict[str, str]:
+def _names(messages: Sequence[Any], memo: Memo | None) -> dict[str, str]:
     """Call id → tool name, from the assistant messages' `tool_calls`."""
-    return {call_id: name for call_id, (name, _) in tool_calls(list(messages)).items()}
+    return {call_id: name for call_id, (name, _) in tool_calls(list(messages), memo).items()}
 
 
 def _text(content: Any) -> str | None:

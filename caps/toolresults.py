@@ -20,23 +20,29 @@ output: its tool could be one of those.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxbudget.caps import _json, passages, question, snippets, tooloutput, webfetch
-from ctxbudget.caps._kept import ByIdentity, footprint, message_weight, weighed
 from ctxbudget.caps._text import utf16_len
 from ctxbudget.caps.types import Caps, Message, Segment, SegmentKind, Strategy, ToolNames, evolve
+
+if TYPE_CHECKING:
+    from ctxbudget.caps.memo import Memo
 
 _BRIDGE = "tool_call"
 
 
 def clamp_tool_results(
-    messages: list[Message], caps: Caps, tools: ToolNames
+    messages: list[Message], caps: Caps, tools: ToolNames, memo: Memo | None = None
 ) -> tuple[list[Message], list[Segment]]:
-    """Clamp every recognised tool result in `messages`; return the same list if none changed."""
+    """Clamp every recognised tool result in `messages`; return the same list if none changed.
+    `memo`: where what was made is remembered (`caps.Memo`; None: nowhere)."""
     query = caps.strategy == "query"
-    calls = _calls(messages, asked=query)
+    calls = _calls(messages, memo, asked=query)
+    # each message by its identity; within one, each text by value (`Memo.tool_texts`)
+    clamp_at = None if memo is None else functools.partial(_clamp_message_at, memo)
     out: list[Message] | None = None
     segments: list[Segment] = []
     for index, message in enumerate(messages):
@@ -53,7 +59,10 @@ def clamp_tool_results(
             asked,
             arguments,
         )
-        new_message, found = _MESSAGES.get(_clamp_message_at, message, key, caps, tools, index)
+        if memo is None or clamp_at is None:
+            new_message, found = _clamp_message_at(None, message, key, caps, tools, index)
+        else:
+            new_message, found = memo.tool_messages.get(clamp_at, message, key, caps, tools, index)
         segments.extend(found)
         if new_message is not message:
             out = out if out is not None else list(messages)
@@ -62,19 +71,19 @@ def clamp_tool_results(
 
 
 def _clamp_message(
-    message: Message, key: _Key, caps: Caps, tools: ToolNames
+    message: Message, key: _Key, caps: Caps, tools: ToolNames, memo: Memo | None
 ) -> tuple[Message, tuple[Segment, ...]]:
     """One tool result message clamped (itself when unchanged), and its segments (no index)."""
     content = message.get("content")
     found: list[Segment] = []
     new_content: Any = content
     if isinstance(content, str):
-        new_content = _clamp_one(content, key, caps, tools, found)
+        new_content = _clamp_one(content, key, caps, tools, found, memo)
     elif isinstance(content, list):
         parts = list(content)
         for i, part in enumerate(content):
             if isinstance(part, dict) and isinstance(part.get("text"), str):
-                text = _clamp_one(part["text"], key, caps, tools, found)
+                text = _clamp_one(part["text"], key, caps, tools, found, memo)
                 if text is not part["text"]:
                     parts[i] = {**part, "text": text}
         if any(p is not q for p, q in zip(parts, content, strict=True)):
@@ -85,15 +94,14 @@ def _clamp_message(
 
 
 def _clamp_message_at(
-    message: Message, key: _Key, caps: Caps, tools: ToolNames, index: int
+    memo: Memo | None, message: Message, key: _Key, caps: Caps, tools: ToolNames, index: int
 ) -> tuple[Message, tuple[Segment, ...]]:
-    new, found = _clamp_message(message, key, caps, tools)
+    """What `Memo.tool_messages` keeps by the message (the same objects every turn, at the
+    same index: `caps._kept`). `memo` first: bound by a positional partial, which passes it
+    without a keyword dict on each call."""
+    new, found = _clamp_message(message, key, caps, tools, memo)
     return new, tuple(evolve(s, message_index=index) for s in found)
 
-
-_MESSAGES = ByIdentity(8 << 20, message_weight)
-"""`_clamp_message_at` by the message (the same objects every turn, at the same index:
-`caps._kept`)."""
 
 _Key = tuple[str | None, str | None, str | None, tuple[str, ...] | None, str | None]
 """(tool name, tool_call_id, URL argument, the user's texts before the call, the call's
@@ -102,17 +110,25 @@ question of the `query` strategy (`caps.question`): bytes that precede the resul
 same every turn."""
 
 
-def _clamp_one(text: str, key: _Key, caps: Caps, tools: ToolNames, segments: list[Segment]) -> str:
-    new, found = _clamp_cached(text, key, caps, tools)
+def _clamp_one(
+    text: str,
+    key: _Key,
+    caps: Caps,
+    tools: ToolNames,
+    segments: list[Segment],
+    memo: Memo | None,
+) -> str:
+    if memo is None:
+        new, found = _clamp_result(text, key, caps, tools)
+    else:  # every turn of a tool loop resends the earlier tool results unchanged
+        new, found = memo.tool_texts.get(_clamp_result, text, key, caps, tools)
     segments.extend(found)
     return text if new is text or new == text else new
 
 
-@weighed(16 << 20)
-def _clamp_cached(
+def _clamp_result(
     text: str, key: _Key, caps: Caps, tools: ToolNames
 ) -> tuple[str, tuple[Segment, ...]]:
-    # Every turn of a tool loop resends the earlier tool results unchanged: remember them.
     found: list[Segment] = []
     new = _clamp_text(text, _Where(*key), caps, tools, found)
     return new, tuple(found)
@@ -147,9 +163,10 @@ _Call = tuple[str, Any, tuple[str, ...] | None, str | None]
 """(real tool name, arguments, the user's texts before the call, arguments as sent)."""
 
 
-def _calls(messages: list[Message], *, asked: bool = False) -> dict[str, _Call]:
+def _calls(messages: list[Message], memo: Memo | None, *, asked: bool = False) -> dict[str, _Call]:
     """tool_call_id → `_Call`, unwrapping the tool-search bridge; with `asked`, the texts of
-    the latest user turn before each call (`caps.question`), else None."""
+    the latest user turn before each call (`caps.question`), else None. Each assistant
+    message's calls are read once and kept by the message in `memo` (`Memo.calls`)."""
     calls: dict[str, _Call] = {}
     turn: tuple[str, ...] | None = None
     for message in messages:
@@ -159,7 +176,11 @@ def _calls(messages: list[Message], *, asked: bool = False) -> dict[str, _Call]:
         if role == "user" and asked:
             turn = question.user_texts(message) or turn
         elif role == "assistant" and isinstance(message.get("tool_calls"), list):
-            for call_id, name, args, sent in _CALLS.get(_message_calls, message):
+            if memo is None:
+                found = _message_calls(message)
+            else:
+                found = memo.calls.get(_message_calls, message)
+            for call_id, name, args, sent in found:
                 calls[call_id] = (name, args, turn, sent if asked else None)
     return calls
 
@@ -181,17 +202,6 @@ def _message_calls(message: Message) -> tuple[tuple[str, str, Any, str | None], 
             args = args.get("args") if isinstance(args.get("args"), dict) else {}
         found.append((call["id"], name, args, sent if isinstance(sent, str) else None))
     return tuple(found)
-
-
-def _calls_weight(
-    message: Message, found: tuple[tuple[str, str, Any, str | None], ...]
-) -> int | None:
-    """What a message and its calls keep alive."""
-    return footprint((message, found)) if found else None
-
-
-_CALLS = ByIdentity(8 << 20, _calls_weight)
-"""`_message_calls` by the message: every request of a tool loop reads all its calls."""
 
 
 def _kind(name: str | None, tools: ToolNames) -> str | None:
@@ -530,7 +540,8 @@ def _strategy(kind: SegmentKind, changed: bool, original: str, clamped: str) -> 
     return "query" if passages.picked(original, clamped) else "head"
 
 
-def tool_calls(messages: list[Message]) -> dict[str, tuple[str, Any]]:
+def tool_calls(messages: list[Message], memo: Memo | None = None) -> dict[str, tuple[str, Any]]:
     """tool_call_id → (real tool name, arguments) of the assistant calls in `messages`, the
     tool-search bridge unwrapped (what names a result: `caps/prune.py` reads it too)."""
-    return {call_id: (name, args) for call_id, (name, args, _, _) in _calls(messages).items()}
+    calls = _calls(messages, memo)
+    return {call_id: (name, args) for call_id, (name, args, _, _) in calls.items()}

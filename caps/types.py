@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from ctxbudget.caps.memo import Memo
 
 _D = TypeVar("_D")
 
@@ -254,8 +257,15 @@ class ClampResult:
 
 
 class Clamp(Protocol):
-    """What `clamp_request` is: the one way callers reach the clamps (and a test's stand-in)."""
+    """What `clamp_request` is: the one way callers reach the clamps (and a test's stand-in).
+    `memo`: where what it made is remembered between calls (`caps.Memo`, the caller's); None,
+    nowhere."""
 
     def __call__(
-        self, request: ChatRequest, caps: Caps, *, tools: ToolNames | None = None
+        self,
+        request: ChatRequest,
+        caps: Caps,
+        *,
+        tools: ToolNames | None = None,
+        memo: Memo | None = None,
     ) -> ClampResult: ...

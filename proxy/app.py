@@ -226,6 +226,7 @@ class Lifespan:
                 state.reports.flush()
             if self.telemetry is not None:
                 self.telemetry.shutdown()
+            state.memo.clear()
 
 
 async def _error_response(request: Request, exc: Exception) -> Response:

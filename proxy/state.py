@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from ctxbudget.caps import Clamp, clamp_request
+from ctxbudget.caps import Clamp, Memo, clamp_request, remembering
 from ctxbudget.proxy.cache.mirrors import Mirrors
 from ctxbudget.proxy.cache.sessions import SessionTracker
 from ctxbudget.proxy.config.schema import ConfigSource
@@ -36,7 +36,12 @@ class ProxyState:
         self.upstream = upstream
         self.reports = reports
         self.env = env
-        self.clamp = clamp
+        self.memo = Memo()
+        """What the clamps remember between this app's requests (`caps.Memo`): this app's
+        alone, let go when it closes."""
+        self.clamp = remembering(clamp, self.memo)
+        """The clamp given to `create_app`, remembering in `memo` (pickled for the offload
+        worker, it is the clamp alone: the worker remembers in its own)."""
         self.tokens = TokenCounter()  # counts are cached per text, shared by every stage
         self.stores = MemoryStores(env)
         """The memory store of the settings in force (recall, `/v1/memories`, the report)."""

@@ -9,6 +9,8 @@ from typing import Any
 from ctxbudget.caps import ClampResult
 
 
-def broken_clamp(request: dict[str, Any], caps: Any, *, tools: Any = None) -> ClampResult:
+def broken_clamp(
+    request: dict[str, Any], caps: Any, *, tools: Any = None, memo: Any = None
+) -> ClampResult:
     """A clamp with a bug."""
     raise ValueError("boom")

@@ -163,3 +163,93 @@ def test_pyproject_lists_every_package_by_its_installed_name() -> None:
     )
     assert sorted(project["packages"]) == on_disk
     assert project["package-dir"] == {f"ctxbudget.{p}": p for p in PACKAGES}
+
+
+_IMMUTABLE_CALLS = frozenset(
+    {"frozenset", "tuple", "re.compile", "TypeVar", "object", "os.environ.get", "str.maketrans"}
+    | {"field"}
+)
+"""What a module-level name in `caps` may be made by: values no one can change (a sentinel
+`object()`, a compiled pattern, the environment read once at import; `str.maketrans`'s
+translation table is a dict only ever read by `str.translate`), and a dataclass's `field`
+(its default is per instance)."""
+_OK_DECORATORS = frozenset({"overload", "property", "staticmethod", "classmethod", "dataclass"})
+"""A decorator of a function or class in `caps`: none that keeps anything (`weighed`,
+`functools.cache`, `lru_cache` do)."""
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _constant(node: ast.expr) -> bool:
+    """A value that cannot change: a literal, a tuple of them, a name or type alias, an
+    expression of them, a lambda, or a call in `_IMMUTABLE_CALLS` (its arguments are used
+    once). Never a dict, list or set display or comprehension, nor any other call (a cache
+    type, `dict()`, `OrderedDict()`, `LRUCache(...)`)."""
+    if isinstance(node, ast.Constant | ast.JoinedStr | ast.Name | ast.Attribute | ast.Lambda):
+        return True
+    if isinstance(node, ast.Subscript):  # a type alias: dict[str, Any], Literal[...]
+        return True
+    if isinstance(node, ast.Tuple):
+        return all(map(_constant, node.elts))
+    if isinstance(node, ast.BinOp):
+        return _constant(node.left) and _constant(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _constant(node.operand)
+    if isinstance(node, ast.BoolOp):
+        return all(map(_constant, node.values))
+    if isinstance(node, ast.Compare):
+        return _constant(node.left) and all(map(_constant, node.comparators))
+    if isinstance(node, ast.Call):
+        return _dotted(node) in _IMMUTABLE_CALLS
+    return False
+
+
+def _state_in(body: list[ast.stmt], where: str) -> list[str]:
+    """What in a module's (or a class's) own body outlives a call: names bound to anything but
+    a constant, augmented assignments, `global`, and caching decorators."""
+    found = []
+    for node in body:
+        at = f"{where}:{node.lineno}"
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                continue
+            if not _constant(node.value):
+                found.append(f"{at} {ast.unparse(node).splitlines()[0]}")
+        elif isinstance(node, ast.AugAssign | ast.Global):
+            found.append(f"{at} {ast.unparse(node)}")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for decorator in node.decorator_list:
+                if _dotted(decorator).split(".")[-1] not in _OK_DECORATORS:
+                    found.append(f"{at} @{ast.unparse(decorator)} {node.name}")
+            if isinstance(node, ast.ClassDef):  # class attributes are shared by every instance
+                found += _state_in(node.body, where)
+        elif isinstance(node, ast.If | ast.Try):
+            found += _state_in(node.body + node.orelse, where)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found += [
+                f"{where}:{n.lineno} {ast.unparse(n)}"
+                for n in ast.walk(node)
+                if isinstance(n, ast.Global | ast.Nonlocal)
+            ]
+    return found
+
+
+def test_caps_keeps_no_state_between_calls() -> None:
+    """DESIGN.md: `caps` is pure functions with no process-global state; what is remembered
+    between requests is the caller's (`caps.Memo`, one per app: issue 34). The cache types
+    (`caps/_kept.py`) are fine; an instance of one at module level is state, as is any dict,
+    list or set a module or class holds, and a caching decorator."""
+    found = [
+        f
+        for name, path in _modules().items()
+        if name.split(".")[0] == "caps"
+        for f in _state_in(_parsed(path).body, str(path.relative_to(ROOT)))
+    ]
+    assert not found, "module-level state in caps:\n" + "\n".join(found)

@@ -8,13 +8,19 @@ owner's (parsed per owner: `resent`, `history`, `Tails`; made by per-owner cache
 other owner's request can hold the object an entry keeps. A few caches are by values no
 owner sends as content (a host name, a model's price, a list's length): each says why.
 
+`caps` keeps no cache of its own: its caches are the attributes of a `caps.Memo`, which the
+proxy holds one of per app (`proxy/state.py:memo`) and one in the offload worker.
+
 `tests/proxy/cache/test_registry.py` finds every cache constructor in `caps/`, `memory/` and
 `proxy/` and fails for one not listed here; `docs/architecture.md`'s table is `table()`.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+
+from ctxbudget.caps._kept import ByIdentity, ByValue, Generations, OfObjects
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,25 +41,25 @@ _ID = "identity: only the owner whose request made the object holds it"
 
 CACHES: tuple[Cache, ...] = (
     Cache(
-        where="caps/bootstrap.py:_clamp_cached",
+        where="caps/memo.py:system_texts",
         key="owner (`Caps.owner`), system text, cap",
         bound="16 MB",
         invariant="the bootstrap files' clamp: a pure function of the key",
     ),
     Cache(
-        where="caps/bootstrap.py:clamp_body",
+        where="caps/memo.py:bodies",
         key="body, cap, file name, owner",
         bound="8 MB",
         invariant="one file's head + tail cut: a pure function of the key",
     ),
     Cache(
-        where="caps/toolresults.py:_clamp_cached",
+        where="caps/memo.py:tool_texts",
         key="text, tool name, call id, URL, `Caps` (its owner), tool names",
         bound="16 MB",
         invariant="a tool result's clamp: a pure function of the key",
     ),
     Cache(
-        where="caps/clamp.py:_PRUNABLE",
+        where="caps/memo.py:prunable",
         key="owner, result text, tool, call id, pruning policy",
         bound="8 MB",
         invariant=(
@@ -62,22 +68,36 @@ CACHES: tuple[Cache, ...] = (
         ),
     ),
     Cache(
-        where="caps/clamp.py:_TEXTS",
+        where="caps/memo.py:texts",
         key="the message object; clamp, `Caps`, index",
         bound="8 MB",
         invariant=f"a message's clamped texts; {_ID}",
     ),
     Cache(
-        where="caps/toolresults.py:_MESSAGES",
+        where="caps/memo.py:tool_messages",
         key="the message object; call, `Caps`, tool names, index",
         bound="8 MB",
         invariant=f"a tool message's clamp; {_ID}",
     ),
     Cache(
-        where="caps/toolresults.py:_CALLS",
+        where="caps/memo.py:calls",
         key="the assistant message object",
         bound="8 MB",
         invariant=f"its tool calls' names and arguments; {_ID}",
+    ),
+    Cache(
+        where="proxy/state.py:memo",
+        key="none (one per app)",
+        bound="one `caps.Memo` (the seven `caps/memo.py` caches above: 72 MB)",
+        invariant="what the clamps remember between this app's requests, cleared when it "
+        "closes; `caps` itself keeps nothing (two apps share nothing)",
+    ),
+    Cache(
+        where="proxy/pipeline/worker.py:memo",
+        key="none (one per worker process)",
+        bound="one `caps.Memo` (72 MB)",
+        invariant="the offload worker's own memo (an app's never crosses the pipe), cleared "
+        "with the rest past `WORKER_RSS`",
     ),
     Cache(
         where="proxy/cache/resent.py:_kept",
@@ -290,3 +310,16 @@ def table() -> str:
     for c in CACHES:
         lines.append(f"| `{c.where}` | {c.key} | {c.bound} | {c.invariant} |")
     return "\n".join(lines) + "\n"
+
+
+def clear_kept() -> None:
+    """Empty every registered module-level cache of the `caps._kept` types (and `weighed`
+    functions) in the modules this process imported: the offload worker past its memory bound
+    lets them all go."""
+    for cache in CACHES:
+        path, name = cache.where.split(":")
+        module = sys.modules.get("ctxbudget." + path.removesuffix(".py").replace("/", "."))
+        found = getattr(module, name, None)
+        found = getattr(found, "kept", found)  # a `weighed` function: its `Generations`
+        if isinstance(found, Generations | ByIdentity | ByValue | OfObjects):
+            found.clear()

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request, remembering
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache.sessions import (
     Block,
@@ -28,7 +28,7 @@ from ctxbudget.proxy.cache.sessions import (
 )
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.pipeline.chat_command import find_command
-from ctxbudget.proxy.pipeline.worker import ask, portable
+from ctxbudget.proxy.pipeline.worker import ask, memo, portable
 from ctxbudget.proxy.tokens import TokenCounter, encoding_name
 from ctxbudget.proxy.wire.responses import CallNames, OpenAIResponses
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
@@ -147,7 +147,8 @@ def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
     failure = None
     segments: tuple[Segment, ...] = ()
     try:
-        segments = tuple(request.clamp(job.clamp, job.caps, job.tools, apply=job.apply))
+        clamp = remembering(job.clamp, memo())  # the worker's memo: the parent's stays there
+        segments = tuple(request.clamp(clamp, job.caps, job.tools, apply=job.apply))
     except Exception as exc:  # the pipeline decides between fail-open and closed
         failure = (portable(exc), traceback.format_exc())
     encoding = encoding_name(request.model, job.encoding)
@@ -222,7 +223,7 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
         if kind == "place":
             request.place_memory(first, second)
         elif kind == "prune":
-            found = request.clamp(prune_request, first, second, apply=True)
+            found = request.clamp(remembering(prune_request, memo()), first, second, apply=True)
             pruned += (replace(s, original="") for s in found)
         else:
             if job.blocks and before is start:

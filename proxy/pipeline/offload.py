@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache import sessions
@@ -242,8 +242,9 @@ class OffloadedRequest:
         self._pending = []
         self._encoded = None
 
-    async def prune(self, caps: Caps, tools: ToolNames) -> list[Segment]:
-        """Applied in the worker at once (one more trip): the segments come back."""
+    async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
+        """Applied in the worker at once (one more trip): the segments come back. (`memo`
+        stays here: the worker remembers in its own.)"""
         self._change(("prune", caps, tools))
         await self.settle()
         pruned, self._pruned = self._pruned, []

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from ctxbudget.caps import Caps, Segment
+from ctxbudget.caps import Caps, Memo, Segment
 from ctxbudget.memory.pg import DatabaseUnavailable
 from ctxbudget.proxy.cache.mirror import MirrorBlock, Predicted
 from ctxbudget.proxy.cache.mirrors import Mirrors, Provider, SessionMirror, mirror_groups
@@ -88,7 +88,10 @@ class PruneStage:
         sessions: SessionTracker,
         summarizer: Summarizer,
         mirrors: Mirrors | None = None,
+        memo: Memo | None = None,
     ) -> None:
+        self._memo = memo
+        """The app's (`ProxyState.memo`): what applying decisions reads is remembered there."""
         self._ledger = ledger
         self._sessions = sessions
         self._mirrors = mirrors if mirrors is not None else Mirrors()
@@ -148,7 +151,7 @@ class PruneStage:
             if mirror is not None and paused is None and mirror.warm_pruned < mirror.requests - 1:
                 if decided:  # the request as it goes without a new prune: what is priced
                     segments = await body.prune(
-                        _plan(settings, owner, decided), settings.tool_names
+                        _plan(settings, owner, decided), settings.tool_names, self._memo
                     )
                     decided = {}
                 due = self._pays(body, prefix, fresh, mirror, provider, ttl, now, timing[1])
@@ -168,7 +171,9 @@ class PruneStage:
         if not plan and not segments:
             return Pruned(warm=warm, ttl=ttl, summarise=summarise, paused=paused)
         if plan:
-            segments += await body.prune(_plan(settings, owner, plan, now_ids), settings.tool_names)
+            segments += await body.prune(
+                _plan(settings, owner, plan, now_ids), settings.tool_names, self._memo
+            )
         if now_ids:
             made = {_key(s): s.clamped for s in segments if _key(s) in now_ids and s.clamped}
             try:
@@ -207,7 +212,7 @@ class PruneStage:
         segments: Sequence[Segment] = ()
         if decided:
             caps = _plan(settings, owner, decided)
-            segments = await body.prune(caps, settings.tool_names)
+            segments = await body.prune(caps, settings.tool_names, self._memo)
         return Pruned(tuple(segments), warm, ttl, skipped=DATABASE_DOWN)
 
     async def _summaries(

@@ -128,6 +128,7 @@ class Pipeline:
             state.sessions,
             Summarizer(state.reports, state.upstream, state.env, clock=state.clock),
             state.mirrors,
+            memo=state.memo,
         )
         self.holdout = HoldoutStage(state.reports.arms)
 

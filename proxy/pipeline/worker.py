@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ctxbudget.caps import Memo
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.tokens import trim_memory
 
@@ -60,7 +61,7 @@ WAIT_SECONDS = 30.0
 MAX_WAITING = 8
 """Large bodies that may wait for the worker at once; one more gets `OffloadBusy` at once."""
 WORKER_RSS = 1 << 30
-"""Past this resident size after a job, the worker drops the clamp caches (`caps`): they are
+"""Past this resident size after a job, the worker drops the clamp caches (its `memo`): they are
 keyed by whole texts, and each distinct 30 MB tool result kept ~60-70 MB."""
 
 
@@ -139,14 +140,22 @@ def _resident() -> int:
         return 0
 
 
+@functools.cache
+def memo() -> Memo:
+    """What the clamps remember in the worker process between its jobs (`caps.Memo`): one
+    per process, as the app's is one per app (an app's never crosses the pipe)."""
+    return Memo()
+
+
 def _clear_caps_caches() -> None:
     """Past the worker's memory bound: everything kept from earlier jobs goes (the clamps'
-    caches, what was kept of resent items and lists, what was kept by identity)."""
-    from ctxbudget.caps._kept import clear_all
+    memo, what was kept of resent items and lists, what was kept by identity)."""
+    from ctxbudget.proxy.cache.registry import clear_kept
     from ctxbudget.proxy.cache.resent import RESENT
     from ctxbudget.proxy.wire.history import HISTORIES
 
-    clear_all()  # the caps caches are `weighed` ones: `Generations` too
+    memo().clear()
+    clear_kept()  # the proxy's own module-level caches of the `caps._kept` types
     RESENT.clear()
     HISTORIES.clear()
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request
+from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames, prune_request, remembering
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache.sessions import Block, PrefixChange, memory_added
@@ -148,9 +148,10 @@ class WireRequest(Protocol):
         """`encode()`, without blocking the event loop."""
         ...
 
-    async def prune(self, caps: Caps, tools: ToolNames) -> list[Segment]:
+    async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
         """Apply the pruning decisions of `caps.pruned` (`caps.prune_request`: a second pass
-        after `clamp`); the segments of the results pruned."""
+        after `clamp`); the segments of the results pruned. `memo`: the app's (`caps.Memo`:
+        the calls it reads are remembered there)."""
         ...
 
     async def litellm_values(self) -> dict[str, Any] | None:
@@ -193,8 +194,9 @@ class InProcessRequest:
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
         raise NotImplementedError
 
-    async def prune(self, caps: Caps, tools: ToolNames) -> list[Segment]:
-        return self.clamp(prune_request, caps, tools, apply=True)
+    async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
+        clamp = prune_request if memo is None else remembering(prune_request, memo)
+        return self.clamp(clamp, caps, tools, apply=True)
 
     def saved_tokens(
         self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str

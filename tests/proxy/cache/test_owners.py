@@ -104,3 +104,28 @@ def test_a_token_count_another_key_made_is_made_again(
         _send(client, BOB)
         _written(client, 3)
         assert encodes.n == 2 * alice  # another owner: counted again
+
+
+def test_a_clamp_another_app_made_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the clamps remember is the app's (`ProxyState.memo`, built in `create_app` and
+    closed with it), never the process's: a second app, the same key and text, clamps again."""
+    clamps = _Calls()
+    monkeypatch.setattr(
+        ctxbudget.caps.bootstrap, "clamp_body", clamps.wrap(ctxbudget.caps.bootstrap.clamp_body)
+    )
+    for name in ("one", "two", "three"):
+        (tmp_path / name).mkdir()
+    with proxy_app(tmp_path / "one", env=ENV) as (first, _):
+        _send(first, ALICE)
+        assert clamps.n == 1
+        with proxy_app(tmp_path / "two", env=ENV) as (second, _):
+            _send(second, ALICE)
+            assert clamps.n == 2  # another app: made again
+            _send(second, ALICE)
+            _send(first, ALICE)
+            assert clamps.n == 2  # each app finds its own again
+    with proxy_app(tmp_path / "three", env=ENV) as (third, _):
+        _send(third, ALICE)
+        assert clamps.n == 3  # one made after both closed: nothing of theirs is left

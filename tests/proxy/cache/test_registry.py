@@ -10,7 +10,7 @@ from ctxbudget.proxy.cache.registry import CACHES, registered, table
 
 ROOT = Path(__file__).resolve().parents[3]
 _MADE = re.compile(
-    r"weighed\(|Generations\(|ByIdentity\(|OfObjects\(|LRUCache\(|lru_cache|functools\.cache\b"
+    r"weighed\(|Generations\(|ByIdentity\(|ByValue\(|OfObjects\(|LRUCache\(|lru_cache|functools\.cache\b"
     r"|^_[A-Z_]+: dict\["
 )
 _NAME = re.compile(r"^\s*(?:self\.)?(\w+)\s*(?::[^=]*)?=")
@@ -59,3 +59,30 @@ def test_every_cache_found_by_a_value_names_its_owner_or_says_why_not() -> None:
 
 def test_the_architecture_doc_holds_the_registry_table() -> None:
     assert table() in (ROOT / "docs" / "architecture.md").read_text()
+
+
+def test_the_worker_past_its_bound_empties_every_registered_module_level_kept_cache() -> None:
+    """`clear_kept` (the offload worker past `WORKER_RSS`) finds the proxy's module-level
+    caches of the `ctxbudget.caps._kept` types through this registry: with `caps` keeping
+    none, nothing else lists them."""
+    import ctxbudget.proxy.cache.tools
+    import ctxbudget.proxy.wire.body
+    from ctxbudget.caps._kept import ByIdentity, Generations
+    from ctxbudget.proxy.cache.registry import clear_kept
+
+    kept = []
+    for cache in CACHES:
+        path, name = cache.where.split(":")
+        module = __import__("ctxbudget." + path.removesuffix(".py").replace("/", "."))
+        for part in path.removesuffix(".py").split("/"):
+            module = getattr(module, part)
+        found = getattr(getattr(module, name, None), "kept", getattr(module, name, None))
+        if isinstance(found, Generations | ByIdentity):
+            kept.append(found)
+    assert ctxbudget.proxy.wire.body._DUMPED in kept
+    assert ctxbudget.proxy.cache.tools._inline.kept in kept  # type: ignore[attr-defined]
+    item = {"text": "x" * 4096}
+    ctxbudget.proxy.wire.body._DUMPED.get(lambda o: b"y" * 4096, item)
+    assert ctxbudget.proxy.wire.body._DUMPED.weight > 0
+    clear_kept()
+    assert all(k.weight == 0 for k in kept)

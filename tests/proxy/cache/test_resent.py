@@ -213,7 +213,7 @@ def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> N
     """What the parse and the clamps kept is handed out again (the very objects) until the
     worker lets it go; then the same request is parsed and clamped afresh, to equal values."""
     from ctxbudget.caps import clamp_request
-    from ctxbudget.proxy.pipeline.worker import _clear_caps_caches
+    from ctxbudget.proxy.pipeline.worker import _clear_caps_caches, memo
     from ctxbudget.proxy.wire.history import HISTORIES
 
     raw = json.dumps(openclaw_request(version="9.x", size_bytes=60_000)).encode()
@@ -221,7 +221,7 @@ def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> N
 
     def clamped(messages: list[Any]) -> tuple[tuple[Any, ...], list[Any]]:
         """The segments, and the new texts of the messages the clamp changed."""
-        done = clamp_request({"messages": messages}, caps, tools=ToolNames())
+        done = clamp_request({"messages": messages}, caps, tools=ToolNames(), memo=memo())
         changed = done.request["messages"]
         texts = [c["content"] for c, m in zip(changed, messages, strict=True) if c is not m]
         return done.segments, texts
@@ -237,7 +237,9 @@ def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> N
     assert all(c is t for c, t in zip(clamped(copy.deepcopy(first))[1], texts, strict=True))
     assert HISTORIES.find(raw, "worker-owner") is not None
 
+    assert memo().weight > 0
     _clear_caps_caches()
+    assert memo().weight == 0
     assert HISTORIES.find(raw, "worker-owner") is None
     after = parse_chat_body(raw, "worker-owner").messages
     assert after == first and not any(a is f for a, f in zip(after, first, strict=True))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ctxbudget.caps import Caps, ClampResult, ToolNames, clamp_request
+from ctxbudget.caps import Caps, ClampResult, Memo, ToolNames, clamp_request
 from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker, serial, session_key
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices, prices
@@ -153,8 +153,10 @@ def _unstable_clamp() -> Any:
     """A clamp that is not a pure function of its input: it stamps each call differently."""
     calls = itertools.count()
 
-    def clamp(request: dict[str, Any], caps: Caps, *, tools: ToolNames) -> ClampResult:
-        result = clamp_request(request, caps, tools=tools)
+    def clamp(
+        request: dict[str, Any], caps: Caps, *, tools: ToolNames, memo: Memo | None = None
+    ) -> ClampResult:
+        result = clamp_request(request, caps, tools=tools, memo=memo)
         messages = result.request["messages"]
         system = dict(messages[0])
         system["content"] = f"{system['content']} #{next(calls)}"

@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 import ctxbudget.proxy.cache.sessions
-from ctxbudget.caps import Caps, ChatRequest, Clamp, ClampResult, ToolNames, clamp_request
+from ctxbudget.caps import Caps, ChatRequest, Clamp, ClampResult, Memo, ToolNames, clamp_request
 from ctxbudget.proxy.app import create_app
 from ctxbudget.proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
 from ctxbudget.proxy.config.schema import Config, ConfigSource
@@ -341,8 +341,10 @@ def test_a_clamp_that_raises_answers_as_in_process(tmp_path: Path, fail_closed: 
 
 
 def test_a_clamp_the_worker_cannot_import_is_a_clear_error(tmp_path: Path) -> None:
-    def local_clamp(request: ChatRequest, caps: Caps, *, tools: ToolNames) -> ClampResult:
-        return clamp_request(request, caps, tools=tools)
+    def local_clamp(
+        request: ChatRequest, caps: Caps, *, tools: ToolNames, memo: Memo | None = None
+    ) -> ClampResult:
+        return clamp_request(request, caps, tools=tools, memo=memo)
 
     config = config_for(tmp_path)
     with _proxy(tmp_path, config, shared_offload(0), local_clamp) as (client, fake):

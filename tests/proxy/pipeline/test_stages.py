@@ -149,7 +149,9 @@ def test_bad_bodies_get_400_or_413_and_nothing_is_forwarded(tmp_path: Path) -> N
         assert fake.sent == []
 
 
-def _broken_clamp(request: dict[str, Any], caps: Any, *, tools: Any = None) -> ClampResult:
+def _broken_clamp(
+    request: dict[str, Any], caps: Any, *, tools: Any = None, memo: Any = None
+) -> ClampResult:
     raise RuntimeError("boom in a clamp")
 
 

@@ -297,12 +297,13 @@ def sessions_main(name: str, rounds: int) -> None:
     )
 
 
-GROW_WINDOWS = ((25, 35), (295, 305))
-"""The turns whose median CPU `--grow` compares: around turn 30 and around turn 300."""
+GROW_WINDOWS = ((25, 35), (245, 255), (295, 305))
+"""The turns whose median CPU `--grow` shows: around turn 30, 250 (the last before the body
+passes 1 MiB and the offload worker takes it) and 300; the first and last are compared."""
 
 
 async def grow_once(
-    app: Any, floor: Any, ours_up: Any, floor_up: Any, fmt: str, turns: int
+    app: Any, floor: Any, ours_up: Any, floor_up: Any, fmt: str, turns: int, marks: Marks
 ) -> None:
     """`--grow-once`: one conversation of `turns` requests through each side, interleaved
     request by request; prints each request's `ours floor` CPU seconds as JSON."""
@@ -316,15 +317,48 @@ async def grow_once(
         httpx.AsyncClient(transport=ours_t, base_url=base) as ours,
         httpx.AsyncClient(transport=floor_t, base_url=base) as bare,
     ):
+        offloaded = 0
         for body in bodies:
             reply = sized_reply(route, len(body))
+            worker = worker_cpu(app)
             start = time.process_time()
             await post_one(ours, ours_up, route, body, reply)
             flush(app)
             mid = time.process_time()
+            spent = worker_cpu(app) - worker
+            offloaded += spent > 0
             await post_one(bare, floor_up, route, body, reply)
-            out.append((mid - start, time.process_time() - mid))
+            out.append((mid - start + spent, time.process_time() - mid))
+    print(f"{offloaded} of {len(bodies)} requests used the offload worker", file=sys.stderr)
+    records = list(marks.seen)[-turns:]
+    for a, b in GROW_WINDOWS:
+        if b > turns:
+            continue
+        spans = []
+        for label, first, last in STAGES:
+            found = [
+                (r[last] - r[first]) / 1e6 for r in records[a - 1 : b] if first in r and last in r
+            ]
+            if found:
+                spans.append(f"{label} {statistics.median(found):.2f}")
+        print(f"turns {a}–{b}, wall ms a stage: " + ", ".join(spans), file=sys.stderr)
     print(json.dumps(out))
+
+
+def worker_cpu(app: Any) -> float:
+    """CPU seconds the app's offload worker process has used so far (Linux: its threads'
+    run time in ns, `/proc/<pid>/task/*/schedstat`); 0 without one. A body past 1 MiB, or
+    past 4,096 objects, is parsed and clamped there: its CPU is the request's too."""
+    pid = app.state.offload.pid
+    if pid is None:
+        return 0.0
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
 
 
 def sized_reply(route: str, size: int) -> dict[str, Any]:
@@ -353,13 +387,15 @@ def grow_main(fmt: str, rounds: int, turns: int, profile: bool) -> None:
     runs = []
     for _ in range(rounds):
         extra = ["--profile"] if profile else []
-        out = subprocess.run(
+        done = subprocess.run(
             [sys.executable, __file__, "--grow-once", fmt, "--turns", str(turns), *extra],
             check=True,
             capture_output=True,
             text=True,
-        ).stdout
-        runs.append(json.loads(out.splitlines()[-1]))
+        )
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+        for line in done.stderr.strip().splitlines()[-3:]:
+            print(f"  {line}")
     mid = statistics.median
     own = [mid(run[i][0] - run[i][1] for run in runs) for i in range(turns)]
     floor = [mid(run[i][1] for run in runs) for i in range(turns)]
@@ -376,8 +412,12 @@ def grow_main(fmt: str, rounds: int, turns: int, profile: bool) -> None:
             f"own CPU {mid(window) * 1e3:.3f} ms a request "
             f"(floor {mid(floor[a - 1 : b]) * 1e3:.3f} ms)"
         )
-    if len(windows) == 2:
-        print(f"  ratio turn 300 / turn 30: {windows[1] / windows[0]:.2f}")
+    if len(windows) == len(GROW_WINDOWS):
+        print(f"  ratio turn 300 / turn 30: {windows[-1] / windows[0]:.2f}")
+    curve = [
+        f"{a + 1}–{a + 25}: {mid(own[a : a + 25]) * 1e3:.2f}" for a in range(0, turns - 24, 25)
+    ]
+    print("  the pipeline's own CPU by turns (ms, medians): " + ", ".join(curve))
 
 
 async def main() -> None:
@@ -439,7 +479,9 @@ async def main() -> None:
         if args.grow_once:
             for encoding in ("o200k_base", "cl100k_base"):  # loaded once a process (~0.6 s)
                 app.state.proxy.tokens.count("warm", encoding)
-            grow = grow_once(app, floor, ours_upstream, floor_upstream, args.grow_once, args.turns)
+            grow = grow_once(
+                app, floor, ours_upstream, floor_upstream, args.grow_once, args.turns, marks
+            )
             if not args.profile:
                 return await grow
             profile = cProfile.Profile()

@@ -28,6 +28,14 @@ Claude Code, Codex) is replayed
 in order instead of one request again and again: each request resends the one before it
 plus a turn, as the agent sent them. Each replay runs in a fresh process (nothing kept from
 an earlier replay), ours and the floor's interleaved, 3 processes by default (--rounds).
+
+With --grow chat|messages, one OpenClaw conversation (`bench/_growing.py`) is grown to
+--turns requests (310), each sent to ctxbudget and then to the floor, in 3 fresh processes:
+the pipeline's own CPU per request around turn 30, 250 and 300 (medians of per-turn medians),
+the ratio of turn 300 to turn 30 (issue 34's target: 1.3), and the cost by 25 turns.
+
+    .venv/bin/python bench/stages.py --grow chat       # ~4 minutes
+    .venv/bin/python bench/stages.py --grow messages --rounds 1 --profile  # and the functions
 """
 
 from __future__ import annotations

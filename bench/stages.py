@@ -28,6 +28,14 @@ Claude Code, Codex) is replayed
 in order instead of one request again and again: each request resends the one before it
 plus a turn, as the agent sent them. Each replay runs in a fresh process (nothing kept from
 an earlier replay), ours and the floor's interleaved, 3 processes by default (--rounds).
+
+With --grow chat|messages, one OpenClaw conversation (`bench/_growing.py`) is grown to
+--turns requests (310), each sent to ctxbudget and then to the floor, in 3 fresh processes:
+the pipeline's own CPU per request around turn 30, 250 and 300 (medians of per-turn medians),
+the ratio of turn 300 to turn 30 (issue 34's target: 1.3), and the cost by 25 turns.
+
+    .venv/bin/python bench/stages.py --grow chat       # ~4 minutes
+    .venv/bin/python bench/stages.py --grow messages --rounds 1 --profile  # and the functions
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._growing import BUILDERS  # noqa: E402
 from ctxbudget.proxy.app import create_app  # noqa: E402
 from ctxbudget.proxy.config.schema import ConfigSource  # noqa: E402
 from tests.fakes import REPLIES, FakeUpstream  # noqa: E402
@@ -229,23 +238,46 @@ async def run_each(
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         start = time.process_time()
         for body in bodies:
-            upstream.answer_json(REPLIES[route])
-            r = await client.post(route, content=body, headers={"content-type": "application/json"})
-            if r.status_code != 200:
-                raise SystemExit(f"{r.status_code}: {r.text[:300]}")
-            # the canned upstream keeps what it was sent: a new 186 KB body a request grew
-            # ctxbudget's heap (the floor sends the client's own bytes), and every request
-            # paid ~45 page faults (~0.15 ms here) that no real upstream costs
-            upstream.sent.clear()
-            upstream.replies.clear()
-            # in-process nothing waits on a socket: without a turn of the loop between
-            # requests, the tasks a request leaves to end (its cancelled disconnect watcher)
-            # would wait for the bench's end, and every later request's GC walk them
-            await asyncio.sleep(0)
-        state = getattr(app.state, "proxy", None)
-        if state is not None:
-            state.reports.flush()
+            await post_one(client, upstream, route, body)
+        flush(app)
         return time.process_time() - start
+
+
+async def post_one(
+    client: httpx.AsyncClient,
+    upstream: FakeUpstream,
+    route: str,
+    body: bytes,
+    reply: dict[str, Any] | None = None,
+) -> None:
+    """One request answered whole by the canned upstream (`reply`, else `REPLIES`)."""
+    upstream.answer_json(reply or REPLIES[route])
+    r = await client.post(route, content=body, headers=HEADERS[route])
+    if r.status_code != 200:
+        raise SystemExit(f"{r.status_code}: {r.text[:300]}")
+    # the canned upstream keeps what it was sent: a new 186 KB body a request grew
+    # ctxbudget's heap (the floor sends the client's own bytes), and every request
+    # paid ~45 page faults (~0.15 ms here) that no real upstream costs
+    upstream.sent.clear()
+    upstream.replies.clear()
+    # in-process nothing waits on a socket: without a turn of the loop between
+    # requests, the tasks a request leaves to end (its cancelled disconnect watcher)
+    # would wait for the bench's end, and every later request's GC walk them
+    await asyncio.sleep(0)
+
+
+def flush(app: Any) -> None:
+    """Wait for the report's writer thread (its CPU is the pipeline's too)."""
+    state = getattr(app.state, "proxy", None)
+    if state is not None:
+        state.reports.flush()
+
+
+HEADERS = {
+    "/v1/chat/completions": {"content-type": "application/json"},
+    "/v1/messages": {"content-type": "application/json", "anthropic-version": "2023-06-01"},
+    "/v1/responses": {"content-type": "application/json"},
+}
 
 
 def sessions_main(name: str, rounds: int) -> None:
@@ -273,6 +305,129 @@ def sessions_main(name: str, rounds: int) -> None:
     )
 
 
+GROW_WINDOWS = ((25, 35), (245, 255), (295, 305))
+"""The turns whose median CPU `--grow` shows: around turn 30, 250 (the last before the body
+passes 1 MiB and the offload worker takes it) and 300; the first and last are compared."""
+
+
+async def grow_once(
+    app: Any, floor: Any, ours_up: Any, floor_up: Any, fmt: str, turns: int, marks: Marks
+) -> None:
+    """`--grow-once`: one conversation of `turns` requests through each side, interleaved
+    request by request; prints each request's `ours floor` CPU seconds as JSON."""
+    route, build = BUILDERS[fmt]
+    bodies = build(turns)
+    out = []
+    ours_t = httpx.ASGITransport(app=app)
+    floor_t = httpx.ASGITransport(app=floor)
+    base = "http://127.0.0.1"
+    async with (
+        httpx.AsyncClient(transport=ours_t, base_url=base) as ours,
+        httpx.AsyncClient(transport=floor_t, base_url=base) as bare,
+    ):
+        offloaded = 0
+        for body in bodies:
+            reply = sized_reply(route, len(body))
+            worker = worker_cpu(app)
+            start = time.process_time()
+            await post_one(ours, ours_up, route, body, reply)
+            flush(app)
+            mid = time.process_time()
+            spent = worker_cpu(app) - worker
+            offloaded += spent > 0
+            await post_one(bare, floor_up, route, body, reply)
+            out.append((mid - start + spent, time.process_time() - mid))
+    print(f"{offloaded} of {len(bodies)} requests used the offload worker", file=sys.stderr)
+    records = list(marks.seen)[-turns:]
+    for a, b in GROW_WINDOWS:
+        if b > turns:
+            continue
+        spans = []
+        for label, first, last in STAGES:
+            found = [
+                (r[last] - r[first]) / 1e6 for r in records[a - 1 : b] if first in r and last in r
+            ]
+            if found:
+                spans.append(f"{label} {statistics.median(found):.2f}")
+        print(f"turns {a}–{b}, wall ms a stage: " + ", ".join(spans), file=sys.stderr)
+    print(json.dumps(out))
+
+
+def worker_cpu(app: Any) -> float:
+    """CPU seconds the app's offload worker process has used so far (Linux: its threads'
+    run time in ns, `/proc/<pid>/task/*/schedstat`); 0 without one. A body past 1 MiB, or
+    past 4,096 objects, is parsed and clamped there: its CPU is the request's too."""
+    pid = app.state.offload.pid
+    if pid is None:
+        return 0.0
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
+def sized_reply(route: str, size: int) -> dict[str, Any]:
+    """`REPLIES[route]` with a prompt the size of the request (4 bytes a token, all but the
+    last 2,000 tokens read from the cache), as a provider counts it: the cache mirror sets its
+    scale from each answer, and a fixed count moved every prefix it holds on every request."""
+    tokens = size // 4
+    cached = max(tokens - 2_000, 0)
+    reply = dict(REPLIES[route])
+    if route == "/v1/messages":
+        usage = {"input_tokens": tokens - cached, "output_tokens": 5,
+                 "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}  # fmt: skip
+    else:
+        usage = {"prompt_tokens": tokens, "completion_tokens": 5,
+                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    reply["usage"] = usage
+    return reply
+
+
+def grow_main(fmt: str, rounds: int, turns: int, profile: bool) -> None:
+    """`--grow`: `rounds` fresh processes, each growing the conversation once; the pipeline's
+    own CPU per request (ours − floor, per turn the median of the rounds) around turn 30 and
+    turn 300, and their ratio."""
+    import subprocess
+
+    runs = []
+    for _ in range(rounds):
+        extra = ["--profile"] if profile else []
+        done = subprocess.run(
+            [sys.executable, __file__, "--grow-once", fmt, "--turns", str(turns), *extra],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+        for line in done.stderr.strip().splitlines()[-3:]:
+            print(f"  {line}")
+    mid = statistics.median
+    own = [mid(run[i][0] - run[i][1] for run in runs) for i in range(turns)]
+    floor = [mid(run[i][1] for run in runs) for i in range(turns)]
+    sizes = [len(b) for b in BUILDERS[fmt][1](turns)]
+    print(f"{fmt}: one conversation of {turns} requests, {rounds} fresh processes")
+    windows = []
+    for a, b in GROW_WINDOWS:
+        if b > turns:
+            continue
+        window = own[a - 1 : b]
+        windows.append(mid(window))
+        print(
+            f"  turns {a}–{b} ({sizes[a - 1] // 1000}–{sizes[b - 1] // 1000} KB): the pipeline's "
+            f"own CPU {mid(window) * 1e3:.3f} ms a request "
+            f"(floor {mid(floor[a - 1 : b]) * 1e3:.3f} ms)"
+        )
+    if len(windows) == len(GROW_WINDOWS):
+        print(f"  ratio turn 300 / turn 30: {windows[-1] / windows[0]:.2f}")
+    curve = [
+        f"{a + 1}–{a + 25}: {mid(own[a : a + 25]) * 1e3:.2f}" for a in range(0, turns - 24, 25)
+    ]
+    print("  the pipeline's own CPU by turns (ms, medians): " + ", ".join(curve))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -287,9 +442,16 @@ async def main() -> None:
     parser.add_argument("--session", help="replay this recorded chat session instead")
     parser.add_argument("--small", action="store_true", help="a 2-message request instead")
     parser.add_argument("--session-once", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--grow", choices=sorted(BUILDERS), help="grow one OpenClaw conversation instead"
+    )
+    parser.add_argument("--turns", type=int, default=310, help="its requests (with --grow)")
+    parser.add_argument("--grow-once", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.session:
         return sessions_main(args.session, args.rounds or 3)
+    if args.grow:
+        return grow_main(args.grow, args.rounds or 3, args.turns, args.profile)
     rounds, n = (3, 150) if args.quick else (6, 400)
     if args.rounds:
         rounds = args.rounds
@@ -322,6 +484,23 @@ async def main() -> None:
 
             print("loaded", list(_t._encodings), file=sys.stderr)
             return await replay_once(app, floor, ours_upstream, floor_upstream, route, bodies)
+        if args.grow_once:
+            for encoding in ("o200k_base", "cl100k_base"):  # loaded once a process (~0.6 s)
+                app.state.proxy.tokens.count("warm", encoding)
+            grow = grow_once(
+                app, floor, ours_upstream, floor_upstream, args.grow_once, args.turns, marks
+            )
+            if not args.profile:
+                return await grow
+            profile = cProfile.Profile()
+            profile.enable()
+            await grow
+            profile.disable()
+            profile.dump_stats(str(tmp / "grow.prof"))
+            stats = pstats.Stats(profile, stream=sys.stderr).sort_stats(args.sort)
+            stats.print_stats(args.top)
+            print(f"profile: {tmp / 'grow.prof'}", file=sys.stderr)
+            return None
         ours, bare, writer = [], [], []
         for _ in range(rounds):
             before = writer_cpu()

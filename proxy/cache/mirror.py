@@ -48,6 +48,8 @@ MAX_BREAKPOINTS = 4
 OPENAI_FIRST = 1024
 """OpenAI caches nothing shorter; then every 128 tokens more."""
 OPENAI_STEP = 128
+SWEEP_SECONDS = 60.0
+"""How often (the requests' clock) an OpenAI mirror drops its expired prefixes."""
 OPENAI_KEEP: dict[str, tuple[float, float]] = {
     "in_memory": (300.0, 3600.0),
     "24h": (86_400.0, 86_400.0),
@@ -176,6 +178,8 @@ class OpenAIMirror:
         self._prefixes: dict[tuple[bytes, int], tuple[float, float, float, float]] = {}
         """(digest of the prompt through the block the prefix ends in, tokens) → (last used,
         first written, seconds without use, seconds at most)."""
+        self._sweep_at = float("-inf")
+        """When expired prefixes are next dropped (`_sweep`)."""
 
     def __len__(self) -> int:
         return len(self._prefixes)
@@ -190,9 +194,8 @@ class OpenAIMirror:
     ) -> Predicted:
         """What a request of `blocks` at `now` is billed (no writes: OpenAI bills none)."""
         prefixes = self._prefixes
-        gone = [k for k, (u, w, quiet, life) in prefixes.items() if now >= min(u + quiet, w + life)]
-        for k in gone:
-            del prefixes[k]
+        if now >= self._sweep_at:
+            self._sweep(now)
         idle, most = OPENAI_KEEP.get(retention or "in_memory", OPENAI_KEEP["in_memory"])
         total = sum(b.tokens for b in blocks)
         steps: list[tuple[bytes, int]] = []
@@ -204,18 +207,39 @@ class OpenAIMirror:
                 steps.append((b.key, step))
                 step += OPENAI_STEP
             start = end
-        read = max((n for key, n in steps if (key, n) in prefixes), default=0)
+        read = 0
+        for found in reversed(steps):  # the longest first: the first held is the read
+            kept = prefixes.get(found)
+            if kept is not None and _alive(kept, now):
+                read = found[1]
+                break
         if keep:
             for found in steps:
                 old = prefixes.get(found)
-                if old is None:
+                if old is None or not _alive(old, now):
                     prefixes[found] = (now, now, idle, most)
                 else:
                     prefixes[found] = (now, old[1], max(old[2], idle), max(old[3], most))
         return Predicted(input=total - read, read=read)
+
+    def _sweep(self, now: float) -> None:
+        """Drop the prefixes expired by `now`. Not on every request: a long session's prompt
+        holds a prefix every 128 tokens (~2,000 at turn 300), and walking them all took more
+        than the rest of the bill; an expired one still held is never read (`_alive`)."""
+        prefixes = self._prefixes
+        for k in [k for k, kept in prefixes.items() if not _alive(kept, now)]:
+            del prefixes[k]
+        self._sweep_at = now + SWEEP_SECONDS
 
     def forget_before(self, keys: Sequence[bytes]) -> None:
         """As `AnthropicMirror.forget_before`: keep only the prefixes ending in `keys`."""
         wanted = set(keys)
         for k in [k for k in self._prefixes if k[0] not in wanted]:
             del self._prefixes[k]
+
+
+def _alive(kept: tuple[float, float, float, float], now: float) -> bool:
+    """Whether an OpenAI prefix (last used, first written, seconds without use, seconds at
+    most) is still held at `now`."""
+    used, written, quiet, life = kept
+    return now < used + quiet and now < written + life

@@ -267,9 +267,13 @@ class PruneStage:
         rest again — against the reads the prune saves each later request of the run, over
         half the run so far."""
         found = prices(body.model)
-        groups = mirror_groups(body.blocks(), provider, sent=True)
-        if found is None or groups is None:
+        last = mirror.last
+        found_groups = mirror_groups(
+            body.blocks(), provider, sent=True, last=last[0] if last is not None else None
+        )
+        if found is None or found_groups is None:
             return False
+        groups = found_groups.groups
         less: dict[int, int] = {}
         for s in fresh:
             at = _block(prefix, s.message_index)

@@ -1,12 +1,186 @@
-"""The cache mirrors kept per owner and session (`proxy/cache/mirrors.py`), as another key
-holder would attack them (round 36)."""
+"""The session cache mirrors (`proxy/cache/mirrors.py`): a growing conversation is mirrored by
+what it adds, the bill is the one a mirror fed from scratch gives, and another key holder
+cannot make them slow or push out another owner's (round 36)."""
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+import ctxbudget.proxy.cache.mirrors as mirrors_module
+from ctxbudget.proxy.cache.mirror import MirrorBlock, OpenAIMirror
 from ctxbudget.proxy.cache.mirrors import Mirrors
 from ctxbudget.proxy.cache.sessions import Block
+from tests.inproc import proxy_app, state_of
+from tests.openclaw import INTERNAL_CONTEXT, tool_call
+
+EPHEMERAL = {"type": "ephemeral"}
+MESSAGES_HEADERS = {"anthropic-version": "2023-06-01", "x-context-budget-session": "grow"}
+CHAT_HEADERS = {"x-context-budget-session": "grow"}
+
+
+def _result(turn: int) -> str:
+    return "\n".join(f"line {i} of the output of step {turn}" for i in range(60))
+
+
+def messages_requests(turns: int) -> list[dict[str, Any]]:
+    """An OpenClaw Messages tool loop, one request a turn: the system prompt's breakpoint, the
+    last tool's, and the newest `tool_result`'s, which moves every turn (the block before it
+    changes), then the internal context message the next request drops."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Go."}]}]
+    tools = [{"name": f"tool_{i}", "input_schema": {"type": "object"}} for i in range(3)]
+    tools[-1] = {**tools[-1], "cache_control": EPHEMERAL}
+    out = []
+    for turn in range(turns):
+        tool_id = f"toolu_{turn:03d}"
+        history.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Step {turn}."},
+                    {"type": "tool_use", "id": tool_id, "name": "tool_0", "input": {"n": turn}},
+                ],
+            }
+        )
+        history.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": tool_id, "content": _result(turn)}
+                ],
+            }
+        )
+        messages = list(history)
+        last = messages[-1]
+        messages[-1] = {**last, "content": [{**last["content"][0], "cache_control": EPHEMERAL}]}
+        internal = {"role": "user", "content": [{"type": "text", "text": INTERNAL_CONTEXT}]}
+        out.append(
+            {
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 1024,
+                "system": [
+                    {"type": "text", "text": "You are OpenClaw. " * 400, "cache_control": EPHEMERAL}
+                ],
+                "tools": tools,
+                "messages": [*messages, internal],
+            }
+        )
+    return out
+
+
+def chat_requests(turns: int) -> list[dict[str, Any]]:
+    """An OpenClaw chat completions tool loop, one request a turn."""
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are OpenClaw. " * 400},
+        {"role": "user", "content": "Go."},
+    ]
+    out = []
+    for turn in range(turns):
+        call_id = f"call_{turn:03d}"
+        history.append(tool_call(call_id, "exec", {"command": f"step {turn}"}))
+        history.append({"role": "tool", "tool_call_id": call_id, "content": _result(turn)})
+        internal = {"role": "user", "content": [{"type": "text", "text": INTERNAL_CONTEXT}]}
+        out.append({"model": "gpt-4o", "messages": [*history, internal]})
+    return out
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Count the calls of `mirrors.<name>` (the serialising of one block for the mirror)."""
+    calls = [0]
+    original: Callable[..., Any] = getattr(mirrors_module, name)
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return original(*args)
+
+    monkeypatch.setattr(mirrors_module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("route", "build", "headers", "serialise"),
+    [
+        ("/v1/messages", messages_requests, MESSAGES_HEADERS, "_bytes"),
+        ("/v1/chat/completions", chat_requests, CHAT_HEADERS, "_data"),
+    ],
+)
+def test_a_growing_conversation_is_mirrored_by_what_each_request_adds(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    route: str,
+    build: Callable[[int], list[dict[str, Any]]],
+    headers: dict[str, str],
+    serialise: str,
+) -> None:
+    # request N+1 is request N and a turn: the mirror serialised every block of the history
+    # again on each request (O(turns) a request); now only the blocks that are new or changed
+    calls = _counting(monkeypatch, serialise)
+    bodies = build(40)
+    with proxy_app(tmp_path) as (client, fake):
+        done = []
+        for body in bodies:
+            calls[0] = 0
+            fake.answer_json({"usage": {}} if route == "/v1/chat/completions" else _anthropic())
+            raw = json.dumps(body).encode()
+            r = client.post(
+                route, content=raw, headers={"content-type": "application/json", **headers}
+            )
+            assert r.status_code == 200, r.text
+            done.append(calls[0])
+        assert state_of(client).mirrors.paused(None, "grow") is None  # mirrored, not paused
+    assert done[0] > 0  # the first request: every block
+    # both copies (as sent and as forwarded): the new turn's two messages, the moved marker's
+    # message and the one before it, the internal context; never the 80 before them
+    assert max(done[5:]) <= 2 * 8, done
+
+
+def _anthropic() -> dict[str, Any]:
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": "ok"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 10, "output_tokens": 1},
+    }
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_reusing_the_previous_requests_blocks_bills_as_a_mirror_fed_from_scratch(
+    provider: Any,
+) -> None:
+    kept, fresh = Mirrors(), Mirrors()
+    build = messages_requests if provider == "anthropic" else chat_requests
+    tools = b'[{"name":"t","cache_control":{"type":"ephemeral"}}]'
+    for turn, body in enumerate(build(30)):
+        # the tools as each body's own slice (equal bytes, another object each time)
+        blocks = [Block("tools", memoryview(bytearray(tools)), memoryview(bytearray(tools)))]
+        blocks += [Block(f"messages[{i}]", m, m) for i, m in enumerate(body["messages"])]
+        now = 10.0 * turn
+        a = kept.observe("o", "s", provider, blocks, now=now, model="claude-sonnet-4-5")
+        started = fresh.get("o", "s")
+        if started is not None:
+            started.last = None  # nothing reused: every block serialised and hashed again
+        b = fresh.observe("o", "s", provider, blocks, now=now, model="claude-sonnet-4-5")
+        assert a is not None and b is not None
+        assert (a.sent, a.direct) == (b.sent, b.direct)
+
+
+def test_an_expired_openai_prefix_is_never_read_before_it_is_swept() -> None:
+    mirror = OpenAIMirror()
+    prompt = [MirrorBlock(b"a", 2000), MirrorBlock(b"b", 10)]
+    other = [MirrorBlock(b"c", 2000), MirrorBlock(b"d", 10)]
+    assert mirror.bill(prompt, now=0.0).read == 0
+    assert mirror.bill(other, now=250.0).read == 0  # swept here; the next sweep a minute on
+    # `prompt`'s prefixes expired at 300 s (5 minutes unused), not yet swept at 305 s
+    assert mirror.bill(prompt, now=305.0).read == 0
+    assert mirror.bill(prompt, now=306.0).read == 1920
 
 
 def _request(n: int) -> list[Block]:

@@ -32,7 +32,13 @@ import orjson
 import xxhash
 from cachetools import LRUCache
 
-from ctxbudget.proxy.cache.mirror import AnthropicMirror, MirrorBlock, OpenAIMirror, Predicted
+from ctxbudget.proxy.cache.mirror import (
+    AnthropicMirror,
+    MirrorBlock,
+    OpenAIMirror,
+    Predicted,
+    TokenClass,
+)
 from ctxbudget.proxy.cache.sessions import Block, Digested, _data, _hash
 
 Provider = Literal["anthropic", "openai"]
@@ -139,6 +145,54 @@ class MirrorView:
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
+    parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
+    """Each provider block of the request as sent, then as the client sent it: (our block's
+    index, its estimated tokens), in order (`exact`)."""
+
+    def exact(
+        self, counted: dict[int, tuple[int, int]], total: int
+    ) -> tuple[dict[TokenClass, float], dict[TokenClass, float]] | None:
+        """The prompt's tokens by class as sent and as the client sent it, each of our blocks
+        at its own token count, not at the session's one bytes-to-tokens scale: those in
+        `counted` (index → (client's tokens, forwarded tokens): the blocks the report counts,
+        those ctxbudget changed) as counted, the others at what the provider's `total` leaves
+        for them. A pruned or clamped result is not as dense as a system prompt: at one scale
+        its tokens, and with them what the client's bytes would have read, were off by
+        several percent (issue 31). None when nothing is left for the others."""
+        sent, direct = self.parts
+        if not sent or not direct:
+            return None
+        est_sent = _by_group(sent)
+        est_direct = _by_group(direct)
+        known = sum(counted[g][1] for g in est_sent if g in counted)
+        rest = sum(n for g, n in est_sent.items() if g not in counted)
+        if rest > 0:
+            density = (total - known) / rest
+            if density <= 0:
+                return None
+        else:
+            density = 1.0  # every block counted: nothing at the density
+
+        def classes(
+            parts: tuple[tuple[int, int], ...], est: dict[int, int], pick: int, predicted: Predicted
+        ) -> dict[TokenClass, float]:
+            out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
+            spans = predicted.spans or ((predicted.total, "input"),)
+            i = at = 0
+            for group, n in parts:
+                found = counted.get(group)
+                scale = found[pick] / est[group] if found is not None and est[group] else density
+                end = at + n
+                while at < end:  # an OpenAI read may end inside a block: split it
+                    while i < len(spans) - 1 and spans[i][0] <= at:
+                        i += 1
+                    stop, kind = spans[i]
+                    upto = min(end, stop) if stop > at else end
+                    out[kind] += (upto - at) * scale
+                    at = upto
+            return out
+
+        return classes(sent, est_sent, 1, self.sent), classes(direct, est_direct, 0, self.direct)
 
     def count(self, billed: float, direct: float) -> None:
         """Add the request's bill and its direct counterpart to the session's totals, once."""
@@ -197,20 +251,29 @@ class SessionMirror:
         now: float,
         model: str,
         retention: str | None = None,
+        groups: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> MirrorView:
-        """Both copies billed for one request at `now`; each then holds what it wrote."""
+        """Both copies billed for one request at `now`; each then holds what it wrote.
+        `groups`: our block's index of each of `sent`'s and `direct`'s (`MirrorView.exact`)."""
         with self.lock:
             scale = self.scale
             sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
             direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
             self.sent_bytes = sum(n for _, n, _ in sent)
             self.requests += 1
+            parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
+            if groups is not None:
+                parts = (
+                    tuple(zip(groups[0], (b.tokens for b in sent_blocks), strict=True)),
+                    tuple(zip(groups[1], (b.tokens for b in direct_blocks), strict=True)),
+                )
             return MirrorView(
                 self,
                 self.provider,
                 self._bill(self.sent, sent_blocks, now, model, retention),
                 self._bill(self.direct, direct_blocks, now, model, retention),
                 tuple(b.key for b in sent_blocks if b.ttl is not None or self.provider == "openai"),
+                parts=parts,
             )
 
     @staticmethod
@@ -267,6 +330,13 @@ class SessionMirror:
                 self.sent.forget_before(view.written)
 
 
+def _by_group(parts: Sequence[tuple[int, int]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for group, n in parts:
+        out[group] = out.get(group, 0) + n
+    return out
+
+
 class Mirrors:
     """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes`."""
 
@@ -289,16 +359,26 @@ class Mirrors:
     ) -> MirrorView | None:
         """Feed both copies of `owner`'s `session` with a request (`blocks`: ours, each as the
         client sent it and as forwarded); None when the request cannot be mirrored."""
-        sent = mirror_blocks(blocks, provider, sent=True)
-        direct = mirror_blocks(blocks, provider, sent=False)
-        if sent is None or direct is None or not sent:
+        sent_groups = mirror_groups(blocks, provider, sent=True)
+        direct_groups = mirror_groups(blocks, provider, sent=False)
+        if sent_groups is None or direct_groups is None:
             return None
+        sent = [part for group in sent_groups for part in group]
+        direct = [part for group in direct_groups for part in group]
+        if not sent:
+            return None
+        groups = (
+            [i for i, group in enumerate(sent_groups) for _ in group],
+            [i for i, group in enumerate(direct_groups) for _ in group],
+        )
         key = (owner, session)
         with self._lock:
             mirror = self._kept.get(key)
             if mirror is None or mirror.provider != provider:
                 mirror = SessionMirror.new(provider)
-        view = mirror.observe(sent, direct, now=now, model=model, retention=retention)
+        view = mirror.observe(
+            sent, direct, now=now, model=model, retention=retention, groups=groups
+        )
         with self._lock:
             try:
                 self._kept[key] = mirror  # again: its weight grew

@@ -556,13 +556,21 @@ def test_pays_on_an_hour_cache_that_never_goes_cold_costs_no_more_than_direct(
     assert all(b - a > 1 for a, b in zip(new, new[1:], strict=False)), new
     (session,) = report["sessions"]
     assert session["costUsd"] == pytest.approx(upstream.usd, rel=1e-9)
+    # the counterfactual is the direct mirror's: the client's own bill, within 2%
+    assert session["withoutCtxbudgetUsd"] == pytest.approx(direct, rel=0.02), (
+        session["withoutCtxbudgetUsd"], direct)  # fmt: skip
 
 
 def test_pays_prunes_everything_due_after_a_cold_gap(tmp_path: Path) -> None:
-    gaps = [60.0] * 12 + [3700.0, 60.0]
-    _, pruned, _, _ = _run(tmp_path, gaps)
+    gaps = [60.0] * 12 + [3700.0] + [60.0] * 12
+    _, pruned, report, direct = _run(tmp_path, gaps)
     # the request after the hour's gap: every result older than the newest 3 turns
     assert pruned[13] == {f"toolu_{i}" for i in range(0, 14 - 3, 2)}
+    # the direct mirror's counterfactual reads the whole history where the prune wrote it:
+    # each block at its own tokens, the client's bill within 2% (it was 5% above)
+    (session,) = report["sessions"]
+    assert session["withoutCtxbudgetUsd"] == pytest.approx(direct, rel=0.02), (
+        session["withoutCtxbudgetUsd"], direct)  # fmt: skip
 
 
 def test_a_session_billed_above_direct_stops_warm_pruning_and_the_report_says_why(

@@ -222,6 +222,8 @@ class SessionMirror:
     """Billed tokens per byte of this session's blocks (the last answer's)."""
     sent_bytes: int = 0
     """Bytes of the newest request as forwarded (what `scale` is set from)."""
+    first_scale: float | None = None
+    """The first answer's `scale`: where an OpenAI mirror's 128-token steps fall (`places`)."""
     requests: int = 0
     """Requests mirrored so far."""
     warm_pruned: int = -2
@@ -240,6 +242,17 @@ class SessionMirror:
         return cls(provider, OpenAIMirror(), OpenAIMirror())
 
     @property
+    def places(self) -> float:
+        """Tokens per byte the blocks are laid out at. OpenAI keeps prefixes by token
+        position, and the mirror keys each step by the block it ends in and its position: at
+        each answer's new scale the same history's steps moved, and the direct copy, which no
+        answer corrects, found none of what it held (a whole prompt priced as uncached after
+        a prune changed the sent prompt's density). Anthropic keys entries by block only."""
+        if self.provider == "openai" and self.first_scale is not None:
+            return self.first_scale
+        return self.scale
+
+    @property
     def weight(self) -> int:
         return 512 + _ENTRY_BYTES * (len(self.sent) + len(self.direct))
 
@@ -256,7 +269,7 @@ class SessionMirror:
         """Both copies billed for one request at `now`; each then holds what it wrote.
         `groups`: our block's index of each of `sent`'s and `direct`'s (`MirrorView.exact`)."""
         with self.lock:
-            scale = self.scale
+            scale = self.places
             sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
             direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
             self.sent_bytes = sum(n for _, n, _ in sent)
@@ -324,6 +337,8 @@ class SessionMirror:
         with self.lock:
             if self.sent_bytes > 0 and total > 0:
                 self.scale = total / self.sent_bytes
+                if self.first_scale is None:
+                    self.first_scale = self.scale
             # a token count estimated from bytes is off by a few percent: only a read well
             # short of the prediction says the provider lost what it held
             if view.sent.read > 0 and -drift > max(MISS_TOKENS, MISS_SHARE * total):

@@ -10,7 +10,9 @@ A request's blocks are the provider's own units (`mirror_blocks`) for Anthropic:
 each system block, each content block of a message (it counts its 20-block lookback in them);
 for OpenAI, which caches by tokens, not blocks, ours (tools, system, each message or item).
 Tokens are the block's bytes times the session's `scale`, tokens per byte, which every answer
-sets again from the provider's own count; the answer also corrects the sent copy (what the
+sets again from the provider's own count (an OpenAI session's blocks are laid out at its first
+answer's for good: `SessionMirror.places`); the report prices the classes again with each
+block at its own token count (`MirrorView.exact`); the answer also corrects the sent copy (what the
 provider says it read is what it holds) and says how far the mirror was off
 (`MirrorView.settle`: `mirrorDrift`). A large Anthropic body parsed in the offload process
 comes as digests, without its breakpoints: it is not mirrored (its money is estimated from the

@@ -12,6 +12,15 @@ idle gaps between the tasks (`tests/replay.py` `Schedule`: 8 s between a task's 
   stand-in's: `tests/simclock.py`) under each policy — caps only (budget on, contextPruning
   off), cache-ttl, pays, pays + summaries.
 
+Besides those idle gaps (`gaps`), two always-warm schedules (issue 31): a request every minute
+for the first 40 requests, the cache never going cold — `5m warm` as recorded, and `1h warm`
+with every `cache_control` marker at `ttl: "1h"` (OpenClaw's `cacheRetention: "long"`; on the
+OpenAI formats `prompt_cache_retention: "24h"`, their longer retention). Beside the policies,
+`clear_tool_uses`: Anthropic's server-side context editing with its defaults (above 100,000
+input tokens, every tool result but the newest 3 replaced by a placeholder), simulated on
+the client's bytes and sent direct to the same stand-in (on the OpenAI formats too, the same
+rule over their tool outputs).
+
 Per session and policy it prints the billed cost direct and through the proxy, the saving,
 the report's `costUsd` and `withoutCtxbudgetUsd` beside the stand-in's bill (the report must
 equal the bill to the token: any token class that differs is named), the results pruned (the
@@ -23,6 +32,7 @@ A policy this build's config does not accept runs as caps only, and says so.
     .venv/bin/python bench/pruning.py            # all sessions, all policies (~3 minutes)
     .venv/bin/python bench/pruning.py --quick    # caps only and pays, three sessions
     .venv/bin/python bench/pruning.py --sessions codex --policies "caps only" --json
+    .venv/bin/python bench/pruning.py --schedules "1h warm" --policies clear_tool_uses pays
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.server import serve  # noqa: E402
+from tests.prompt_cache import tokens_of  # noqa: E402
 from tests.replay import REPLAY_INDEX, Schedule, Session, recorded, replay  # noqa: E402
 from tests.simclock import ClockFile  # noqa: E402
 from tests.standin import Received, StandIn, run_standin  # noqa: E402
@@ -57,6 +68,20 @@ POLICIES: dict[str, dict[str, Any]] = {
     "pays": {"mode": "pays"},
     "pays + summaries": {"mode": "pays", "summarize": {"model": None}},  # the session's model
 }
+CLEAR_TOOL_USES = "clear_tool_uses"
+"""Not a proxy policy: Anthropic's context editing simulated on the client's bytes, direct."""
+CLEAR_TRIGGER = 100_000
+"""`clear_tool_uses_20250919`'s default trigger, input tokens; `keep`: 3 tool uses."""
+CLEAR_KEEP = 3
+CLEARED = "[cleared to save context]"
+WARM_REQUESTS = 40
+SCHEDULES: dict[str, tuple[Schedule, int | None, str | None]] = {
+    # name → (when requests are sent, how many, the cache lifetime the markers are set to)
+    "gaps": (Schedule(), None, None),
+    "5m warm": (Schedule(burst=60.0, gaps=(60.0,)), WARM_REQUESTS, None),
+    "1h warm": (Schedule(burst=60.0, gaps=(60.0,)), WARM_REQUESTS, "1h"),
+}
+WARM_POLICIES = ("caps only", "cache-ttl", "pays")
 QUICK_POLICIES = ("caps only", "pays")
 QUICK_SESSIONS = ("openclaw-messages", "claude-code", "codex")
 TOKEN_CLASSES = (
@@ -72,21 +97,106 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="caps only and pays, 3 sessions")
     parser.add_argument("--sessions", nargs="*", help="recorded sessions to replay (all)")
-    parser.add_argument("--policies", nargs="*", choices=list(POLICIES), help="(all)")
+    parser.add_argument("--policies", nargs="*", choices=[*POLICIES, CLEAR_TOOL_USES], help="(all)")
+    parser.add_argument(
+        "--schedules", nargs="*", choices=list(SCHEDULES), help="(all; --quick: gaps)"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     names = args.sessions or (QUICK_SESSIONS if args.quick else None)
     sessions = recorded(names)
     if not sessions:
         sys.exit("no recorded sessions in bench/sessions (bench/record.py makes them)")
-    policies = args.policies or (list(QUICK_POLICIES) if args.quick else list(POLICIES))
-    schedule = Schedule()
+    schedules = args.schedules or (["gaps"] if args.quick else list(SCHEDULES))
     started = time.monotonic()
-    results = run(sessions, policies, schedule, progress=not args.json)
+    results: list[Outcome] = []
+    for name in schedules:
+        schedule, limit, ttl = SCHEDULES[name]
+        if args.policies:
+            policies = args.policies
+        elif args.quick:
+            policies = list(QUICK_POLICIES)
+        elif name == "gaps":
+            policies = [*POLICIES, CLEAR_TOOL_USES]
+        else:
+            policies = [*WARM_POLICIES, CLEAR_TOOL_USES]
+        runs = [warmed(s, name, limit, ttl) for s in sessions]
+        results += run(runs, policies, schedule, progress=not args.json)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=1))
         return
-    print_table(results, schedule, time.monotonic() - started)
+    print_table(results, schedules, time.monotonic() - started)
+
+
+# --- the schedules' sessions and clear_tool_uses --------------------------------------------
+
+
+def warmed(session: Session, schedule: str, limit: int | None, ttl: str | None) -> Session:
+    """`session` as `schedule` replays it: its first `limit` requests, each marker at `ttl`
+    (OpenAI bodies: the longer retention); named `session (schedule)` unless `gaps`."""
+    meta = dict(session.meta)
+    if schedule != "gaps":
+        meta["session"] = f"{session.name} ({schedule})"
+    requests = session.requests[:limit]
+    if ttl is not None:
+        requests = [replace(r, body=_longer(r.body, ttl)) for r in requests]
+    return Session(meta, requests)
+
+
+def _longer(body: bytes, ttl: str) -> bytes:
+    if not body:
+        return body
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        return body
+    if "messages" in data and ("system" in data or "max_tokens" in data):
+
+        def mark(value: Any) -> None:
+            if isinstance(value, dict):
+                control = value.get("cache_control")
+                if isinstance(control, dict):
+                    control["ttl"] = ttl
+                for v in value.values():
+                    mark(v)
+            elif isinstance(value, list):
+                for v in value:
+                    mark(v)
+
+        mark(data)
+    else:  # OpenAI: no markers; its longer retention
+        data["prompt_cache_retention"] = "24h"
+    return json.dumps(data, ensure_ascii=False).encode()
+
+
+def cleared(body: bytes) -> bytes:
+    """`body` as Anthropic's `clear_tool_uses_20250919` with its defaults leaves it: when the
+    prompt is above `CLEAR_TRIGGER` tokens, every tool result but those of the newest
+    `CLEAR_KEEP` tool uses replaced by a placeholder (their inputs kept), oldest first — the
+    server decides it again on every request from the client's full history."""
+    if not body:
+        return body
+    data = json.loads(body)
+    if not isinstance(data, dict) or tokens_of(body.decode()) < CLEAR_TRIGGER:
+        return body
+    found: list[tuple[Any, str]] = []  # (container, key) of each tool result, oldest first
+    for message in data.get("messages") or []:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "tool":
+            found.append((message, "content"))
+        elif isinstance(message.get("content"), list):
+            found += [
+                (b, "content")
+                for b in message["content"]
+                if isinstance(b, dict) and b.get("type") == "tool_result"
+            ]
+    items = data.get("input")
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and str(item.get("type", "")).endswith("_call_output"):
+            found.append((item, "output"))
+    for holder, key in found[: max(0, len(found) - CLEAR_KEEP)]:
+        holder[key] = CLEARED
+    return json.dumps(data, ensure_ascii=False).encode()
 
 
 # --- one replay -----------------------------------------------------------------------------
@@ -144,6 +254,13 @@ def run(
             out.append(direct)
             baseline: Outcome | None = None
             for policy in policies:
+                if policy == CLEAR_TOOL_USES:
+                    outcome = replay_direct(standin, session, schedule, cleared)
+                    check(outcome, None)
+                    out.append(outcome)
+                    if progress:
+                        print(f"  replayed {session.name} × {policy}", file=sys.stderr, flush=True)
+                    continue
                 outcome = replay_proxied(standin, session, schedule, policy)
                 if policy == "caps only":
                     baseline = outcome
@@ -159,10 +276,18 @@ def _fresh(standin: StandIn) -> None:
     standin.planner = WorkingModel("/home/agent/work", PAGES)
 
 
-def replay_direct(standin: StandIn, session: Session, schedule: Schedule) -> Outcome:
+def replay_direct(
+    standin: StandIn, session: Session, schedule: Schedule, edit: Any = None
+) -> Outcome:
+    """`session` sent straight to the stand-in; with `edit`, each body as it rewrites it (the
+    provider's own context editing: `cleared`)."""
     _fresh(standin)
+    if edit is not None:
+        session = Session(session.meta, [replace(r, body=edit(r.body)) for r in session.requests])
     replies = replay(session, standin.root, standin.clock.advance, schedule)
-    outcome = Outcome(session.name, session.model, "direct", len(replies), _bill(standin))
+    policy = "direct" if edit is None else CLEAR_TOOL_USES
+    outcome = Outcome(session.name, session.model, policy, len(replies), _bill(standin))
+    outcome.applied = policy
     outcome.errors = [f"request {i}: {r.status}" for i, r in enumerate(replies) if r.status >= 400]
     _read_results(outcome, standin.received)
     return outcome
@@ -353,10 +478,35 @@ def _against_bill(outcome: Outcome) -> list[str]:
 # --- the table ------------------------------------------------------------------------------
 
 
-def print_table(results: list[Outcome], schedule: Schedule, took: float) -> None:
-    print(f"schedule: {schedule.describe()}; keepLastAssistants {KEEP_LAST_ASSISTANTS}")
+def print_table(results: list[Outcome], schedules: list[str], took: float) -> None:
+    for name in schedules:
+        schedule, limit, ttl = SCHEDULES[name]
+        head = f"{name}: {schedule.describe()}"
+        if limit is not None:
+            head += f"; the first {limit} requests"
+        if ttl is not None:
+            head += f'; markers at ttl "{ttl}" (OpenAI: prompt_cache_retention "24h")'
+        print(f"{head}; keepLastAssistants {KEEP_LAST_ASSISTANTS}")
+        suffix = "" if name == "gaps" else f" ({name})"
+        rows = [r for r in results if r.session.endswith(suffix) and (
+            name != "gaps" or not r.session.endswith(")"))]  # fmt: skip
+        _print_rows(rows)
+        _print_totals(rows)
+        print()
+    stand_ins = sorted(
+        {r.policy for r in results if r.policy != "direct" and r.applied != r.policy}
+    )
+    if stand_ins:
+        print(
+            f"* {', '.join(stand_ins)}: ran as caps only — this build's config has no "
+            "agents.defaults.contextPruning (issue 22 items 1-5)"
+        )
+    print(f"({took:.0f} s)")
+
+
+def _print_rows(results: list[Outcome]) -> None:
     print(
-        f"{'session':19} {'model':17} {'policy':17} {'direct':>9} {'proxied':>9} {'saved':>7} "
+        f"{'session':27} {'model':17} {'policy':17} {'direct':>9} {'proxied':>9} {'saved':>7} "
         f"{'report costUsd':>15} {'without':>9} {'pruned':>6}  checks"
     )
     direct: dict[str, Outcome] = {}
@@ -371,18 +521,27 @@ def print_table(results: list[Outcome], schedule: Schedule, took: float) -> None
         without = r.report.get("withoutCtxbudgetUsd")
         policy = r.policy + ("*" if r.applied != r.policy else "")
         print(
-            f"{r.session:19} {r.model:17} {policy:17} ${base:8.4f} ${cost:8.4f} {saved:6.1%} "
+            f"{r.session:27} {r.model:17} {policy:17} ${base:8.4f} ${cost:8.4f} {saved:6.1%} "
             f"{_usd(report_cost):>15} {_usd(without):>9} {r.pruned:6}  {_checks(r, d)}"
         )
-    stand_ins = sorted(
-        {r.policy for r in results if r.policy != "direct" and r.applied != r.policy}
-    )
-    if stand_ins:
-        print(
-            f"* {', '.join(stand_ins)}: ran as caps only — this build's config has no "
-            "agents.defaults.contextPruning (issue 22 items 1-5)"
-        )
-    print(f"({took:.0f} s)")
+
+
+def _print_totals(results: list[Outcome]) -> None:
+    """Per policy over the schedule's sessions: the saving on their summed bills, the worst
+    session, and the report's `withoutCtxbudgetUsd` against the direct bills."""
+    direct = {r.session: r.bill["usd"] for r in results if r.policy == "direct"}
+    policies = list(dict.fromkeys(r.policy for r in results if r.policy != "direct"))
+    for policy in policies:
+        rows = [r for r in results if r.policy == policy]
+        base = sum(direct[r.session] for r in rows)
+        cost = sum(r.bill["usd"] for r in rows)
+        worst = min((direct[r.session] - r.bill["usd"]) / direct[r.session] for r in rows)
+        line = f"  all sessions × {policy:17} saved {(base - cost) / base:6.1%}, worst {worst:6.1%}"
+        withouts = [r.report.get("withoutCtxbudgetUsd") for r in rows]
+        if all(w is not None for w in withouts):
+            off = max(abs(w / direct[r.session] - 1) for w, r in zip(withouts, rows, strict=True))
+            line += f"; withoutCtxbudgetUsd off direct by at most {off:.1%}"
+        print(line)
 
 
 def _usd(value: float | None) -> str:
@@ -392,7 +551,8 @@ def _usd(value: float | None) -> str:
 def _checks(r: Outcome, direct: Outcome) -> str:
     parts = []
     diff = r.checks.get("reportEqualsBill", [])
-    parts.append("report = bill" if not diff else "report ≠ bill: " + "; ".join(diff))
+    if r.report:  # clear_tool_uses went direct: no report
+        parts.append("report = bill" if not diff else "report ≠ bill: " + "; ".join(diff))
     without = r.report.get("withoutCtxbudgetUsd")
     base = direct.bill["usd"]
     if without is not None and base:

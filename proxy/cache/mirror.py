@@ -36,10 +36,12 @@ Predicted(input=500, read=0, write_5m=2000, write_1h=0)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 Lifetime = Literal["5m", "1h"]
+TokenClass = Literal["read", "5m", "1h", "input"]
+"""How the provider bills a stretch of a prompt: read, written at a lifetime, or input."""
 LIFETIMES: dict[str, float] = {"5m": 300.0, "1h": 3600.0}
 """Seconds an Anthropic entry lives after its last write or read."""
 LOOKBACK = 20
@@ -96,6 +98,10 @@ class Predicted:
     read: int = 0
     write_5m: int = 0
     write_1h: int = 0
+    spans: tuple[tuple[int, TokenClass], ...] = field(default=(), compare=False, repr=False)
+    """Where each class lies in the prompt, in order: (where its stretch ends, in the blocks'
+    tokens; the class). Read first, then the writes, then input: the report prices the
+    classes again from each block's own token count (`proxy/report/record.py`)."""
 
     @property
     def total(self) -> int:
@@ -139,6 +145,7 @@ class AnthropicMirror:
         done = read
         minimum = anthropic_minimum(model)
         kept: list[tuple[bytes, float]] = []
+        spans: list[tuple[int, TokenClass]] = [(read, "read")]
         for i in marks:
             ttl = blocks[i].ttl or "5m"
             if ends[i] < minimum:
@@ -146,7 +153,9 @@ class AnthropicMirror:
             if ends[i] > done:
                 written[ttl] += ends[i] - done
                 done = ends[i]
+                spans.append((done, ttl))
             kept.append((blocks[i].key, LIFETIMES[ttl]))
+        spans.append((total, "input"))
         if keep:
             if hit >= 0:
                 _, life = entries[blocks[hit].key]
@@ -160,6 +169,7 @@ class AnthropicMirror:
             read=read,
             write_5m=written["5m"],
             write_1h=written["1h"],
+            spans=tuple(spans),
         )
 
     def forget_before(self, keys: Sequence[bytes]) -> None:
@@ -220,7 +230,7 @@ class OpenAIMirror:
                     prefixes[found] = (now, now, idle, most)
                 else:
                     prefixes[found] = (now, old[1], max(old[2], idle), max(old[3], most))
-        return Predicted(input=total - read, read=read)
+        return Predicted(input=total - read, read=read, spans=((read, "read"), (total, "input")))
 
     def _sweep(self, now: float) -> None:
         """Drop the prefixes expired by `now`. Not on every request: a long session's prompt

@@ -10,7 +10,9 @@ A request's blocks are the provider's own units (`mirror_blocks`) for Anthropic:
 each system block, each content block of a message (it counts its 20-block lookback in them);
 for OpenAI, which caches by tokens, not blocks, ours (tools, system, each message or item).
 Tokens are the block's bytes times the session's `scale`, tokens per byte, which every answer
-sets again from the provider's own count; the answer also corrects the sent copy (what the
+sets again from the provider's own count (an OpenAI session's blocks are laid out at its first
+answer's for good: `SessionMirror.places`); the report prices the classes again with each
+block at its own token count (`MirrorView.exact`); the answer also corrects the sent copy (what the
 provider says it read is what it holds) and says how far the mirror was off
 (`MirrorView.settle`: `mirrorDrift`). A large Anthropic body parsed in the offload process
 comes as digests, without its breakpoints: it is not mirrored (its money is estimated from the
@@ -38,6 +40,7 @@ from ctxbudget.proxy.cache.mirror import (
     MirrorBlock,
     OpenAIMirror,
     Predicted,
+    TokenClass,
 )
 from ctxbudget.proxy.cache.sessions import Block, Digested, _data, _digest, _hash
 
@@ -205,6 +208,54 @@ class MirrorView:
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
+    parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
+    """Each provider block of the request as sent, then as the client sent it: (our block's
+    index, its estimated tokens), in order (`exact`)."""
+
+    def exact(
+        self, counted: dict[int, tuple[int, int]], total: int
+    ) -> tuple[dict[TokenClass, float], dict[TokenClass, float]] | None:
+        """The prompt's tokens by class as sent and as the client sent it, each of our blocks
+        at its own token count, not at the session's one bytes-to-tokens scale: those in
+        `counted` (index → (client's tokens, forwarded tokens): the blocks the report counts,
+        those ctxbudget changed) as counted, the others at what the provider's `total` leaves
+        for them. A pruned or clamped result is not as dense as a system prompt: at one scale
+        its tokens, and with them what the client's bytes would have read, were off by
+        several percent (issue 31). None when nothing is left for the others."""
+        sent, direct = self.parts
+        if not sent or not direct:
+            return None
+        est_sent = _by_group(sent)
+        est_direct = _by_group(direct)
+        known = sum(counted[g][1] for g in est_sent if g in counted)
+        rest = sum(n for g, n in est_sent.items() if g not in counted)
+        if rest > 0:
+            density = (total - known) / rest
+            if density <= 0:
+                return None
+        else:
+            density = 1.0  # every block counted: nothing at the density
+
+        def classes(
+            parts: tuple[tuple[int, int], ...], est: dict[int, int], pick: int, predicted: Predicted
+        ) -> dict[TokenClass, float]:
+            out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
+            spans = predicted.spans or ((predicted.total, "input"),)
+            i = at = 0
+            for group, n in parts:
+                found = counted.get(group)
+                scale = found[pick] / est[group] if found is not None and est[group] else density
+                end = at + n
+                while at < end:  # an OpenAI read may end inside a block: split it
+                    while i < len(spans) - 1 and spans[i][0] <= at:
+                        i += 1
+                    stop, kind = spans[i]
+                    upto = min(end, stop) if stop > at else end
+                    out[kind] += (upto - at) * scale
+                    at = upto
+            return out
+
+        return classes(sent, est_sent, 1, self.sent), classes(direct, est_direct, 0, self.direct)
 
     def count(self, billed: float, direct: float) -> None:
         """Add the request's bill and its direct counterpart to the session's totals, once."""
@@ -234,6 +285,8 @@ class SessionMirror:
     """Billed tokens per byte of this session's blocks (the last answer's)."""
     sent_bytes: int = 0
     """Bytes of the newest request as forwarded (what `scale` is set from)."""
+    first_scale: float | None = None
+    """The first answer's `scale`: where an OpenAI mirror's 128-token steps fall (`places`)."""
     requests: int = 0
     """Requests mirrored so far."""
     warm_pruned: int = -2
@@ -254,6 +307,17 @@ class SessionMirror:
         return cls(provider, OpenAIMirror(), OpenAIMirror())
 
     @property
+    def places(self) -> float:
+        """Tokens per byte the blocks are laid out at. OpenAI keeps prefixes by token
+        position, and the mirror keys each step by the block it ends in and its position: at
+        each answer's new scale the same history's steps moved, and the direct copy, which no
+        answer corrects, found none of what it held (a whole prompt priced as uncached after
+        a prune changed the sent prompt's density). Anthropic keys entries by block only."""
+        if self.provider == "openai" and self.first_scale is not None:
+            return self.first_scale
+        return self.scale
+
+    @property
     def weight(self) -> int:
         # and the newest request's objects it holds (`last`), by their bytes as forwarded:
         # while the conversation goes on `history` holds most of them too
@@ -267,20 +331,29 @@ class SessionMirror:
         now: float,
         model: str,
         retention: str | None = None,
+        groups: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> MirrorView:
-        """Both copies billed for one request at `now`; each then holds what it wrote."""
+        """Both copies billed for one request at `now`; each then holds what it wrote.
+        `groups`: our block's index of each of `sent`'s and `direct`'s (`MirrorView.exact`)."""
         with self.lock:
-            scale = self.scale
+            scale = self.places
             sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
             direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
             self.sent_bytes = sum(n for _, n, _ in sent)
             self.requests += 1
+            parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
+            if groups is not None:
+                parts = (
+                    tuple(zip(groups[0], (b.tokens for b in sent_blocks), strict=True)),
+                    tuple(zip(groups[1], (b.tokens for b in direct_blocks), strict=True)),
+                )
             return MirrorView(
                 self,
                 self.provider,
                 self._bill(self.sent, sent_blocks, now, model, retention),
                 self._bill(self.direct, direct_blocks, now, model, retention),
                 tuple(b.key for b in sent_blocks if b.ttl is not None or self.provider == "openai"),
+                parts=parts,
             )
 
     @staticmethod
@@ -331,6 +404,8 @@ class SessionMirror:
         with self.lock:
             if self.sent_bytes > 0 and total > 0:
                 self.scale = total / self.sent_bytes
+                if self.first_scale is None:
+                    self.first_scale = self.scale
             # a token count estimated from bytes is off by a few percent: only a read well
             # short of the prediction says the provider lost what it held
             if view.sent.read > 0 and -drift > max(MISS_TOKENS, MISS_SHARE * total):
@@ -387,6 +462,13 @@ class _Kept:
             del self.owners[session]
 
 
+def _by_group(parts: Sequence[tuple[int, int]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for group, n in parts:
+        out[group] = out.get(group, 0) + n
+    return out
+
+
 class Mirrors:
     """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes` (per
     owner, as `_Kept` says)."""
@@ -425,8 +507,15 @@ class Mirrors:
         direct = [part for group in direct_groups.groups for part in group]
         if not sent:
             return None
+        # which of our blocks each provider block is of: the report prices by block
+        groups = (
+            [i for i, group in enumerate(sent_groups.groups) for _ in group],
+            [i for i, group in enumerate(direct_groups.groups) for _ in group],
+        )
         mirror.last = (sent_groups, direct_groups)
-        view = mirror.observe(sent, direct, now=now, model=model, retention=retention)
+        view = mirror.observe(
+            sent, direct, now=now, model=model, retention=retention, groups=groups
+        )
         with self._lock:
             self._kept.put(owner, session, mirror)  # again: its weight grew
         return view

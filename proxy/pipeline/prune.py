@@ -278,7 +278,7 @@ class PruneStage:
         for s in fresh:
             at = _block(prefix, s.message_index)
             less[at] = less.get(at, 0) + max(0, s.before - s.after)
-        scale = mirror.scale
+        scale = mirror.places
         intact: list[MirrorBlock] = []
         pruned: list[MirrorBlock] = []
         changed = False
@@ -300,7 +300,7 @@ class PruneStage:
         rewrite = _usd(mirror.what_if(pruned, now=now, model=model, retention=kept), found) - _usd(
             mirror.what_if(intact, now=now, model=model, retention=kept), found
         )
-        saved = sum(less.values()) * scale
+        saved = sum(less.values()) * mirror.scale
         horizon = (run + 1) / 2  # half the warm run so far, this request counted
         return saved > 0 and horizon * saved * found.cache_read > rewrite
 

@@ -16,6 +16,7 @@ import orjson
 
 from ctxbudget.caps import Segment
 from ctxbudget.caps._kept import ByIdentity
+from ctxbudget.proxy.cache.mirror import Predicted, TokenClass
 from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
 from ctxbudget.proxy.cache.sessions import Digested, PrefixChange, block_tokens
 from ctxbudget.proxy.cache.tools import InlineTools
@@ -313,18 +314,22 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     if prefix is not None and not _stopped_by_us(r.usage, prefix):
         read = _read_blocks(r.usage, prefix)
     shifts = []
+    # our block's index → its tokens as the client sent it and as forwarded: the mirror's
+    # classes are priced again from them (`MirrorView.exact`)
+    counted: dict[int, tuple[int, int]] = {}
     for m in prefix.moved if prefix is not None else ():
         forwarded_cached, client_cached = m.forwarded_cached, m.client_cached
         if read is not None and m.index >= 0:
             forwarded_cached = client_cached = m.index < read
-        shifts.append(
-            Shift(
-                client=block_tokens(m.client, count, late.get(m.label)),
-                forwarded=block_tokens(m.forwarded, count, late.get(m.label)),
-                client_cached=client_cached,
-                forwarded_cached=forwarded_cached,
-            )
+        shift = Shift(
+            client=block_tokens(m.client, count, late.get(m.label)),
+            forwarded=block_tokens(m.forwarded, count, late.get(m.label)),
+            client_cached=client_cached,
+            forwarded_cached=forwarded_cached,
         )
+        shifts.append(shift)
+        if m.index >= 0:
+            counted[m.index] = (shift.client, shift.forwarded)
     usage_without: Usage | None = None
     actual = would = None
     drift: int | None = None
@@ -332,7 +337,7 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         if r.overhead:
             usage_without = Usage(input=0, cache_read=0, cache_write=0, output=0)
         elif r.mirror is not None:  # the session's direct mirror: what the client's bytes cost
-            found, drift = _direct(r.usage, r.mirror)
+            found, drift = _direct(r.usage, r.mirror, counted)
             # where results are pruned the direct mirror says what the client's bytes would
             # have read and written instead (a prune moves where the provider's reads end);
             # elsewhere the blocks ctxbudget moved, counted exactly, say it closer than a
@@ -362,7 +367,9 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     }
 
 
-def _direct(usage: Usage, view: MirrorView) -> tuple[Usage | None, int]:
+def _direct(
+    usage: Usage, view: MirrorView, counted: dict[int, tuple[int, int]] | None = None
+) -> tuple[Usage | None, int]:
     """The usage the client's own request would have had, and the mirror's drift: the
     provider's usage moved by what the direct copy of the session's cache mirror predicts
     beyond the sent copy, class by class, in the provider's tokens (`MirrorView.settle`). A
@@ -372,23 +379,35 @@ def _direct(usage: Usage, view: MirrorView) -> tuple[Usage | None, int]:
     ratio, drift = view.settle(usage.cache_read, total)
     if drift > max(MISS_TOKENS, MISS_SHARE * total):
         return None, drift  # the mirror did not know what the provider held: no prediction
-    d, s = view.direct, view.sent
+    # each class moved by what the direct copy predicts beyond the sent one, every block at
+    # its own token count (`counted`: the blocks ctxbudget changed; the rest at the density
+    # the provider's total leaves them); at the session's one scale where that cannot be
+    exact = view.exact(counted or {}, total)
+    if exact is not None:
+        sent, direct = exact
+    else:
+        sent = {k: ratio * v for k, v in _classes(view.sent).items()}
+        direct = {k: ratio * v for k, v in _classes(view.direct).items()}
 
-    def moved(actual: int, direct: int, sent: int) -> int:
-        return max(0, actual + round(ratio * (direct - sent)))
+    def moved(actual: int, kind: TokenClass) -> int:
+        return max(0, actual + round(direct[kind] - sent[kind]))
 
-    short = moved(usage.cache_write_5m, d.write_5m, s.write_5m)
-    hour = moved(usage.cache_write_1h, d.write_1h, s.write_1h)
+    short = moved(usage.cache_write_5m, "5m")
+    hour = moved(usage.cache_write_1h, "1h")
     return (
         Usage(
-            input=moved(usage.input, d.input, s.input),
-            cache_read=moved(usage.cache_read, d.read, s.read),
+            input=moved(usage.input, "input"),
+            cache_read=moved(usage.cache_read, "read"),
             cache_write=short + hour,
             output=usage.output,
             cache_write_1h=hour,
         ),
         drift,
     )
+
+
+def _classes(p: Predicted) -> dict[TokenClass, float]:
+    return {"read": p.read, "5m": p.write_5m, "1h": p.write_1h, "input": p.input}
 
 
 INLINE_COUNT_BYTES = 4096

@@ -17,6 +17,7 @@ from ctxbudget.proxy.cache.mirror import (
     OpenAIMirror,
     Predicted,
 )
+from ctxbudget.proxy.cache.mirrors import SessionMirror
 from tests.prompt_cache import AnthropicCache, OpenAICache, SimClock, canonical, tokens_of
 from tests.replay import Schedule, recorded
 
@@ -188,3 +189,25 @@ def test_the_openai_mirror_bills_a_recorded_session_as_the_stand_in(schedule: st
             off += billed.cache_read != got.read
             total += 1
         assert off <= total // 10, (session.name, off, total)
+
+
+def test_an_openai_direct_copy_finds_its_prefixes_after_the_scale_moved() -> None:
+    # OpenAI keeps prefixes by token position. The direct copy is never corrected by an
+    # answer: when a prune makes the sent prompt denser, each answer's bytes-to-tokens scale
+    # moves, and the client's own history must still be found where it was laid out
+    mirror = SessionMirror.new("openai")
+    history = [(f"b{i}".encode(), 40_000, None) for i in range(10)]
+
+    def ask(blocks: list[Any], now: float, scale: float) -> Any:
+        view = mirror.observe(blocks, blocks, now=now, model="gpt-4.1")
+        view.settle(view.sent.read, round(scale * sum(n for _, n, _ in blocks)))
+        return view
+
+    ask(history, 0, 0.25)
+    history.append((b"b10", 400, None))
+    ask(history, 60, 0.35)  # the provider counted this prompt denser
+    history.append((b"b11", 400, None))
+    view = mirror.observe(history, history, now=120, model="gpt-4.1")
+    laid = view.direct.total
+    # all but the newest block and the last partial step: read
+    assert view.direct.read >= laid * (400_400 / 400_800) - 2 * OPENAI_STEP, (view.direct, laid)

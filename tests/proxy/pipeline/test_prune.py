@@ -17,7 +17,7 @@ from ctxbudget.proxy.report.store import ReportStore
 from tests.conftest import Backend
 from tests.fakes import REPLIES, FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
-from tests.prompt_cache import AnthropicCache, SimClock, price, rates
+from tests.prompt_cache import AnthropicCache, OpenAICache, SimClock, price, rates
 from tests.standin import _anthropic_blocks
 
 OUTPUT = "".join(f"line {i}: " + "ok " * 20 + "\n" for i in range(120))  # ~8.6 KB
@@ -564,13 +564,21 @@ def test_pays_on_an_hour_cache_that_never_goes_cold_costs_no_more_than_direct(
     assert all(b - a > 1 for a, b in zip(new, new[1:], strict=False)), new
     (session,) = report["sessions"]
     assert session["costUsd"] == pytest.approx(upstream.usd, rel=1e-9)
+    # the counterfactual is the direct mirror's: the client's own bill, within 2%
+    assert session["withoutCtxbudgetUsd"] == pytest.approx(direct, rel=0.02), (
+        session["withoutCtxbudgetUsd"], direct)  # fmt: skip
 
 
 def test_pays_prunes_everything_due_after_a_cold_gap(tmp_path: Path) -> None:
-    gaps = [60.0] * 12 + [3700.0, 60.0]
-    _, pruned, _, _ = _run(tmp_path, gaps)
+    gaps = [60.0] * 12 + [3700.0] + [60.0] * 12
+    _, pruned, report, direct = _run(tmp_path, gaps)
     # the request after the hour's gap: every result older than the newest 3 turns
     assert pruned[13] == {f"toolu_{i}" for i in range(0, 14 - 3, 2)}
+    # the direct mirror's counterfactual reads the whole history where the prune wrote it:
+    # each block at its own tokens, the client's bill within 2% (it was 5% above)
+    (session,) = report["sessions"]
+    assert session["withoutCtxbudgetUsd"] == pytest.approx(direct, rel=0.02), (
+        session["withoutCtxbudgetUsd"], direct)  # fmt: skip
 
 
 def test_a_session_billed_above_direct_stops_warm_pruning_and_the_report_says_why(
@@ -746,3 +754,81 @@ def test_decisions_without_a_digest_from_before_are_never_applied(
             "SELECT call_id, length(digest) FROM pruned ORDER BY call_id"
         )
     assert rows == [("call_0", 0), ("call_0", 32), ("call_1", 32), ("call_2", 32)]
+
+
+class BilledChatUpstream(FakeUpstream):
+    """Answers chat completions with the usage the billing stand-in's OpenAI cache bills them
+    (`tests/prompt_cache.py`), and keeps the bill."""
+
+    def __init__(self, clock: SimClock) -> None:
+        super().__init__()
+        self.cache = OpenAICache(clock)
+        self.usd = 0.0
+
+    async def request(self, method: str, url: str, *, body: bytes | None, **kw: Any) -> Any:
+        data = orjson.loads(body or b"{}")
+        usage = _chat_usage(self.cache, data)
+        found = rates(data["model"], "openai")
+        assert found is not None
+        self.usd += price(found, usage, 5)
+        answer = chat_completion(model=data["model"])
+        answer["usage"] = {
+            "prompt_tokens": usage.input + usage.cache_read, "completion_tokens": 5,
+            "total_tokens": usage.input + usage.cache_read + 5,
+            "prompt_tokens_details": {"cached_tokens": usage.cache_read},
+        }  # fmt: skip
+        self.answer_json(answer)
+        return await super().request(method, url, body=body, **kw)
+
+
+def _chat_usage(cache: OpenAICache, data: dict[str, Any]) -> Any:
+    parts = [("message", m) for m in data.get("messages") or []]
+    return cache.bill(parts, retention=data.get("prompt_cache_retention"))
+
+
+def test_the_counterfactual_of_a_pruned_openai_session_is_its_direct_bill(
+    tmp_path: Path,
+) -> None:
+    # the direct mirror's counterfactual on OpenAI's cache, through the app: the client's bill
+    sim = SimClock()
+    upstream = BilledChatUpstream(sim)
+    gaps = [60.0] * 12 + [400.0] + [60.0] * 12
+    bodies = []
+    for t in range(1, len(gaps) + 1):
+        body = _agent(t)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        for m in body["messages"]:
+            for b in m["content"]:
+                if b["type"] == "text":
+                    messages.append({"role": "user", "content": b["text"]})
+                elif b["type"] == "tool_use":
+                    arguments = json.dumps(b["input"])
+                    call = {"id": b["id"], "type": "function",
+                            "function": {"name": "exec", "arguments": arguments}}  # fmt: skip
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                else:
+                    messages.append(
+                        {"role": "tool", "tool_call_id": b["tool_use_id"], "content": b["content"]}
+                    )
+        bodies.append({"model": "gpt-4.1", "messages": messages})
+    with proxy_app(
+        tmp_path, _config(tmp_path, "pays"), upstream=upstream, clock=lambda: 1.8e9 + sim.now()
+    ) as (client, _):
+        for body, gap in zip(bodies, gaps, strict=True):
+            r = client.post("/v1/chat/completions", content=orjson.dumps(body))
+            assert r.status_code == 200, r.text
+            sim.advance(gap)
+        state_of(client).reports.flush()
+        report = client.get("/context/budget").json()
+    clock = SimClock()
+    cache, direct = OpenAICache(clock), 0.0
+    for body, gap in zip(bodies, gaps, strict=True):
+        found = rates(body["model"], "openai")
+        assert found is not None
+        direct += price(found, _chat_usage(cache, body), 5)
+        clock.advance(gap)
+    (session,) = report["sessions"]
+    assert upstream.usd < direct
+    assert session["costUsd"] == pytest.approx(upstream.usd, rel=1e-9)
+    assert session["withoutCtxbudgetUsd"] == pytest.approx(direct, rel=0.02), (
+        session["withoutCtxbudgetUsd"], direct)  # fmt: skip

@@ -35,6 +35,7 @@ from typing import Any, Literal, NamedTuple
 import orjson
 
 from ctxbudget.proxy.cache.mirror import (
+    MAX_BREAKPOINTS,
     AnthropicMirror,
     Lifetime,
     MirrorBlock,
@@ -291,6 +292,14 @@ class SessionMirror:
     """Requests mirrored so far."""
     warm_pruned: int = -2
     """The number (0 first) of the request that last took a warm prune."""
+    unread: int = 0
+    """Warm requests of the client's own stream (the direct copy) that did not read the entry
+    their predecessor wrote at its last breakpoint: Claude Code marks a new prompt as a block
+    list, then resends it as a plain string, so what a request writes there is never read and
+    the next one writes again from the entry before (`PruneStage._pays` prices a rewrite
+    twice in such a session)."""
+    last_mark: bytes | None = None
+    """The direct copy's newest request's last breakpoint (its prefix digest), or None."""
     billed_usd: float = 0.0
     """What the provider billed this session's priced requests through ctxbudget."""
     direct_usd: float = 0.0
@@ -347,14 +356,34 @@ class SessionMirror:
                     tuple(zip(groups[0], (b.tokens for b in sent_blocks), strict=True)),
                     tuple(zip(groups[1], (b.tokens for b in direct_blocks), strict=True)),
                 )
+            billed_direct = self._bill(self.direct, direct_blocks, now, model, retention)
+            if self.provider == "anthropic":
+                self._reread(direct_blocks, billed_direct)
             return MirrorView(
                 self,
                 self.provider,
                 self._bill(self.sent, sent_blocks, now, model, retention),
-                self._bill(self.direct, direct_blocks, now, model, retention),
+                billed_direct,
                 tuple(b.key for b in sent_blocks if b.ttl is not None or self.provider == "openai"),
                 parts=parts,
             )
+
+    def _reread(self, blocks: Sequence[MirrorBlock], billed: Predicted) -> None:
+        """Count a warm direct request that did not read its predecessor's last breakpoint
+        (`unread`), and keep its own. Under the lock."""
+        last = self.last_mark
+        marks = [b.key for b in blocks if b.ttl is not None][:MAX_BREAKPOINTS]
+        self.last_mark = marks[-1] if marks else None
+        if last is None or billed.read <= 0:
+            return  # the first request, or cold: nothing was there to read
+        end = 0
+        for b in blocks:
+            end += b.tokens
+            if b.key == last:
+                if end > billed.read:
+                    self.unread += 1
+                return
+        self.unread += 1
 
     @staticmethod
     def _bill(

@@ -300,6 +300,11 @@ class PruneStage:
         rewrite = _usd(mirror.what_if(pruned, now=now, model=model, retention=kept), found) - _usd(
             mirror.what_if(intact, now=now, model=model, retention=kept), found
         )
+        if mirror.unread > 0:
+            # the client does not always read what a request writes at its last breakpoint
+            # (the direct copy saw it): the rewrite is written there now and, when this is
+            # such a request, again by the next one from the entry before the change
+            rewrite *= 2
         saved = sum(less.values()) * mirror.scale
         horizon = (run + 1) / 2  # half the warm run so far, this request counted
         return saved > 0 and horizon * saved * found.cache_read > rewrite

@@ -56,7 +56,7 @@ def _tool_turn(rng: random.Random, turn: int) -> tuple[str, dict[str, Any], str]
     size = rng.randint(1_000, 4_000)
     kind = turn % 4
     if kind == 0:
-        path = f"/home/agent/work/src/module_{turn}.py"
+        path = f"/home/agent/project/src/module_{turn}.py"
         return "read", {"path": path}, _text(rng, size, "    def line")
     if kind == 1:
         command = f"pytest tests/test_{turn}.py -q"

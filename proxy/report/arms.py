@@ -148,6 +148,23 @@ class Arms:
             conversations[conversation] = arm
 
 
+def billed_sums(b: dict[str, Any]) -> dict[str, Any]:
+    """What one request's record (`b`, as the report's writer keeps it) adds to a row of
+    billed usage and money: its conversation's here, its session's in the report store."""
+    usage = b["usage"] or {}
+    return {
+        "requests": 1,
+        "billed": int(b["usage"] is not None),
+        "priced": int(b["costUsd"] is not None),
+        "input": usage.get("input", 0),
+        "cache_read": usage.get("cacheRead", 0),
+        "cache_write": usage.get("cacheWrite", 0),
+        "output": usage.get("output", 0),
+        "cost_usd": b["costUsd"] or 0.0,
+        "without_usd": b["withoutCtxbudgetUsd"] or 0.0,
+    }
+
+
 def add_requests(conn: Any, bodies: Sequence[dict[str, Any]]) -> None:
     """Add the requests of a batch that have an arm to their conversations' rows (on the
     report's writer thread, in its transaction): one upsert per conversation."""
@@ -157,18 +174,9 @@ def add_requests(conn: Any, bodies: Sequence[dict[str, Any]]) -> None:
         if not holdout:
             continue
         key = (b["owner"], holdout["conversation"])
-        usage = b["usage"] or {}
         acted = holdout["acted"]
         add = {
-            "requests": 1,
-            "billed": int(b["usage"] is not None),
-            "priced": int(b["costUsd"] is not None),
-            "input": usage.get("input", 0),
-            "cache_read": usage.get("cacheRead", 0),
-            "cache_write": usage.get("cacheWrite", 0),
-            "output": usage.get("output", 0),
-            "cost_usd": b["costUsd"] or 0.0,
-            "without_usd": b["withoutCtxbudgetUsd"] or 0.0,
+            **billed_sums(b),
             "turns": int(holdout["turn"]),
             "upstream_errors": int(b["upstreamError"] is not None),
         }

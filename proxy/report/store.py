@@ -870,20 +870,12 @@ def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
     """What one request adds to its session's row."""
-    usage, would = b["usage"] or {}, b["withoutUsage"] or {}
+    would = b["withoutUsage"] or {}
     return {
-        "requests": 1,
-        "billed": int(b["usage"] is not None),
-        "priced": int(b["costUsd"] is not None),
-        "input": usage.get("input", 0),
-        "cache_read": usage.get("cacheRead", 0),
-        "cache_write": usage.get("cacheWrite", 0),
-        "output": usage.get("output", 0),
+        **holdout_arms.billed_sums(b),
         "without_input": would.get("input", 0),
         "without_cache_read": would.get("cacheRead", 0),
         "without_cache_write": would.get("cacheWrite", 0),
-        "cost_usd": b["costUsd"] or 0.0,
-        "without_usd": b["withoutCtxbudgetUsd"] or 0.0,
         "saved_tokens": b["savedTokens"],
         "memory_tokens": b["memoryTokens"],
         "busts_client": int(b["clientCacheBust"]),

@@ -201,7 +201,8 @@ def test_reading_whether_a_session_is_paused_never_walks_every_owners_mirrors() 
         assert mirrors.paused("alice", f"s{n}") is None  # bob's session of that id: not hers
         assert mirrors.paused(None, f"s{n}") is None
     took = time.perf_counter() - start
-    assert took < 0.02, f"{took * 1000:.0f} ms"
+    # walking them took 652 ms; by key, under 20 ms quiet: 0.2 s leaves room for a busy machine
+    assert took < 0.2, f"{took * 1000:.0f} ms"
 
 
 def test_one_owners_flood_of_sessions_pushes_out_its_own_mirrors_not_anothers() -> None:

@@ -305,4 +305,5 @@ def test_a_pasted_megabyte_question_costs_the_event_loop_no_more_than_a_short_on
             r = client.post(PATHS[0], content=sent, headers={"content-type": "application/json"})
             times[name] = time.perf_counter() - start
             assert r.status_code == 200, r.text
-    assert times["pasted"] < times["short"] + 0.25, times
+    # 1.4 s more before; one request each, so room for a busy machine
+    assert times["pasted"] < times["short"] + 0.6, times

@@ -55,6 +55,10 @@ IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
 """Request rows kept per owner for `/context/budget/requests/{id}`; older ones are pruned."""
+KEEP_CONVERSATIONS = 20_000
+"""Session rows and holdout conversation rows (`arms`) kept per owner, the newest; older ones
+are pruned (a key that names a new session on every request grew both without end, within
+`keepDays`). A conversation pruned and seen again draws the same arm (`arms.draw`)."""
 RETRY_SECONDS = 1.0
 """While the database does not answer, the records kept are tried again this often."""
 PENDING_BYTES = 64 * 1024 * 1024
@@ -62,6 +66,8 @@ PENDING_BYTES = 64 * 1024 * 1024
 request with 20 clamped tool results, so ~12,000 such requests); past it the oldest are
 dropped and counted as lost."""
 KEEP_DAYS = 90.0
+_ARM_SEEN = "(CASE WHEN last > drawn THEN last ELSE drawn END)"
+"""When an arm's conversation was last seen: drawn, or its newest request recorded."""
 """Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
 _SUMS = (
     "seen, clamped, would_clamp, chars_before, chars_after, saved_chars, saved_tokens,"
@@ -382,6 +388,7 @@ class ReportStore:
         keep_requests: int = KEEP_REQUESTS,
         keep_days: float = KEEP_DAYS,
         keep_decisions: int = KEEP_DECISIONS,
+        keep_conversations: int = KEEP_CONVERSATIONS,
     ) -> None:
         self.path = path if isinstance(path, Path) else None
         """The SQLite file; None on PostgreSQL."""
@@ -423,6 +430,7 @@ class ReportStore:
         """The holdout's arms, in the same database (`proxy/report/arms.py`)."""
         self._writes = 0
         self._keep = keep_requests
+        self._keep_conversations = keep_conversations
         self.keep_days = keep_days
         self._pruned = False  # the first batch prunes what expired while no one wrote
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
@@ -812,7 +820,8 @@ class ReportStore:
             )
 
     def _prune(self, conn: Any) -> None:
-        """Requests past the per-owner cap, and everything older than `keep_days`."""
+        """Requests, sessions and arms past the per-owner caps, and everything older than
+        `keep_days`."""
         # per owner: one key's traffic must not push another's records out
         for (owner,) in conn.execute("SELECT DISTINCT owner FROM requests").fetchall():
             conn.execute(
@@ -820,6 +829,12 @@ class ReportStore:
                 " WHERE owner = ? ORDER BY ts DESC LIMIT 1 OFFSET ?)",
                 (owner, owner, self._keep),
             )
+            for table, seen in (("sessions", "last"), ("arms", _ARM_SEEN)):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE owner = ? AND {seen} < (SELECT {seen} FROM"
+                    f" {table} WHERE owner = ? ORDER BY {seen} DESC LIMIT 1 OFFSET ?)",
+                    (owner, owner, self._keep_conversations),
+                )
         cutoff = time.time() - self.keep_days * 86_400
         conn.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
         conn.execute("DELETE FROM totals_by_hour WHERE hour < ?", (int(cutoff // HOUR),))

@@ -15,6 +15,7 @@ from ctxbudget.memory.pg import DatabaseUnavailable, PgDatabase
 from ctxbudget.proxy.report import ReportStore, RequestRecord, build_report, render_text
 from ctxbudget.proxy.report import store as report_module
 from ctxbudget.proxy.report.page import render_html
+from ctxbudget.proxy.report.record import HoldoutMark
 from ctxbudget.proxy.report.usage import Usage
 from tests.held import SLACK, bound_of, held
 from tests.pg import postgres_cluster
@@ -525,3 +526,55 @@ def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
             report_entry(record, tokens)
             del segment, record
     assert kept.bytes <= bound_of("proxy/report/record.py:_SEGMENTS") + SLACK
+
+
+# Each owner keeps a bounded number of session and holdout rows: a key that starts a new
+# session (or conversation) on every request must not grow the database without end, and
+# must never push out another key's rows.
+
+
+def _flood_record(i: int, owner: str, at: float) -> RequestRecord:
+    return RequestRecord(
+        id=f"cb-{owner}-{i}",
+        ts=at,
+        model="gpt-4o",
+        enabled=True,
+        stream=False,
+        status=200,
+        duration_ms=1.0,
+        segments=(),
+        encoding="o200k_base",
+        owner=owner,
+        session=f"s-{owner}-{i}",
+        holdout=HoldoutMark(conversation=f"c-{owner}-{i}", arm="budget"),
+    )
+
+
+def test_a_flood_of_new_sessions_keeps_each_owners_newest_rows(where: Where) -> None:
+    store = ReportStore(where(), run="t", keep_requests=5, keep_conversations=20)
+    now = time.time()
+    for i in range(3):
+        store.add(_flood_record(i, "bob", now + i))
+    store.flush()
+    for i in range(400):  # past the cap many times over, written in several batches
+        store.add(_flood_record(i, "mallory", now + 10 + i))
+        if i % 50 == 49:
+            store.flush()
+    store.flush()
+    db = store._db  # the rows as any reader of the database sees them
+
+    def rows(table: str, owner: str) -> int:
+        return int(db.fetchall(f"SELECT COUNT(*) FROM {table} WHERE owner = ?", (owner,))[0][0])
+
+    try:
+        for table in ("sessions", "arms"):
+            # the cap, plus the writes between two prunes (`keep_requests`)
+            assert rows(table, "mallory") <= 20 + 5
+            assert rows(table, "bob") == 3  # another key's rows stay
+        newest = db.fetchall(
+            "SELECT conversation FROM arms WHERE owner = ? ORDER BY last DESC LIMIT 1",
+            ("mallory",),
+        )
+        assert newest[0][0] == "c-mallory-399"  # the newest are the ones kept
+    finally:
+        store.close()

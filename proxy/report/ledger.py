@@ -160,7 +160,7 @@ class PruneLedger:
         self._unwritten: dict[tuple[str, str], tuple[Decisions, float]] = {}
         """Decisions taken while the database stopped answering under the write (the request
         went out pruned): held, and written when it answers again. At most
-        `HELD_PER_OWNER` conversations."""
+        `HELD_PER_OWNER` conversations an owner."""
         self.breaker = Breaker(self._check, every=CHECK_SECONDS, recovered=self._recovered)
         """Open while the database does not answer: the prune stage then applies what is
         held, at once, and prunes nothing new."""
@@ -245,7 +245,8 @@ class PruneLedger:
             with self._lock:
                 found = {**self._held_now(owner, conversation), **decided}
                 self._held.put(owner, conversation, self._clock(), found)
-                if key in self._unwritten or len(self._unwritten) < HELD_PER_OWNER:
+                # per owner: one key's flood of conversations must not crowd out another's
+                if key in self._unwritten or self._unwritten_of(owner) < HELD_PER_OWNER:
                     earlier = self._unwritten.get(key, ({}, at))[0]
                     self._unwritten[key] = ({**earlier, **decided}, at)
             raise
@@ -301,6 +302,10 @@ class PruneLedger:
     def _remember(self, owner: str, conversation: str, found: Decisions) -> None:
         with self._lock:
             self._held.put(owner, conversation, self._clock(), found)
+
+    def _unwritten_of(self, owner: str) -> int:
+        """The owner's conversations in `_unwritten` (only while the database is down)."""
+        return sum(1 for held_owner, _ in self._unwritten if held_owner == owner)
 
     def _held_now(self, owner: str, conversation: str) -> Decisions:
         found = self._held.get(owner, conversation)

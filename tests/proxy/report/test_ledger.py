@@ -14,7 +14,7 @@ import pytest
 
 from ctxbudget.memory.pg import DatabaseUnavailable
 from ctxbudget.memory.sqlite import Database
-from ctxbudget.proxy.report.ledger import PruneLedger, loaded, stored
+from ctxbudget.proxy.report.ledger import HELD_PER_OWNER, PruneLedger, loaded, stored
 from ctxbudget.proxy.report.store import open_db
 
 
@@ -58,6 +58,33 @@ def test_a_decision_whose_write_failed_is_held_and_written_once_the_database_ans
             time.sleep(0.05)
         rows = db.fetchall("SELECT owner, conversation, call_id, digest, text FROM pruned")
         assert rows == [("alice", "s/1", "call_0", "d0", "[pruned]")]
+    finally:
+        ledger.close()
+        db.close()
+
+
+def test_one_owners_outage_decisions_never_crowd_out_anothers(tmp_path: Path) -> None:
+    path = tmp_path / "report.db"
+    open_db(path).close()
+    db = Flaky(path)
+    ledger = PruneLedger(db)
+    try:
+        db.down = True
+        for i in range(HELD_PER_OWNER + 50):  # one key's flood of conversations, all pruned
+            with pytest.raises(DatabaseUnavailable):
+                ledger.add("mallory", f"s/{i}", {("call_0", "d0"): "[pruned]"}, at=1.0)
+        with pytest.raises(DatabaseUnavailable) as raised:
+            ledger.add("alice", "s/1", {("call_0", "d0"): "[pruned]"}, at=2.0)
+        ledger.failed(raised.value)
+        db.down = False
+        deadline = time.monotonic() + 10
+        while ledger.breaker.down:
+            assert time.monotonic() < deadline, "the background check did not see it again"
+            time.sleep(0.05)
+        alices = db.fetchall("SELECT conversation FROM pruned WHERE owner = 'alice'")
+        assert alices == [("s/1",)], "alice's request went out pruned: its decision is kept"
+        (mallorys,) = db.fetchall("SELECT COUNT(*) FROM pruned WHERE owner = 'mallory'")
+        assert mallorys[0] == HELD_PER_OWNER  # a key's own flood is bounded
     finally:
         ledger.close()
         db.close()

@@ -35,10 +35,22 @@ function query(mode) {
   return QUERY[mode] ?? QUERY.summary;
 }
 
+// Words apart by the spaces a user types (space, tab, CR, LF), as the proxy reads the command
+// (proxy/pipeline/chat_command.py): JavaScript's \s and trim() also take NBSP and other
+// Unicode spaces, which would answer here a text the proxy sends to the model.
+const TYPED_SPACE = /[ \t\r\n]+/;
+
+function typedWords(text) {
+  return String(text ?? "")
+    .replace(/^[ \t\r\n]+|[ \t\r\n]+$/g, "")
+    .toLowerCase()
+    .split(TYPED_SPACE);
+}
+
 /** "summary", "full", "full:<section>" or "json" when `text` is `/context budget [full
  * [SECTION]|json]`, else null. */
 export function contextBudgetMode(text) {
-  const words = String(text ?? "").trim().toLowerCase().split(/\s+/);
+  const words = typedWords(text);
   if (words[0] !== "/context" || words[1] !== "budget") return null;
   if (words.length === 2) return "summary";
   if (words.length === 3 && MODES.includes(words[2])) return words[2];
@@ -49,7 +61,7 @@ export function contextBudgetMode(text) {
 /** "summary", "full", "full:<section>" or "json" for the arguments of `/ctxbudget`, else
  * null. */
 export function ctxbudgetMode(args) {
-  const words = String(args ?? "").trim().toLowerCase().split(/\s+/).filter(Boolean);
+  const words = typedWords(args).filter(Boolean);
   if (words.length === 0) return "summary";
   if (words.length === 1 && MODES.includes(words[0])) return words[0];
   if (words.length === 2 && words[0] === "full") return fullSection(words[1]);

@@ -482,6 +482,37 @@ def test_other_messages_stay_openclaws(
     assert "Unknown /context mode" in replies[2], replies[2]
 
 
+def test_the_command_is_split_on_ascii_spaces_only(
+    openclaw: dict[str, str], tmp_path: Path
+) -> None:
+    """The plugin reads `/context budget` as the proxy does (`proxy/pipeline/chat_command.py`):
+    words apart by ASCII white space only. JavaScript's `\\s` and `trim` also take NBSP and
+    other Unicode spaces, so "/context\\u00a0budget" was answered by the plugin, while the
+    proxy sent the same text to the model."""
+    script = (
+        "const m = await import(process.argv[1]);"
+        "console.log(JSON.stringify(["
+        "m.contextBudgetMode('/context budget'), m.contextBudgetMode(' /context  budget full '),"
+        "m.contextBudgetMode('/context\\u00a0budget'),"
+        "m.contextBudgetMode('/context budget\\u2003json'),"
+        "m.contextBudgetMode('\\u00a0/context budget'),"
+        "m.ctxbudgetMode('full'), m.ctxbudgetMode('full\\u00a0money'),"
+        "m.ctxbudgetMode('\\u3000json')]))"
+    )
+    # the plugin as OpenClaw loads it: beside the `openclaw` package it imports
+    shutil.copy(ROOT / "integrations" / "openclaw" / "index.js", tmp_path / "index.js")
+    (tmp_path / "node_modules").mkdir()
+    installed = Path(openclaw["OPENCLAW"]).parents[1] / "openclaw" / "node_modules" / "openclaw"
+    (tmp_path / "node_modules" / "openclaw").symlink_to(installed)
+    done = subprocess.run(
+        [openclaw["NODE26"], "--input-type=module", "-e", script,
+         (tmp_path / "index.js").as_uri()],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["summary", "full", None, None, None, "full", None, None]
+
+
 def test_a_proxy_that_fails_gets_a_clear_reply(
     gateway: Gateway, standin: StandIn, report_relay: Relay
 ) -> None:

@@ -22,7 +22,8 @@ import orjson
 
 from ctxbudget.caps import Segment
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, Digested
+from ctxbudget.proxy.cache.blocks import Block, Digested
+from ctxbudget.proxy.cache.prefix import ClientPrefix
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.headers import PREFIX
 from ctxbudget.proxy.report.arms import Arm, Arms

@@ -18,14 +18,8 @@ import orjson
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request, remembering
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import (
-    Block,
-    Digested,
-    digested,
-    memory_added,
-    read_by_ids,
-    serial,
-)
+from ctxbudget.proxy.cache.blocks import Block, Digested, digested, read_by_ids, serial
+from ctxbudget.proxy.cache.sessions import memory_added
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.pipeline.chat_command import find_command
 from ctxbudget.proxy.pipeline.worker import ask, memo, portable

@@ -8,7 +8,7 @@ GIL from start to end. So a body over `LARGE_BODY` goes to the worker process
 finds the user turn, clamps, counts the tokens saved, hashes the session prefix's blocks and
 encodes. The event loop gets back an `OffloadedRequest`, a `WireRequest` like any other to the
 pipeline: model, stream, the user turn, the system text, the segments (without their texts)
-and their token counts, the blocks as `Digested` stand-ins (`proxy/cache/sessions.py`:
+and their token counts, the blocks as `Digested` stand-ins (`proxy/cache/blocks.py`:
 digests, the bytes of small blocks, the token counts of large ones), the short top-level
 fields, and the clamped bytes — and never holds the parsed 30 MB nor hashes it.
 
@@ -36,8 +36,9 @@ from typing import Any
 from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache import sessions
-from ctxbudget.proxy.cache.sessions import Block, Digested, PrefixChange
+from ctxbudget.proxy.cache import blocks
+from ctxbudget.proxy.cache.blocks import Block, Digested
+from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline import jobs
@@ -72,7 +73,7 @@ class Offload(Worker):
 
     def __init__(self, *, threshold: int = LARGE_BODY, objects: int = MANY_OBJECTS) -> None:
         # the blocks it digests are compared with this process's
-        super().__init__(env={sessions.SEED_ENV: str(sessions.SEED)})
+        super().__init__(env={blocks.SEED_ENV: str(blocks.SEED)})
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
         self.objects = objects

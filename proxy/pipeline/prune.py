@@ -31,7 +31,8 @@ from ctxbudget.caps import Caps, Memo, Segment
 from ctxbudget.memory.pg import DatabaseUnavailable
 from ctxbudget.proxy.cache.mirror import MirrorBlock, Predicted
 from ctxbudget.proxy.cache.mirrors import Mirrors, Provider, SessionMirror, mirror_groups
-from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.sessions import SessionTracker
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.summaries import Summarizer, summary_text
 from ctxbudget.proxy.report.billing import write_price

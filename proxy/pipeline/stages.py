@@ -37,8 +37,10 @@ from ctxbudget.caps.types import evolve
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.memory.recaller import RecallReport
 from ctxbudget.proxy.access.auth import owner_for
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirrors import MirrorView
-from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.sessions import PrefixChange, session_key
 from ctxbudget.proxy.config.schema import RouteConfig
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError

@@ -16,9 +16,10 @@ import orjson
 
 from ctxbudget.caps import Segment
 from ctxbudget.caps._kept import ByIdentity
+from ctxbudget.proxy.cache.blocks import Digested, block_tokens
 from ctxbudget.proxy.cache.mirror import Predicted, TokenClass
 from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
-from ctxbudget.proxy.cache.sessions import Digested, PrefixChange, block_tokens
+from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices

@@ -18,7 +18,7 @@ import orjson
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement, inject
 from ctxbudget.memory.query import UserTurn, user_turn
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.upstream.http import forward_request_headers

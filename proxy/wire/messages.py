@@ -28,7 +28,7 @@ import orjson
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement, block, inject
 from ctxbudget.memory.query import UserTurn, user_turn
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.tools import InlineTools, inline_mcp_tools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError, UpstreamError

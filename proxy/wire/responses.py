@@ -35,7 +35,7 @@ from cachetools import LRUCache
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement, block
 from ctxbudget.memory.query import UserTurn, user_turn
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError
 from ctxbudget.proxy.wire.body import (

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames, prune_request, remembering
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import Block, PrefixChange, memory_added
+from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.sessions import PrefixChange, memory_added
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError

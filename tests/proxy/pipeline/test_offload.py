@@ -21,10 +21,11 @@ from typing import Any
 import orjson
 import pytest
 
-import ctxbudget.proxy.cache.sessions
+import ctxbudget.proxy.cache.blocks
 from ctxbudget.caps import Caps, ChatRequest, Clamp, ClampResult, Memo, ToolNames, clamp_request
 from ctxbudget.proxy.app import create_app
-from ctxbudget.proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
+from ctxbudget.proxy.cache.blocks import SMALL_BLOCK, Digested
+from ctxbudget.proxy.cache.prefix import ClientPrefix
 from ctxbudget.proxy.config.schema import Config, ConfigSource
 from ctxbudget.proxy.config.settings import settings_for
 from ctxbudget.proxy.pipeline.offload import LARGE_BODY, MANY_OBJECTS, Offload, OffloadedRequest
@@ -528,7 +529,7 @@ def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -
 
 
 def test_the_digested_examples_hold() -> None:
-    assert doctest.testmod(ctxbudget.proxy.cache.sessions).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.cache.blocks).failed == 0
 
 
 @pytest.mark.e2e  # starts and stops an offload worker of its own

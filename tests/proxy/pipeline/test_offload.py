@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import doctest
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -358,9 +359,14 @@ def test_a_clamp_the_worker_cannot_import_is_a_clear_error(tmp_path: Path) -> No
 # -- real large bodies, at the default threshold ---------------------------------------------
 
 
+_PAGES = itertools.count()
+
+
 def _large(*, stream: bool = False, question: str | None = None) -> dict[str, Any]:
+    """A large body this process has not seen: its page is new (a body that repeats one
+    parsed here before, and adds little, is read here: `Offload.takes`)."""
     body = openclaw_request(stream=stream)
-    body["messages"][3]["content"] = web_fetch_result(content=PAGE)
+    body["messages"][3]["content"] = web_fetch_result(content=f"{PAGE}(page {next(_PAGES)})")
     if question is not None:
         body["messages"].append({"role": "user", "content": question})
     assert len(orjson.dumps(body)) > LARGE_BODY

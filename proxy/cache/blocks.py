@@ -19,7 +19,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -180,6 +180,35 @@ def _digested(data: bytes) -> tuple[bytes, bytes]:
 _BYTES_KEPT_MIN = 4096
 _BYTES_KEPT = ByIdentity(16 << 20, lambda data, _: len(data) + 200)
 """Large raw blocks' digests by the bytes object itself (kept in the entry): at most 16 MB."""
+
+
+def size_of(data: bytes | Digested) -> int:
+    """A block's serial size, whether its bytes or its digest (`Digested`) are here."""
+    return data.size if isinstance(data, Digested) else len(data)
+
+
+def held(data: bytes | Digested) -> bytes | None:
+    """A block's serial bytes when they are here: all a block parsed in this process, a small
+    one's of a `Digested`; None for a large one parsed in the offload process."""
+    return data.data if isinstance(data, Digested) else data
+
+
+def counted(data: bytes | Digested) -> bool:
+    """Whether the report can price the block where it is: its bytes or its token count are
+    here (`Digested.counted`)."""
+    return data.counted if isinstance(data, Digested) else True
+
+
+def readable(value: Any, roles: Container[str | None]) -> Any:
+    """A block's value as parsed (`Block.client`, `Block.forwarded`); for a `Digested`, its
+    small bytes parsed again when it is a message whose role is in `roles` (None: not a
+    message), else None: nothing large, nor what the caller skips, is parsed on the event
+    loop."""
+    if not isinstance(value, Digested):
+        return value
+    if value.data is None or value.role not in roles:
+        return None
+    return orjson.loads(value.data)
 
 
 def _data(value: Any) -> bytes | Digested:

@@ -41,7 +41,7 @@ def _client_serial(block: Block, owner: str) -> tuple[bytes | Digested, bytes]:
         # a field passed on unread (OpenClaw's 110 KB of tools): the same object every turn
         # (`Tails`), its digest (~20 µs in the request path) made once
         return _BYTES_KEPT.get(_digested, block.client)
-    if block.sent is None or isinstance(block.client, Digested):
+    if block.sent is None:  # a `Digested` block has none: its digest is made
         data = _data(block.client)
         return data, _hash(data)
     if not isinstance(block.client, dict):

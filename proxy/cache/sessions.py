@@ -59,6 +59,7 @@ from ctxbudget.proxy.cache.blocks import (
     _hash,
     _stable_text,
     shared_digest,
+    size_of,
 )
 from ctxbudget.proxy.cache.prefix import ClientPrefix
 
@@ -364,7 +365,7 @@ class SessionTracker:
             and shared_client < len(previous.client) // DIGEST - 1,
             bust=bust,
             moved=moved,
-            sizes=tuple(d.size if isinstance(d, Digested) else len(d) for d in forwarded_bytes),
+            sizes=tuple(size_of(d) for d in forwarded_bytes),
         )
 
 

@@ -27,7 +27,6 @@ when the forwarded body is large too, one copy back.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -37,16 +36,16 @@ from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache import blocks
-from ctxbudget.proxy.cache.blocks import Block, Digested
+from ctxbudget.proxy.cache.blocks import Block, counted
 from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline import jobs
 from ctxbudget.proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
-from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker
+from ctxbudget.proxy.pipeline.work import Here, Work
+from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker, ask
 from ctxbudget.proxy.tokens import TokenCounter
 from ctxbudget.proxy.wire.history import HISTORIES
-from ctxbudget.proxy.wire.responses import OpenAIResponses
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 LARGE_BODY = 1 << 20
@@ -111,12 +110,13 @@ class Offload(Worker):
         clamp: Clamp,
         settings: Settings,
         apply: bool,
-    ) -> tuple[WireRequest, UserTurn | None]:
+    ) -> tuple[Work, UserTurn | None]:
         """`raw` parsed and clamped in the worker: an `OffloadedRequest`, or for a chat
-        command a request parsed from the body's skeleton. `BadRequest` as `wire.parse`."""
-        responses = isinstance(wire, OpenAIResponses)
+        command a request parsed here from the body's skeleton. `BadRequest` as
+        `wire.parse`."""
+        remote, lookup = wire.in_worker(owner, ask)
         job = PrepareJob(
-            wire=None if responses else wire,
+            wire=remote,
             owner=owner,
             clamp=clamp,
             caps=settings.caps_for(owner),
@@ -124,18 +124,15 @@ class Offload(Worker):
             apply=apply,
             encoding=settings.default_encoding,
         )
-        lookup = None
-        if isinstance(wire, OpenAIResponses):
-            names = wire.names
-            lookup = functools.partial(names.get, owner)
         found, encoded = await self.run(jobs.prepare, job, raw, lookup)
         if found.skeleton is not None:
-            return wire.parse(found.skeleton, owner=owner), found.turn
+            return Here(wire.parse(found.skeleton, owner=owner)), found.turn
         return OffloadedRequest(raw, found, encoded, self, job.wire, owner), found.turn
 
 
 class OffloadedRequest:
-    """A `WireRequest` parsed and clamped in the worker process (`Offload.prepare`).
+    """A request parsed and clamped in the worker process (`Offload.prepare`): its `Work`,
+    and the `WireRequest` that stands for it here (`body` is itself).
 
     `clamp()` returns what the worker's clamp found (it ran with this request's caps and
     budget); `blocks()` are `Digested`. `place_memory()`, `inject()` and `ask_usage()` are
@@ -150,7 +147,7 @@ class OffloadedRequest:
         found: Prepared,
         clamped: bytes | None,
         offload: Offload,
-        wire: WireFormat | None,
+        wire: WireFormat,
         owner: str,
     ) -> None:
         self.raw = raw
@@ -172,6 +169,10 @@ class OffloadedRequest:
         self._ask = False
         self._encoded: bytes | None = None
         self._late: tuple[frozenset[str], Future[dict[str, int]]] | None = None
+
+    @property
+    def body(self) -> WireRequest:
+        return self
 
     @property
     def changed(self) -> bool:
@@ -269,10 +270,7 @@ class OffloadedRequest:
         them) to be counted in the worker once the body has gone upstream (`encode`): the
         report's writer waits for them (`PrefixChange.late`), the request does not."""
         labels = frozenset(
-            m.label
-            for m in change.moved
-            for d in (m.client, m.forwarded)
-            if isinstance(d, Digested) and not d.counted
+            m.label for m in change.moved for d in (m.client, m.forwarded) if not counted(d)
         )
         if not labels:
             return change

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ctxbudget.caps import Memo, clamp_request, remembering  # noqa: E402
-from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker, session_key  # noqa: E402
+from ctxbudget.proxy.cache.prefix import ClientPrefix  # noqa: E402
+from ctxbudget.proxy.cache.sessions import SessionTracker, session_key  # noqa: E402
 from ctxbudget.proxy.config.schema import Config  # noqa: E402
 from ctxbudget.proxy.config.settings import settings_for  # noqa: E402
 from ctxbudget.proxy.wire import AnthropicMessages, ChatCompletions, OpenAIResponses  # noqa: E402

@@ -152,7 +152,7 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._change"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._clamp"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.blocks"),
-    ("ctxbudget.proxy.cache.sessions", "ClientPrefix.__init__"),
+    ("ctxbudget.proxy.cache.prefix", "ClientPrefix.__init__"),
     ("ctxbudget.proxy.cache.sessions", "session_key"),
     ("ctxbudget.proxy.pipeline.prune", "PruneStage.run"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._recall"),

@@ -100,7 +100,7 @@ def prunable(
 def digest(text: str) -> str:
     """The digest a decision on the result `text` is bound to (32 hex digits): the same in
     every process and instance, as decisions are shared through a database; BLAKE2b, as the
-    ids kept there are (`proxy/cache/sessions.py` `shared_digest`), so no client can make
+    ids kept there are (`proxy/cache/blocks.py` `shared_digest`), so no client can make
     two results digest alike. ~10 µs for an 8 KB result: the callers keep it with the
     result's segment.
 

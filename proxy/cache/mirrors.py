@@ -34,6 +34,7 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from ctxbudget.proxy.cache.blocks import Block, Digested, _data, _digest, _hash
 from ctxbudget.proxy.cache.mirror import (
     MAX_BREAKPOINTS,
     AnthropicMirror,
@@ -43,7 +44,6 @@ from ctxbudget.proxy.cache.mirror import (
     Predicted,
     TokenClass,
 )
-from ctxbudget.proxy.cache.sessions import Block, Digested, _data, _digest, _hash
 
 Provider = Literal["anthropic", "openai"]
 KEEP_BYTES = 64 << 20

@@ -160,13 +160,13 @@ CACHES: tuple[Cache, ...] = (
         invariant="whom a response went to; it refuses other owners, it is not found by them",
     ),
     Cache(
-        where="proxy/cache/sessions.py:_SHARED_KNOWN",
+        where="proxy/cache/prefix.py:_SHARED_KNOWN",
         key="owner, seeded digest of a block",
         bound="1,024 entries",
         invariant="the block's unseeded digest (BLAKE2b)",
     ),
     Cache(
-        where="proxy/cache/sessions.py:_SERIALS",
+        where="proxy/cache/prefix.py:_SERIALS",
         key="owner, seeded digest of the bytes sent",
         bound="16 MB",
         invariant="the block's serial bytes and digest: the same bytes parse alike",
@@ -178,19 +178,19 @@ CACHES: tuple[Cache, ...] = (
         invariant="the stable-prefix hash that names a session",
     ),
     Cache(
-        where="proxy/cache/sessions.py:_BYTES_KEPT",
+        where="proxy/cache/blocks.py:_BYTES_KEPT",
         key="the bytes object",
         bound="16 MB",
         invariant=f"its digest; {_ID}",
     ),
     Cache(
-        where="proxy/cache/sessions.py:_CLIENT_KEPT",
+        where="proxy/cache/prefix.py:_CLIENT_KEPT",
         key="the client's item object, owner",
         bound="16 MB",
         invariant=f"its serial bytes and digest; {_ID}",
     ),
     Cache(
-        where="proxy/cache/sessions.py:_SERIAL_KEPT",
+        where="proxy/cache/blocks.py:_SERIAL_KEPT",
         key="the clamped object",
         bound="8 MB",
         invariant=f"its serial bytes; {_ID}",

@@ -31,42 +31,43 @@ memory blocks: a session whose requests go to different workers of one server is
 within each worker. The ids kept beyond a process — the session's `prefix:` hash, and the
 conversation pruning's decisions are filed under (`ClientPrefix.conversation`) — come from
 `shared_digest`, the same in every worker and every instance; the block digests compared within
-a worker are seeded per process (`_digest`).
+a worker are seeded per process (`proxy/cache/blocks.py` `_digest`).
 
-A large body (`proxy/pipeline/offload.py`) is parsed in another process, and its blocks reach
-this one as `Digested` stand-ins: the digest, and the bytes of a small block or the token count
-of a large one. Everything here takes either.
+The blocks (`Block`, and the `Digested` stand-ins of a large body parsed in the offload
+process) and their digests are `proxy/cache/blocks.py`'s; the request's prefix as the client
+sent it, serialised and hashed once, is `proxy/cache/prefix.py`'s `ClientPrefix`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
-import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
-import xxhash
 from cachetools import LRUCache
 
-from ctxbudget.caps._kept import ByIdentity, bytes_weight
+from ctxbudget.proxy.cache.blocks import (
+    DIGEST,
+    Block,
+    Digested,
+    _data,
+    _hash,
+    _stable_text,
+    shared_digest,
+    size_of,
+)
+from ctxbudget.proxy.cache.prefix import ClientPrefix
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
 """Session headers real clients send: Claude Code, Codex CLI."""
 MAX_ID = 128
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-_BOUNDARIES = ("<!-- OPENCLAW_CACHE_BOUNDARY -->", "<!-- /openclaw:attempt:STABLE -->")
-_STABLE_CHARS = 65_536
-"""At most this much of the system text goes into a prefix hash."""
-_MARKER = b'"cache_control"'
-_MARKER_VALUE = re.compile(rb"\s*:\s*\{[^{}]*\}\s*")
 KEEP_SESSIONS = 2048
 """Sessions kept per owner (each key holder's own LRU)."""
 KEEP_TOTAL = 4096
@@ -75,283 +76,10 @@ KEEP_BLOCKS = 1024
 """Blocks of a request compared with the next one (later blocks count as new). With the
 sessions kept, this bounds the digests at 128 MB in the worst case (~26 MB for 200-block
 agent sessions)."""
-DIGEST = 16
-"""Bytes of a block digest (`_digest`)."""
-SEED_ENV = "CTXBUDGET_DIGEST_SEED"
-SEED = int(os.environ.get(SEED_ENV) or secrets.randbits(64))
-"""The block digests' seed: random per process; the offload worker gets its parent's
-(`SEED_ENV`), so the digests of one session compare across the two."""
 KEEP_MEMORY_BLOCKS = 8
 """Memory blocks remembered per session, to be placed again where they were."""
 LATE_SECONDS = 60.0
 """How long the report's writer waits for a large block's late token count."""
-SMALL_BLOCK = 1 << 16
-"""A `Digested` block up to this many bytes keeps them; a larger one keeps its token count."""
-
-
-class Block(NamedTuple):
-    """One block of a request's cached prefix, as the client sent it and as forwarded.
-
-    Values are Python JSON values, or the raw JSON bytes of a field the proxy never parses
-    (`tools`). `forwarded is client` when ctxbudget left the block alone. (A named tuple: a
-    request makes three lists of them, ~0.5 µs a block where a frozen dataclass took 1.3.)
-    """
-
-    label: str
-    """Where it is: `tools`, `system`, `messages[3]`, `input[5]`."""
-    client: Any
-    forwarded: Any
-    sent: Any = None
-    """The client's own bytes of `client` (a slice of its body), when the wire kept them: the
-    session stage finds a block it has serialised before by them (`ClientPrefix`)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Digested:
-    """A block's value as hashed in the offload process (`digested`): what sessions and the
-    report read of it, without the value itself."""
-
-    digest: bytes
-    """`serial(value)`'s digest."""
-    size: int
-    """`len(serial(value))`."""
-    data: bytes | None
-    """`serial(value)` when it is at most `SMALL_BLOCK` bytes, else None."""
-    tokens: int | None = None
-    """The tokens of `serial(value)` when `data` is None and they were counted (the report
-    prices the blocks a request moved; counting 30 MB takes ~1.5 s, so the client's large
-    blocks are counted only when moved, while the request goes on: `PrefixChange.late`)."""
-    stable: str = ""
-    """`_stable_text(value)`, for the block a stable-prefix session hash reads."""
-    role: str | None = None
-    """A message's role (the conversation key skips system messages)."""
-    shared: bytes | None = None
-    """`shared_digest` of a large block (`data` None) that a session or conversation id may
-    read (`read_by_ids`); None otherwise."""
-
-    @property
-    def counted(self) -> bool:
-        """Whether the report can price the block: its bytes or its token count are here."""
-        return self.data is not None or self.tokens is not None
-
-
-def digested(
-    value: Any,
-    count: Callable[[str], int] | None = None,
-    *,
-    stable: bool = False,
-    shared: bool = False,
-) -> Digested:
-    """`value` as a `Digested`; `count`, when given, counts a large one's tokens; `shared`,
-    whether a large one gets its `shared_digest` (the first blocks: ids read them).
-
-    >>> d = digested({"role": "user", "content": "hi"})
-    >>> d.data, d.size, d.digest == _digest(d.data)
-    (b'{"role":"user","content":"hi"}', 30, True)
-    >>> big = digested("x" * SMALL_BLOCK, len)
-    >>> big.data, big.size, big.tokens, digested("x" * SMALL_BLOCK).counted
-    (None, 65538, 65538, False)
-    """
-    data = serial(value)
-    small = len(data) <= SMALL_BLOCK
-    return Digested(
-        digest=_digest(data),
-        size=len(data),
-        data=data if small else None,
-        tokens=None if small or count is None else count(data.decode(errors="replace")),
-        stable=_stable_text(value) if stable else "",
-        role=value.get("role")
-        if isinstance(value, dict) and isinstance(value.get("role"), str)
-        else None,
-        shared=_shared(data) if shared and not small else None,
-    )
-
-
-def read_by_ids(blocks: Sequence[Block]) -> set[int]:
-    """The blocks the ids kept beyond a process read (`shared_digest`): the tools (a `prefix:`
-    session) and the conversation's first message (`ClientPrefix.conversation`). The offload
-    process digests a large body's with BLAKE2b only for these."""
-    found = {i for i, b in enumerate(blocks) if b.label == "tools"}
-    first = _first_message(blocks)
-    if first is not None:
-        found.add(first)
-    return found
-
-
-def _first_message(blocks: Sequence[Block]) -> int | None:
-    """The conversation's first message: the first message or item that is not a system or
-    developer message."""
-    for i, block in enumerate(blocks):
-        if block.label.startswith(("messages[", "input[")) and not _is_system(block.client):
-            return i
-    return None
-
-
-def shared_digest(data: bytes | Digested) -> bytes | None:
-    """A block's digest as every process and every instance computes it, for the ids kept in
-    the report's database (a session, a conversation's pruning decisions): BLAKE2b, with no
-    seed to share and no way for a client to make two blocks digest alike. None for a large
-    block the offload process did not digest so (`read_by_ids`).
-
-    >>> shared_digest(b'{"role":"user"}') == shared_digest(digested({"role": "user"}))
-    True
-    """
-    if isinstance(data, Digested):
-        return _shared(data.data) if data.data is not None else data.shared
-    return _shared(data)
-
-
-_SHARED_KNOWN: LRUCache[tuple[str, bytes], bytes] = LRUCache(maxsize=1024)
-"""`shared_digest`s by owner and this process's digest of the same block."""
-
-
-def _shared(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=DIGEST).digest()
-
-
-def block_tokens(
-    data: bytes | Digested, count: Callable[[bytes], int], late: int | None = None
-) -> int:
-    """The tokens of a block's serial bytes (`Moved.client`, `Moved.forwarded`), `count`ed;
-    `late`, a large block's count from `PrefixChange.late_tokens`. One never counted (the
-    offload process failed) is estimated at 4 bytes a token."""
-    if isinstance(data, Digested):
-        if data.data is None:
-            found = data.tokens if data.tokens is not None else late
-            return found if found is not None else data.size // 4
-        data = data.data
-    return count(data)
-
-
-def _client_serial(block: Block, owner: str) -> tuple[bytes | Digested, bytes]:
-    """A client block's `serial` bytes and their digest, found by the digest of the bytes the
-    client (`owner`) sent when it sent them before: an agent resends its whole history every
-    turn, and serialising it again took most of this stage (~0.1 ms of a 186 KB request)."""
-    if isinstance(block.client, bytes) and len(block.client) >= _BYTES_KEPT_MIN:
-        # a field passed on unread (OpenClaw's 110 KB of tools): the same object every turn
-        # (`Tails`), its digest (~20 µs in the request path) made once
-        return _BYTES_KEPT.get(_digested, block.client)
-    if block.sent is None or isinstance(block.client, Digested):
-        data = _data(block.client)
-        return data, _hash(data)
-    if not isinstance(block.client, dict):
-        return _sent_serial(block.client, block.sent, owner)
-    # an item parsed once (`resent`): the same object is the same bytes sent
-    sent = block.sent
-    return _CLIENT_KEPT.get(
-        lambda client, who: _sent_serial(client, sent, who), block.client, owner
-    )
-
-
-def _sent_serial(client: Any, sent: Any, owner: str) -> tuple[bytes, bytes]:
-    """`_client_serial` of a block by the bytes the client sent (`sent`)."""
-    key = (owner, _digest(sent))  # per owner: a hit tells nothing of what others sent
-    found = _SERIALS.get(key)
-    if found is None:
-        data = serial(client)  # the same bytes always parse to the same value
-        found = (data, _digest(data))
-        if SERIAL_ITEM_BYTES[0] <= len(data) <= SERIAL_ITEM_BYTES[1]:
-            # a copy of its own: orjson's shrunk output pins ~4 KB of heap while it is kept
-            _SERIALS[key] = (bytes(memoryview(data)), found[1])
-    return found
-
-
-def _digested(data: bytes) -> tuple[bytes, bytes]:
-    return data, _digest(data)
-
-
-_BYTES_KEPT_MIN = 4096
-_BYTES_KEPT = ByIdentity(16 << 20, lambda data, _: len(data) + 200)
-"""Large raw blocks' digests by the bytes object itself (kept in the entry): at most 16 MB."""
-
-
-def _client_weight(client: Any, found: tuple[bytes, bytes]) -> int | None:
-    # smaller items are new objects every turn (`RESENT.min_item`): not worth keeping
-    return bytes_weight(client, found[0], min_size=128)
-
-
-_CLIENT_KEPT = ByIdentity(16 << 20, _client_weight)
-"""`_client_serial` by the client's item itself: the same object every turn (`resent`), so
-neither its bytes are digested again nor its serial looked up."""
-
-SERIAL_ITEM_BYTES = (1024, 256 * 1024)
-"""Blocks kept in `_SERIALS`: smaller ones cost ~1 µs to serialise, larger ones would crowd it."""
-_SERIALS: LRUCache[tuple[str, bytes], tuple[bytes, bytes]] = LRUCache(
-    maxsize=16 << 20, getsizeof=lambda found: len(found[0]) + 400
-)
-"""Client blocks' (serial bytes, digest) by owner and the digest of their sent bytes: at most
-16 MB (with what Python keeps for each entry, ~400 bytes, counted)."""
-
-
-def _data(value: Any) -> bytes | Digested:
-    return value if isinstance(value, Digested) else serial(value)
-
-
-def _hash(data: bytes | Digested) -> bytes:
-    if isinstance(data, Digested):
-        return data.digest
-    if len(data) >= _BYTES_KEPT_MIN:  # a clamped block's bytes: the same object every turn
-        return _BYTES_KEPT.get(_digested, data)[1]
-    return _digest(data)
-
-
-def serial(value: Any) -> bytes:
-    """A block's bytes for hashing and counting: compact JSON, or the raw bytes as sent,
-    without `cache_control` markers (a marker is not part of the cached prefix: OpenClaw
-    moves its marker to the newest tool result every turn, and the older prefix still hits)."""
-    if isinstance(value, bytes):  # a field passed on unread (`tools`): its marker never moves
-        return value
-    if isinstance(value, dict):  # a clamped message: the same object every turn
-        return _SERIAL_KEPT.get(_serial, value)
-    return _serial(value)
-
-
-_SERIAL_KEPT = ByIdentity(8 << 20, bytes_weight)
-"""`serial` of the objects a clamp made, by their identity (`caps._kept`): at most 8 MB."""
-
-
-def _serial(value: Any) -> bytes:
-    if isinstance(value, bytearray | memoryview):
-        data = bytes(value)
-    else:
-        try:
-            data = orjson.dumps(value)
-        except TypeError:  # 64-bit overflow, a lone surrogate, nesting past orjson's 254
-            data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(
-                errors="surrogatepass"
-            )
-    if _MARKER in data:  # a key, never string content: a quote inside a string is escaped
-        data = _unmarked(data)
-    return data
-
-
-def _unmarked(data: bytes) -> bytes:
-    """`data` without its `"cache_control": {…}` members (split in C, then each removal's
-    comma mended; a regex scan took ~1 ms over a 100 KB tools list)."""
-    pieces = data.split(_MARKER)
-    out = [pieces[0]]
-    for piece in pieces[1:]:
-        value = _MARKER_VALUE.match(piece)
-        if value is None:  # not a member after all: keep it as it was
-            out[-1] += _MARKER + piece
-            continue
-        rest = piece[value.end() :]
-        before = out[-1].rstrip()
-        if before.endswith(b","):  # …,"cache_control":{…}
-            out[-1] = before[:-1]
-        elif rest.startswith(b","):  # {"cache_control":{…},…
-            rest = rest[1:]
-        out.append(rest)
-    return b"".join(out)
-
-
-def _digest(data: bytes) -> bytes:
-    # XXH3 (128 bits), seeded: ~70x SHA-256's speed here (11 µs for a 186 KB request, where
-    # SHA-256 took ~0.3 ms of the ~0.5 ms a request may cost). A digest only ever meets
-    # digests of the same process (sessions are per worker; the offload process shares its
-    # parent's seed) and is never shown: with the seed unknown, no client can make two blocks
-    # digest alike; the caches keyed by it (`_SERIALS`, `_SHARED_KNOWN`) are per owner too.
-    return xxhash.xxh3_128_digest(data, SEED)
 
 
 def _safe(value: str) -> str:
@@ -424,31 +152,6 @@ def _stable_hash(model: str | None, prefix: ClientPrefix) -> str:
     return known
 
 
-def _stable_text(value: Any) -> str:
-    """A system prompt's text up to OpenClaw's cache boundary (what stays put every turn)."""
-    text = _first_text(value)[:_STABLE_CHARS]
-    for marker in _BOUNDARIES:
-        at = text.find(marker)
-        if at >= 0:
-            text = text[:at]
-    return text
-
-
-def _first_text(value: Any) -> str:
-    if isinstance(value, Digested):
-        return value.stable
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        for key in ("content", "text"):
-            if key in value:
-                return _first_text(value[key])
-        return ""
-    if isinstance(value, list):
-        return "".join(_first_text(v) for v in value[:4])
-    return ""
-
-
 @dataclass(frozen=True, kw_only=True)
 class Moved:
     """A block whose bytes or cache tier differ between the request as sent and as the client
@@ -516,41 +219,6 @@ class _Session:
     """When the previous request came (the pipeline's clock)."""
     run: int = 1
     """Requests of the session's current warm run: since its cache last expired."""
-
-
-class ClientPrefix:
-    """A request's blocks as the client sent them, serialised and hashed once."""
-
-    def __init__(self, blocks: Sequence[Block], owner: str = "") -> None:
-        self.blocks = list(blocks)
-        self.owner = owner
-        found = [_client_serial(b, owner) for b in self.blocks]
-        self.data = [data for data, _ in found]
-        self.digests = [digest for _, digest in found]
-
-    def conversation(self, session: str) -> str:
-        """The conversation the request is part of: its session and the first message of its
-        history (a chat system message skipped). Two OpenClaw conversations with the same
-        system prompt share a session by prefix, but not a first message (it carries a
-        time stamp). Pruning adds the conversation's first prunable result, which tells two
-        runs of one task apart (`proxy/pipeline/prune.py` `_conversation`)."""
-        i = _first_message(self.blocks)
-        if i is None:
-            return session
-        key = (self.owner, self.digests[i])
-        shared = _SHARED_KNOWN.get(key)
-        if shared is None:  # the same first message every turn: hashed again only here
-            shared = shared_digest(self.data[i])
-            if shared is None:  # not digested so in the offload process: this process's id
-                return f"{session}/{self.digests[i].hex()[:16]}"
-            _SHARED_KNOWN[key] = shared
-        return f"{session}/{shared.hex()[:16]}"
-
-    def index_of(self, label: str) -> int | None:
-        for i, block in enumerate(self.blocks):
-            if block.label == label:
-                return i
-        return None
 
 
 class SessionTracker:
@@ -697,15 +365,8 @@ class SessionTracker:
             and shared_client < len(previous.client) // DIGEST - 1,
             bust=bust,
             moved=moved,
-            sizes=tuple(d.size if isinstance(d, Digested) else len(d) for d in forwarded_bytes),
+            sizes=tuple(size_of(d) for d in forwarded_bytes),
         )
-
-
-def _is_system(value: Any) -> bool:
-    """Whether a message block is a system (or developer) message."""
-    if isinstance(value, Digested):
-        return value.role in ("system", "developer")
-    return isinstance(value, dict) and value.get("role") in ("system", "developer")
 
 
 def _common(a: bytes, b: bytes) -> int:

@@ -16,13 +16,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import orjson
 
 from ctxbudget.caps import Segment
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, Digested
+from ctxbudget.proxy.cache.blocks import Block, readable
+from ctxbudget.proxy.cache.prefix import ClientPrefix
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.headers import PREFIX
 from ctxbudget.proxy.report.arms import Arm, Arms
@@ -104,11 +102,7 @@ def result_ids(blocks: Sequence[Block]) -> frozenset[str]:
     for block in blocks:
         if not block.label.startswith(("messages[", "input[")):
             continue
-        value: Any = block.client
-        if isinstance(value, Digested):
-            if value.data is None or value.role not in (None, "user", "tool"):
-                continue
-            value = orjson.loads(value.data)
+        value = readable(block.client, (None, "user", "tool"))  # results are in these
         if not isinstance(value, dict):
             continue
         if value.get("role") == "tool":

@@ -18,19 +18,12 @@ import orjson
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames, prune_request, remembering
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import (
-    Block,
-    Digested,
-    digested,
-    memory_added,
-    read_by_ids,
-    serial,
-)
+from ctxbudget.proxy.cache.blocks import Block, Digested, digested, read_by_ids, serial
+from ctxbudget.proxy.cache.sessions import memory_added
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.pipeline.chat_command import find_command
-from ctxbudget.proxy.pipeline.worker import ask, memo, portable
+from ctxbudget.proxy.pipeline.worker import memo, portable
 from ctxbudget.proxy.tokens import TokenCounter, encoding_name
-from ctxbudget.proxy.wire.responses import CallNames, OpenAIResponses
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 _EMPTY = {ord("["): b"[]", ord("{"): b"{}", ord('"'): b'""'}
@@ -46,8 +39,8 @@ Change = tuple[str, Any, Any]
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareJob:
-    wire: WireFormat | None
-    """The format; None for OpenAI Responses, whose call names stay in this process."""
+    wire: WireFormat
+    """The format, as the worker parses with it (`WireFormat.in_worker`)."""
     owner: str
     clamp: Clamp
     caps: Caps
@@ -88,7 +81,7 @@ class Prepared:
 
 @dataclass(frozen=True, kw_only=True)
 class FinishJob:
-    wire: WireFormat | None
+    wire: WireFormat
     owner: str
     changes: tuple[Change, ...]
     ask_usage: bool = False
@@ -100,7 +93,7 @@ class FinishJob:
 
 @dataclass(frozen=True, kw_only=True)
 class CountJob:
-    wire: WireFormat | None
+    wire: WireFormat
     owner: str
     labels: frozenset[str]
     encoding: str
@@ -120,25 +113,13 @@ class Settled:
 # -- the jobs, run in the worker ---------------------------------------------------------------
 
 
-class _Names(CallNames):
-    """Call names looked up in the parent process's `CallNames`."""
-
-    def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
-        found = ask(call_id)
-        return None if found is None else (found[0], found[1])
-
-
 @functools.cache
 def _tokens() -> TokenCounter:
     return TokenCounter()
 
 
-def _wire(wire: WireFormat | None) -> WireFormat:
-    return wire if wire is not None else OpenAIResponses(_Names())
-
-
 def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
-    wire = _wire(job.wire)
+    wire = job.wire
     request = wire.parse(raw, owner=job.owner)
     turn = request.user_turn()
     if wire.generates and find_command(turn) is not None:
@@ -202,7 +183,7 @@ def _digested_blocks(blocks: Sequence[Block], encoding: str, owner: str) -> tupl
 
 def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
     """The tokens of the client's blocks `job.labels` of `raw`."""
-    request = _wire(job.wire).parse(raw, owner=job.owner)
+    request = job.wire.parse(raw, owner=job.owner)
     return {
         b.label: _tokens().count(
             serial(b.client).decode(errors="replace"), job.encoding, owner=job.owner
@@ -215,7 +196,7 @@ def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
 def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
     # the body as the proxy changed it: what is kept of it (`resent`, `history`) is kept
     # apart from what the client sent, which it would push out (no owner has a NUL)
-    request = _wire(job.wire).parse(body, owner=job.owner + "\x00changed")
+    request = job.wire.parse(body, owner=job.owner + "\x00changed")
     start = request.blocks() if job.blocks else []
     before = start
     pruned: list[Segment] = []

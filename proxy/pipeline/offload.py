@@ -8,7 +8,7 @@ GIL from start to end. So a body over `LARGE_BODY` goes to the worker process
 finds the user turn, clamps, counts the tokens saved, hashes the session prefix's blocks and
 encodes. The event loop gets back an `OffloadedRequest`, a `WireRequest` like any other to the
 pipeline: model, stream, the user turn, the system text, the segments (without their texts)
-and their token counts, the blocks as `Digested` stand-ins (`proxy/cache/sessions.py`:
+and their token counts, the blocks as `Digested` stand-ins (`proxy/cache/blocks.py`:
 digests, the bytes of small blocks, the token counts of large ones), the short top-level
 fields, and the clamped bytes — and never holds the parsed 30 MB nor hashes it.
 
@@ -27,7 +27,6 @@ when the forwarded body is large too, one copy back.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -36,16 +35,17 @@ from typing import Any
 from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache import sessions
-from ctxbudget.proxy.cache.sessions import Block, Digested, PrefixChange
+from ctxbudget.proxy.cache import blocks
+from ctxbudget.proxy.cache.blocks import Block, counted
+from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline import jobs
 from ctxbudget.proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
-from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker
+from ctxbudget.proxy.pipeline.work import Here, Work
+from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker, ask
 from ctxbudget.proxy.tokens import TokenCounter
 from ctxbudget.proxy.wire.history import HISTORIES
-from ctxbudget.proxy.wire.responses import OpenAIResponses
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 LARGE_BODY = 1 << 20
@@ -72,21 +72,34 @@ class Offload(Worker):
 
     def __init__(self, *, threshold: int = LARGE_BODY, objects: int = MANY_OBJECTS) -> None:
         # the blocks it digests are compared with this process's
-        super().__init__(env={sessions.SEED_ENV: str(sessions.SEED)})
+        super().__init__(env={blocks.SEED_ENV: str(blocks.SEED)})
         self.threshold = threshold
         """Bodies of more bytes than this go to the worker (`takes`)."""
         self.objects = objects
         """Bodies with more `{` and `[` than this go too (`takes`)."""
 
     def takes(self, raw: bytes, owner: str = "") -> bool:
-        """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
-        JSON objects and arrays by a count of `{` and `[` (C passes before anything is parsed;
-        the tail an agent resends every turn, `owner`'s, counted once:
-        `Histories.structure`)."""
+        """Whether `raw` is parsed in the worker: when the bytes left to read are over
+        `threshold`, or the body has over `objects` JSON objects and arrays (a count of `{`
+        and `[`, each of the items `owner` resent counted once: `Histories.structure`). C
+        passes over the bytes, before anything is parsed.
+
+        The bytes left to read are the whole body, or, for a body that extends a list
+        `owner` sent before (`Histories.new_bytes`: a memcmp of the old bytes), its new part:
+        the old items are taken as they were parsed, so a conversation growing past
+        `threshold` a turn at a time stays here, with its history and its cache mirror, where
+        the worker would parse all of it again every turn (~29 ms a request instead of ~17 at
+        turn 300). The objects stay counted whole: the stages still walk every item (the
+        clamps, the session's blocks), ~0.1 ms an item for tiny Responses items, so 5,000
+        of them held the loop ~0.5 s a turn even with only their new part to read."""
         # bytes.count allocates nothing: counting by what `replace` leaves was faster alone
-        # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new
-        # 186 KB buffer costs ~40 page faults; count takes ~70 µs there
-        return len(raw) > self.threshold or HISTORIES.structure(raw, owner) > self.objects
+        # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new 186 KB
+        # buffer costs ~40 page faults; count takes ~70 µs there
+        taken = len(raw) > self.threshold and HISTORIES.new_bytes(raw, owner) > self.threshold
+        taken = taken or HISTORIES.structure(raw, owner) > self.objects
+        if taken:
+            HISTORIES.drop(raw)  # parsed in the worker: not kept here
+        return taken
 
     async def prepare(
         self,
@@ -97,12 +110,13 @@ class Offload(Worker):
         clamp: Clamp,
         settings: Settings,
         apply: bool,
-    ) -> tuple[WireRequest, UserTurn | None]:
+    ) -> tuple[Work, UserTurn | None]:
         """`raw` parsed and clamped in the worker: an `OffloadedRequest`, or for a chat
-        command a request parsed from the body's skeleton. `BadRequest` as `wire.parse`."""
-        responses = isinstance(wire, OpenAIResponses)
+        command a request parsed here from the body's skeleton. `BadRequest` as
+        `wire.parse`."""
+        remote, lookup = wire.in_worker(owner, ask)
         job = PrepareJob(
-            wire=None if responses else wire,
+            wire=remote,
             owner=owner,
             clamp=clamp,
             caps=settings.caps_for(owner),
@@ -110,18 +124,15 @@ class Offload(Worker):
             apply=apply,
             encoding=settings.default_encoding,
         )
-        lookup = None
-        if isinstance(wire, OpenAIResponses):
-            names = wire.names
-            lookup = functools.partial(names.get, owner)
         found, encoded = await self.run(jobs.prepare, job, raw, lookup)
         if found.skeleton is not None:
-            return wire.parse(found.skeleton, owner=owner), found.turn
+            return Here(wire.parse(found.skeleton, owner=owner)), found.turn
         return OffloadedRequest(raw, found, encoded, self, job.wire, owner), found.turn
 
 
 class OffloadedRequest:
-    """A `WireRequest` parsed and clamped in the worker process (`Offload.prepare`).
+    """A request parsed and clamped in the worker process (`Offload.prepare`): its `Work`,
+    and the `WireRequest` that stands for it here (`body` is itself).
 
     `clamp()` returns what the worker's clamp found (it ran with this request's caps and
     budget); `blocks()` are `Digested`. `place_memory()`, `inject()` and `ask_usage()` are
@@ -136,7 +147,7 @@ class OffloadedRequest:
         found: Prepared,
         clamped: bytes | None,
         offload: Offload,
-        wire: WireFormat | None,
+        wire: WireFormat,
         owner: str,
     ) -> None:
         self.raw = raw
@@ -158,6 +169,10 @@ class OffloadedRequest:
         self._ask = False
         self._encoded: bytes | None = None
         self._late: tuple[frozenset[str], Future[dict[str, int]]] | None = None
+
+    @property
+    def body(self) -> WireRequest:
+        return self
 
     @property
     def changed(self) -> bool:
@@ -255,10 +270,7 @@ class OffloadedRequest:
         them) to be counted in the worker once the body has gone upstream (`encode`): the
         report's writer waits for them (`PrefixChange.late`), the request does not."""
         labels = frozenset(
-            m.label
-            for m in change.moved
-            for d in (m.client, m.forwarded)
-            if isinstance(d, Digested) and not d.counted
+            m.label for m in change.moved for d in (m.client, m.forwarded) if not counted(d)
         )
         if not labels:
             return change

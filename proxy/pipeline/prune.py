@@ -31,9 +31,11 @@ from ctxbudget.caps import Caps, Memo, Segment
 from ctxbudget.memory.pg import DatabaseUnavailable
 from ctxbudget.proxy.cache.mirror import MirrorBlock, Predicted
 from ctxbudget.proxy.cache.mirrors import Mirrors, Provider, SessionMirror, mirror_groups
-from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.sessions import SessionTracker
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.summaries import Summarizer, summary_text
+from ctxbudget.proxy.pipeline.work import Work
 from ctxbudget.proxy.report.billing import write_price
 from ctxbudget.proxy.report.ledger import Decisions, PruneLedger
 from ctxbudget.proxy.report.prices import Prices, prices
@@ -100,7 +102,7 @@ class PruneStage:
 
     async def run(
         self,
-        body: WireRequest,
+        work: Work,
         *,
         owner: str,
         session: str,
@@ -111,7 +113,8 @@ class PruneStage:
         now: float,
         provider: Provider = "openai",
     ) -> Pruned:
-        """Prune what is due in `body` (`prunable`: the clamp's `prunable` segments)."""
+        """Prune what is due in `work`'s body (`prunable`: the clamp's `prunable` segments)."""
+        body = work.body
         pruning = settings.pruning
         ttl = pruning.ttl_seconds if pruning is not None else DEFAULT_TTL
         timing = self._sessions.timing(owner, session)
@@ -138,7 +141,7 @@ class PruneStage:
                 if last is None and timing is None:
                     fresh = []  # never seen anywhere: its first request, nothing cached
         except DatabaseUnavailable as exc:
-            return await self._held(body, owner, conversation, exc, settings, warm, ttl)
+            return await self._held(work, owner, conversation, exc, settings, warm, ttl)
         segments: list[Segment] = []
         paused: str | None = None
         due = bool(fresh) and not warm  # a cold cache: the prune is free
@@ -150,7 +153,7 @@ class PruneStage:
             # price of one turn's reads, instead of a second whole rewrite
             if mirror is not None and paused is None and mirror.warm_pruned < mirror.requests - 1:
                 if decided:  # the request as it goes without a new prune: what is priced
-                    segments = await body.prune(
+                    segments = await work.prune(
                         _plan(settings, owner, decided), settings.tool_names, self._memo
                     )
                     decided = {}
@@ -163,7 +166,7 @@ class PruneStage:
                 owner, conversation, session, fresh, settings
             )
         except DatabaseUnavailable as exc:
-            return await self._held(body, owner, conversation, exc, settings, warm, ttl)
+            return await self._held(work, owner, conversation, exc, settings, warm, ttl)
         plan: dict[tuple[str, str], str | None] = {
             **decided,
             **{_key(s): _with_summary(s, summaries) for s in fresh if _key(s) in now_ids},
@@ -171,7 +174,7 @@ class PruneStage:
         if not plan and not segments:
             return Pruned(warm=warm, ttl=ttl, summarise=summarise, paused=paused)
         if plan:
-            segments += await body.prune(
+            segments += await work.prune(
                 _plan(settings, owner, plan, now_ids), settings.tool_names, self._memo
             )
         if now_ids:
@@ -196,7 +199,7 @@ class PruneStage:
 
     async def _held(
         self,
-        body: WireRequest,
+        work: Work,
         owner: str,
         conversation: str,
         exc: DatabaseUnavailable,
@@ -212,7 +215,7 @@ class PruneStage:
         segments: Sequence[Segment] = ()
         if decided:
             caps = _plan(settings, owner, decided)
-            segments = await body.prune(caps, settings.tool_names, self._memo)
+            segments = await work.prune(caps, settings.tool_names, self._memo)
         return Pruned(tuple(segments), warm, ttl, skipped=DATABASE_DOWN)
 
     async def _summaries(

@@ -9,11 +9,12 @@
                             upstream refuses it) ─► relay (SSE) or read whole; a client that
                             leaves cancels the upstream request
 
-What differs between formats is behind `WireFormat`/`WireRequest` (`proxy/wire/`); what
-differs for a large body is behind the offload's own `WireRequest` (`proxy/pipeline/offload.py`):
-no stage asks which it holds. The caps are pure functions reached through `caps.Clamp`;
-memory's front door is `memory.recaller` (through `proxy/pipeline/recall.py`, off the event
-loop); the upstream is an `UpstreamClient`, or litellm for a model in `proxy.routes`.
+What differs between formats is behind `WireFormat`/`WireRequest` (`proxy/wire/`); where a
+request's work runs (here, or a large body's in the offload worker) is behind its `Work`
+(`proxy/pipeline/work.py`), which `Executor` chooses once: no stage asks which it holds. The
+caps are pure functions reached through `caps.Clamp`; memory's front door is
+`memory.recaller` (through `proxy/pipeline/recall.py`, off the event loop); the upstream is
+an `UpstreamClient`, or litellm for a model in `proxy.routes`.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ from ctxbudget.caps.types import evolve
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.memory.recaller import RecallReport
 from ctxbudget.proxy.access.auth import owner_for
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirrors import MirrorView
-from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, PrefixChange, session_key
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.sessions import PrefixChange, session_key
 from ctxbudget.proxy.config.schema import RouteConfig
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, ClampError, CtxBudgetError, UpstreamError
 from ctxbudget.proxy.pipeline.chat_command import CommandMode, find_command, full_section
+from ctxbudget.proxy.pipeline.disconnect import DisconnectWatch
+from ctxbudget.proxy.pipeline.executor import Executor
 from ctxbudget.proxy.pipeline.headers import (
     PREFIX,
     RequestOptions,
@@ -57,6 +62,7 @@ from ctxbudget.proxy.pipeline.prune import Pruned, PruneStage
 from ctxbudget.proxy.pipeline.recall import RecallStage, Skipped
 from ctxbudget.proxy.pipeline.relay import CLIENT_GONE, Recorder, read_whole, relay
 from ctxbudget.proxy.pipeline.summaries import Summarizer
+from ctxbudget.proxy.pipeline.work import Work
 from ctxbudget.proxy.report import RequestRecord
 from ctxbudget.proxy.report.prices import input_price, prices
 from ctxbudget.proxy.report.render import TEXT_SECTIONS, render_summary, render_text
@@ -88,6 +94,9 @@ class Call:
     owner: str
     options: RequestOptions
     body: WireRequest
+    work: Work
+    """Where `body`'s work runs (here, or the offload worker): what it is asked beside the
+    format (`proxy/pipeline/work.py`)."""
     turn: UserTurn | None
     route: RouteConfig | None
     """The litellm route of the request's model, if it has one."""
@@ -122,6 +131,7 @@ class Pipeline:
         self.reporting = reporting
         self.offload = offload or Offload()
         """The worker process for large bodies (started by the first one; the app closes it)."""
+        self.executor = Executor(self.offload, state.clamp)
         self.recall = RecallStage(state.stores, state.tokens, state.env)
         self.prune = PruneStage(
             state.reports.ledger,
@@ -163,10 +173,15 @@ class Pipeline:
             owner = owner_for(headers, settings)
             options = RequestOptions.from_headers(headers, default_enabled=settings.enabled)
             raw = await read_body(request, settings.max_body_bytes)
-            parsed = await self._parse(request, wire, raw, owner, settings, options.enabled)
-            if parsed is None:
+            # parsed and clamped here, or in the offload worker: the work runs where it
+            # should (`Executor`), and nothing below asks where
+            prepared = await self.executor.prepare(
+                request, wire, raw, owner=owner, settings=settings, apply=options.enabled
+            )
+            if prepared is None:
                 return None
-            body, turn = parsed
+            work, turn = prepared
+            body = work.body
             wire.admit(body, owner)  # e.g. no continuing another key's Responses conversation
         route = settings.route_for(body.model)
         if route is not None and wire.name != "chat":
@@ -184,42 +199,12 @@ class Pipeline:
             owner=owner,
             options=options,
             body=body,
+            work=work,
             turn=turn,
             route=route,
             started=started,
             marks=marks,
         )
-
-    async def _parse(
-        self,
-        request: Request,
-        wire: WireFormat,
-        raw: bytes,
-        owner: str,
-        settings: Settings,
-        apply: bool,
-    ) -> tuple[WireRequest, UserTurn | None] | None:
-        """The parsed body and its user turn. Work that grows with the body runs in another
-        process for a large one, so one 30 MB request does not stall every other client (a
-        thread would not do: single C calls over its 30 MB string hold the GIL for tens of
-        ms); small ones skip the hop."""
-        if not self.offload.takes(raw, owner):
-            body = wire.parse(raw, owner=owner)
-            return body, body.user_turn()
-        # it may wait behind other large bodies: a client that gives up meanwhile costs no
-        # job (a job not yet started is dropped with the cancelled wait)
-        early = _DisconnectWatch(request)
-        try:
-            return await self.offload.prepare(
-                wire, raw, owner=owner, clamp=self.state.clamp, settings=settings, apply=apply
-            )
-        except asyncio.CancelledError:
-            if not early.fired():
-                raise
-            log.info("client disconnected while its large body waited to be parsed")
-            return None
-        finally:
-            early.stop()
 
     async def _prepare(self, call: Call) -> Outgoing:
         """Clamp, prune, recall and inject; the answer's headers and the record's draft."""
@@ -229,7 +214,7 @@ class Pipeline:
         price = input_price(model)
         # ~0.1 ms per 1,000 chars the first time a text is seen, a cache hit on every later
         # turn that resends it (a large body's were counted in the offload process)
-        saved = call.body.saved_tokens(segments, self.state.tokens, encoding, owner=call.owner)
+        saved = call.work.saved_tokens(segments, self.state.tokens, encoding, owner=call.owner)
         headers = budget_headers(
             call.id, call.options.enabled, segments, clamp_error, recorded=call.wire.generates
         )
@@ -299,7 +284,7 @@ class Pipeline:
                 if call.drawn is not None and call.drawn.held_out:
                     # exactly as with the budget off: nothing clamped or pruned (memory stays)
                     call.options = replace(call.options, enabled=False)
-                    body.as_sent()
+                    call.work.as_sent()
             segments, clamp_error = self._clamp(call)
             prunable = tuple(s for s in segments if s.action == "prunable")
             if prunable:
@@ -309,7 +294,7 @@ class Pipeline:
                 recall = await self._recall_only(call)
             return segments, clamp_error, recall, None
         pruned = await self.prune.run(
-            body,
+            call.work,
             owner=call.owner,
             session=session,
             prefix=prefix,
@@ -388,9 +373,9 @@ class Pipeline:
             found = await recall.inject(body, call.turn, owner, settings, options)
             skipped = found if isinstance(found, Skipped) else None
             recalled = None if isinstance(found, Skipped) else found
-        await body.settle()  # what was placed, applied (a large body's in its worker)
+        await call.work.settle()  # what was placed, applied (a large body's in its worker)
         if recalled is not None:
-            placed.update(body.memory_added(before))
+            placed.update(call.work.memory_added(before))
         change = sessions.observe(
             owner,
             session,
@@ -412,7 +397,7 @@ class Pipeline:
             retention=retention if isinstance(retention, str) else None,
         )
         return RecallOutcome(
-            recalled, body.defer_count(change), tuple(placed.values()), reused, skipped, mirror
+            recalled, call.work.defer_count(change), tuple(placed.values()), reused, skipped, mirror
         )
 
     async def _send(self, call: Call, out: Outgoing) -> Response:
@@ -422,7 +407,7 @@ class Pipeline:
         reply: UpstreamReply | None = None
         # the upstream phase starts with its disconnect watch; the record ends it (`end`)
         with timed(call.marks, "upstream_start"):
-            watch = _DisconnectWatch(call.request)
+            watch = DisconnectWatch(call.request)
         try:
             reply, dropper = await self._forward(call, out)
             headers = {**reply.headers, **out.headers}
@@ -458,7 +443,7 @@ class Pipeline:
             call.settings.request_usage
             and call.route is None
             and url not in self.state.refuses_usage
-            and call.body.ask_usage()
+            and call.work.ask_usage()
         )
         try:
             try:
@@ -470,7 +455,7 @@ class Pipeline:
                     "%s refused stream_options; usage of its streams stays unknown", redact(url)
                 )
                 self.state.refuses_usage.add(url)
-                call.body.forget_usage()
+                call.work.forget_usage()
                 return await self._upstream(call), None
         except CtxBudgetError as exc:  # the upstream's, or the offload's while encoding
             exc.headers = {**exc.headers, **out.headers}
@@ -480,7 +465,7 @@ class Pipeline:
     async def _upstream(self, call: Call) -> UpstreamReply:
         body, settings = call.body, call.settings
         if call.route is not None:
-            values = await body.litellm_values()
+            values = await call.work.litellm_values()
             if values is not None:
                 from ctxbudget.proxy.upstream.litellm import litellm_reply
 
@@ -490,7 +475,7 @@ class Pipeline:
         return await self.state.upstream.request(
             "POST",
             call.wire.upstream_url(settings, _path(call.request), _query(call.request)),
-            body=await body.upstream_body(),
+            body=await call.work.upstream_body(),
             headers=call.wire.upstream_headers(call.request.headers, settings),
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
@@ -593,35 +578,6 @@ def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
     return next(
         (i for i, b in enumerate(prefix.blocks) if b.label.endswith(f"[{turn.index}]")), None
     )
-
-
-class _DisconnectWatch:
-    """Cancels the request's own task if the client disconnects while it waits upstream.
-
-    One watcher task per request (cheaper than racing each await against one): the body is
-    read, so the next thing the server can say is that the client went away.
-    """
-
-    def __init__(self, request: Request) -> None:
-        self._task = asyncio.current_task()
-        self._fired = False
-        self._watcher = asyncio.ensure_future(self._watch(request))
-
-    async def _watch(self, request: Request) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        if self._task is not None:
-            self._fired = True
-            self._task.cancel()
-
-    def fired(self) -> bool:
-        """Whether the watcher cancelled the task (then the cancellation is consumed)."""
-        if self._fired and self._task is not None:
-            self._task.uncancel()
-        return self._fired
-
-    def stop(self) -> None:
-        self._watcher.cancel()
 
 
 def _headers(request: Request) -> dict[str, str]:

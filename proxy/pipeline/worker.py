@@ -196,6 +196,8 @@ class Worker:
         """Held by the one job the worker runs."""
         self._queued = 0
         """Jobs `run` queued for the waiting thread (the event loop's count)."""
+        self.jobs = 0
+        """Jobs the worker was given since this started (each `call`): what tests count."""
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ctxbudget-offload")
@@ -274,6 +276,7 @@ class Worker:
                 raise OffloadError("the client left before its body was parsed")
             if started is not None:
                 started.set()
+            self.jobs += 1  # under the lock: one job at a time
             conn = self._connection()
             deadline = time.monotonic() + JOB_SECONDS
 

@@ -16,9 +16,10 @@ import orjson
 
 from ctxbudget.caps import Segment
 from ctxbudget.caps._kept import ByIdentity
+from ctxbudget.proxy.cache.blocks import block_tokens, held
 from ctxbudget.proxy.cache.mirror import Predicted, TokenClass
 from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
-from ctxbudget.proxy.cache.sessions import Digested, PrefixChange, block_tokens
+from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices
@@ -421,9 +422,7 @@ def billing_is_quick(r: RequestRecord, tokens: TokenCounter) -> bool:
     costs ~0.1 ms of the request path's CPU; counting a large block on the loop costs more."""
     left = INLINE_COUNT_BYTES
     for m in r.prefix.moved if r.prefix is not None else ():
-        for data in (m.client, m.forwarded):
-            if isinstance(data, Digested):
-                data = data.data if data.data is not None else b""
+        for data in (held(m.client), held(m.forwarded)):
             if data and not tokens.knows_bytes(data, r.encoding, owner=r.owner):
                 left -= len(data)
                 if left < 0:

@@ -18,12 +18,12 @@ import orjson
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement, inject
 from ctxbudget.memory.query import UserTurn, user_turn
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.upstream.http import forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
-from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.types import Asker, InProcessRequest, Reply, WireFormat, WireRequest
 from ctxbudget.proxy.wire.view import paired, with_text
 
 _SYSTEM_ROLES = ("system", "developer")
@@ -145,6 +145,9 @@ class ChatCompletions:
 
     def admit(self, request: WireRequest, owner: str) -> None:
         return None
+
+    def in_worker(self, owner: str, ask: Asker) -> tuple[WireFormat, Asker | None]:
+        return self, None
 
     def watch_reply(self, request: WireRequest, owner: str) -> None:
         return None

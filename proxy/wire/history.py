@@ -99,6 +99,23 @@ class Histories:
         self._by_owner.clear()
         self._last = None
 
+    def new_bytes(self, raw: bytes, owner: str = "") -> int:
+        """The bytes of `raw` after the first items of a list `owner` sent before, where
+        `raw` is those same bytes up to them; all of them when it extends none. Only compared
+        (memcmp, a few times), nothing scanned: what the offload decides by before reading."""
+        found = len(raw)
+        for history in self._by_owner.get(owner, ()):
+            kept = _kept(raw, history)
+            if kept:
+                found = min(found, len(raw) - history.ends[kept - 1])
+        return found
+
+    def drop(self, raw: bytes) -> None:
+        """Forget the last `find`, of `raw`: a body read elsewhere (the offload worker's),
+        which `remember` will not see, so nothing here holds it (up to 30 MB) after."""
+        if self._last is not None and self._last[0] is raw:
+            self._last = None
+
     def structure(self, raw: bytes, owner: str = "") -> int:
         """`structure(raw)`: its `{` and `[`, those of the old items counted once (and the
         tools: `Tails`)."""

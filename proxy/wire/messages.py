@@ -28,7 +28,7 @@ import orjson
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement, block, inject
 from ctxbudget.memory.query import UserTurn, user_turn
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.tools import InlineTools, inline_mcp_tools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError, UpstreamError
@@ -41,7 +41,7 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
-from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.types import Asker, InProcessRequest, Reply, WireFormat, WireRequest
 from ctxbudget.proxy.wire.view import (
     ChatView,
     arguments_json,
@@ -279,6 +279,9 @@ class AnthropicMessages:
 
     def admit(self, request: WireRequest, owner: str) -> None:
         return None
+
+    def in_worker(self, owner: str, ask: Asker) -> tuple[WireFormat, Asker | None]:
+        return self, None
 
     def watch_reply(self, request: WireRequest, owner: str) -> None:
         return None

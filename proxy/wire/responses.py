@@ -23,6 +23,7 @@ Only `input` and `instructions` are ever re-serialised, and only when they chang
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -35,7 +36,7 @@ from cachetools import LRUCache
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement, block
 from ctxbudget.memory.query import UserTurn, user_turn
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError
 from ctxbudget.proxy.wire.body import (
@@ -46,7 +47,7 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.chat import openai_headers
-from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.types import Asker, InProcessRequest, Reply, WireFormat, WireRequest
 from ctxbudget.proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
@@ -73,6 +74,18 @@ class CallNames:
 
     def __len__(self) -> int:
         return len(self._calls)
+
+
+class AskedNames(CallNames):
+    """Call names asked of another process's `CallNames` (the offload worker's: `ask` sends
+    the call id to its parent, which answers for the request's owner)."""
+
+    def __init__(self, ask: Asker) -> None:  # nothing kept here: no cache, no lock
+        self._ask = ask
+
+    def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
+        found = self._ask(call_id)
+        return None if found is None else (found[0], found[1])
 
 
 class ResponseOwners:
@@ -368,6 +381,16 @@ class OpenAIResponses:
 
     def admit(self, request: WireRequest, owner: str) -> None:
         self.owners.check(request.get("previous_response_id"), owner)
+
+    def in_worker(self, owner: str, ask: Asker) -> tuple[WireFormat, Asker | None]:
+        """A copy whose call names are asked of this process's (`ask`): a continuation's
+        `function_call_output` is named by what this process relayed, and only for `owner`."""
+        return OpenAIResponses(AskedNames(ask)), functools.partial(self.names.get, owner)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the copy `in_worker` makes goes by its names alone; the response owners (and their
+        # lock) are this process's and stay here
+        return (OpenAIResponses, (self.names,))
 
     def watch_reply(self, request: WireRequest, owner: str) -> CallWatcher:
         return CallWatcher(self.names, owner, stream=request.stream, owners=self.owners)

@@ -19,14 +19,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames, prune_request, remembering
+from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import Block, PrefixChange, memory_added
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
-from ctxbudget.proxy.tokens import TokenCounter
+
+Asker = Callable[[str], Any]
+"""A question by key, answered by a value that pickles (or None)."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,6 @@ class WireRequest(Protocol):
         """The body to send upstream: `raw` itself when nothing changed."""
         ...
 
-    def as_sent(self) -> None:
-        """Drop what a clamp already applied, before anything else changed the body: the
-        holdout's requests go on as the client sent them (a large body was clamped while
-        it was parsed, in the offload process; one parsed here is not clamped yet)."""
-        ...
-
     def ask_usage(self) -> bool:
         """Make a stream that would carry no usage ask for it; True when the body changed for
         that and the usage-only chunk must be dropped from what the client sees. (Only chat
@@ -118,51 +114,12 @@ class WireRequest(Protocol):
         """The request as OpenAI chat values for a litellm route; None if the format has none."""
         ...
 
-    # What the pipeline asks of every request beside the above. A request parsed here answers
-    # at once (`InProcessRequest`); the offload process's stand-in for a large body
-    # (`proxy/pipeline/offload.py`) answers from its worker, so the pipeline never asks which
-    # of the two it holds.
-
-    def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
-    ) -> tuple[int, ...]:
-        """Tokens each of `segments` (what `clamp` returned) saved, in `encoding`, counted
-        for `owner` (`TokenCounter`)."""
-        ...
-
-    async def settle(self) -> None:
-        """Apply what `place_memory` and `inject` recorded, so `blocks()` shows it."""
-        ...
-
-    def memory_added(self, before: Sequence[Block]) -> dict[int, str]:
-        """The memory block `inject` added since `before` (the blocks then), by block index,
-        with its text; {} when it added none. Read after `settle`."""
-        ...
-
-    def defer_count(self, change: PrefixChange) -> PrefixChange:
-        """`change` as the report will price it (the offload counts large moved blocks after
-        the body went upstream)."""
-        ...
-
-    async def upstream_body(self) -> bytes:
-        """`encode()`, without blocking the event loop."""
-        ...
-
-    async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
-        """Apply the pruning decisions of `caps.pruned` (`caps.prune_request`: a second pass
-        after `clamp`); the segments of the results pruned. `memo`: the app's (`caps.Memo`:
-        the calls it reads are remembered there)."""
-        ...
-
-    async def litellm_values(self) -> dict[str, Any] | None:
-        """`litellm_body()`, without blocking the event loop."""
-        ...
-
 
 class InProcessRequest:
-    """The pipeline's hooks for a request parsed in this process: each is immediate.
-
-    Subclasses implement the rest of `WireRequest`.
+    """What the three formats' requests share (`WireRequest`'s defaults). What the pipeline
+    asks of a request beside its format (settle, encode off the loop, …) is its `Work`'s
+    (`proxy/pipeline/work.py`), the same whether it was parsed here or in the offload
+    process.
     """
 
     def blocks(self) -> list[Block]:
@@ -185,38 +142,11 @@ class InProcessRequest:
     def encode(self) -> bytes:
         raise NotImplementedError
 
-    def as_sent(self) -> None:
-        return None  # clamped later, by `clamp` with `apply=False`
-
     def litellm_body(self) -> dict[str, Any] | None:
         raise NotImplementedError
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
         raise NotImplementedError
-
-    async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
-        clamp = prune_request if memo is None else remembering(prune_request, memo)
-        return self.clamp(clamp, caps, tools, apply=True)
-
-    def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
-    ) -> tuple[int, ...]:
-        return tuple(tokens.saved(s, encoding, owner=owner) for s in segments)
-
-    async def settle(self) -> None:
-        return None
-
-    def memory_added(self, before: Sequence[Block]) -> dict[int, str]:
-        return memory_added(before, self.blocks())
-
-    def defer_count(self, change: PrefixChange) -> PrefixChange:
-        return change
-
-    async def upstream_body(self) -> bytes:
-        return self.encode()
-
-    async def litellm_values(self) -> dict[str, Any] | None:
-        return self.litellm_body()
 
 
 class ReplyWatcher(Protocol):
@@ -264,6 +194,13 @@ class WireFormat(Protocol):
 
     def watch_reply(self, request: WireRequest, owner: str) -> ReplyWatcher | None:
         """Something to read the reply as it is relayed, or None (most formats)."""
+        ...
+
+    def in_worker(self, owner: str, ask: Asker) -> tuple[WireFormat, Asker | None]:
+        """This format as the offload worker parses `owner`'s request with it (a copy that
+        pickles), and how this process answers what that copy asks (by `ask`, the worker's
+        way to ask) of the state this format keeps here (Responses: the call names its
+        replies made); most formats: themselves, and nothing to answer."""
         ...
 
     def error_body(self, error: CtxBudgetError) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import orjson
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.caps._kept import OfObjects
 from ctxbudget.caps.types import evolve
-from ctxbudget.proxy.cache.sessions import Block
+from ctxbudget.proxy.cache.blocks import Block
 
 Place = tuple[Any, ...]
 """Where a view message's text lives in the real request: `(kind, real index, ...)`; the

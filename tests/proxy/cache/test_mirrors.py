@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import ctxbudget.proxy.cache.mirrors as mirrors_module
+from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirror import MirrorBlock, OpenAIMirror
 from ctxbudget.proxy.cache.mirrors import Mirrors
-from ctxbudget.proxy.cache.sessions import Block
 from tests.inproc import proxy_app, state_of
 from tests.openclaw import INTERNAL_CONTEXT, tool_call
 

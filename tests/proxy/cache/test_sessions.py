@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from ctxbudget.caps import Caps, ClampResult, Memo, ToolNames, clamp_request
-from ctxbudget.proxy.cache.sessions import ClientPrefix, SessionTracker, serial, session_key
+from ctxbudget.proxy.cache.blocks import serial
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.sessions import SessionTracker, session_key
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices, prices
 from ctxbudget.proxy.report.usage import Usage
@@ -407,7 +409,7 @@ def test_a_resent_block_is_found_by_the_bytes_the_client_sent(
 ) -> None:
     # An agent resends its history every turn: the session stage hashes what the client sent
     # and serialises only blocks it has not seen, with the same bytes and digests either way.
-    import ctxbudget.proxy.cache.sessions as sessions
+    import ctxbudget.proxy.cache.prefix as prefixes
 
     body = openclaw_request(version="9.x", size_bytes=60_000)
     body["messages"][1]["content"] = [
@@ -417,18 +419,18 @@ def test_a_resent_block_is_found_by_the_bytes_the_client_sent(
     parsed = ChatCompletions().parse(raw)
     blocks = parsed.blocks()
     assert all(b.sent is not None for b in blocks if b.label.startswith("messages["))
-    serialised = ClientPrefix([sessions.Block(b.label, b.client, b.forwarded) for b in blocks])
+    serialised = ClientPrefix([prefixes.Block(b.label, b.client, b.forwarded) for b in blocks])
     calls = 0
-    real = sessions.serial
+    real = prefixes.serial
 
     def counted(value: Any) -> bytes:
         nonlocal calls
         data = real(value)
         # the tools are passed on as sent; blocks under 1 KB are cheap and not kept
-        calls += not isinstance(value, bytes) and len(data) >= sessions.SERIAL_ITEM_BYTES[0]
+        calls += not isinstance(value, bytes) and len(data) >= prefixes.SERIAL_ITEM_BYTES[0]
         return data
 
-    monkeypatch.setattr(sessions, "serial", counted)
+    monkeypatch.setattr(prefixes, "serial", counted)
     owner = "found-by-sent-bytes"  # an owner of its own: nothing kept for it before
     first = ClientPrefix(ChatCompletions().parse(raw, owner=owner).blocks(), owner)
     large = calls

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import doctest
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -21,10 +22,11 @@ from typing import Any
 import orjson
 import pytest
 
-import ctxbudget.proxy.cache.sessions
+import ctxbudget.proxy.cache.blocks
 from ctxbudget.caps import Caps, ChatRequest, Clamp, ClampResult, Memo, ToolNames, clamp_request
 from ctxbudget.proxy.app import create_app
-from ctxbudget.proxy.cache.sessions import SMALL_BLOCK, ClientPrefix, Digested
+from ctxbudget.proxy.cache.blocks import SMALL_BLOCK, Digested
+from ctxbudget.proxy.cache.prefix import ClientPrefix
 from ctxbudget.proxy.config.schema import Config, ConfigSource
 from ctxbudget.proxy.config.settings import settings_for
 from ctxbudget.proxy.pipeline.offload import LARGE_BODY, MANY_OBJECTS, Offload, OffloadedRequest
@@ -357,9 +359,14 @@ def test_a_clamp_the_worker_cannot_import_is_a_clear_error(tmp_path: Path) -> No
 # -- real large bodies, at the default threshold ---------------------------------------------
 
 
+_PAGES = itertools.count()
+
+
 def _large(*, stream: bool = False, question: str | None = None) -> dict[str, Any]:
+    """A large body this process has not seen: its page is new (a body that repeats one
+    parsed here before, and adds little, is read here: `Offload.takes`)."""
     body = openclaw_request(stream=stream)
-    body["messages"][3]["content"] = web_fetch_result(content=PAGE)
+    body["messages"][3]["content"] = web_fetch_result(content=f"{PAGE}(page {next(_PAGES)})")
     if question is not None:
         body["messages"].append({"role": "user", "content": question})
     assert len(orjson.dumps(body)) > LARGE_BODY
@@ -528,7 +535,7 @@ def test_a_worker_that_died_is_replaced_by_the_next_large_body(tmp_path: Path) -
 
 
 def test_the_digested_examples_hold() -> None:
-    assert doctest.testmod(ctxbudget.proxy.cache.sessions).failed == 0
+    assert doctest.testmod(ctxbudget.proxy.cache.blocks).failed == 0
 
 
 @pytest.mark.e2e  # starts and stops an offload worker of its own

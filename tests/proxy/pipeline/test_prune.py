@@ -761,7 +761,8 @@ def _old_report_db(tmp_path: Path, backend: Backend, conversation: str, at: floa
 def _legacy_conversation(body: dict[str, Any]) -> str:
     """The conversation id schema 7's decisions were filed under: the session and the first
     message."""
-    from ctxbudget.proxy.cache.sessions import ClientPrefix, session_key
+    from ctxbudget.proxy.cache.prefix import ClientPrefix
+    from ctxbudget.proxy.cache.sessions import session_key
     from ctxbudget.proxy.wire.chat import ChatCompletions
 
     parsed = ChatCompletions().parse(orjson.dumps(body))

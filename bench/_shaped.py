@@ -87,8 +87,14 @@ def _requests(template: Session, count: int) -> list[Recorded]:
         body["messages"][-1] = mark(newest)
         task = 1 + i // (2 * PROMPTS_PER_TASK)
         requests.append(
-            Recorded(task, "POST", "/v1/messages", "beta=true", dict(template.requests[1].headers),
-                     json.dumps(body, ensure_ascii=False).encode())  # fmt: skip
+            Recorded(
+                task,
+                "POST",
+                "/v1/messages",
+                "beta=true",
+                dict(template.requests[1].headers),
+                json.dumps(body, ensure_ascii=False).encode(),
+            )  # fmt: skip
         )
         tail.append(newest)
         if i % 2 == 1:  # the model answers in text; the user asks the next thing

@@ -28,9 +28,10 @@ RESULT_BYTES = 10_000
 """About what each tool result holds (Claude Code's file reads and command outputs)."""
 PROMPTS_PER_TASK = 5
 NAME = "cc-prompt2"
-LENGTHS = (10, 20, 40, 50, 80)
-"""Requests in each synthesised session (50 the main one: 20-60 turns; the others end soon
-after a prune at different points of the run)."""
+LENGTHS = (10, 20, 40, 50, 74, 80)
+"""Requests in each synthesised session (50 the main one: 20-60 turns; the others end at
+different points of the run: 74 just after the warm prune the old rule took at request 73 of
+the 5-minute always-warm schedule, never repaid)."""
 
 
 def claude_code_shaped(template: Session, lengths: tuple[int, ...] = LENGTHS) -> list[Session]:

@@ -199,7 +199,10 @@ class Recorder:
 def _with_billing(record: RequestRecord, priced: asyncio.Future[dict[str, Any]]) -> RequestRecord:
     """`record` with the money its stream's `settle` priced (the writer prices it if that
     failed)."""
-    if priced.cancelled() or priced.exception() is not None:
+    if priced.cancelled():
+        return record
+    if (failed := priced.exception()) is not None:
+        log.error("request %s: pricing its answer failed: %r", record.id, failed)
         return record
     return evolve(record, billed=priced.result())
 

@@ -52,6 +52,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._shaped import claude_code_shaped  # noqa: E402
 from tests.e2e.server import serve  # noqa: E402
 from tests.prompt_cache import tokens_of  # noqa: E402
 from tests.replay import REPLAY_INDEX, Schedule, Session, recorded, replay  # noqa: E402
@@ -104,7 +105,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     names = args.sessions or (QUICK_SESSIONS if args.quick else None)
-    sessions = recorded(names)
+    sessions = recorded(names) + shaped(names)
     if not sessions:
         sys.exit("no recorded sessions in bench/sessions (bench/record.py makes them)")
     schedules = args.schedules or (["gaps"] if args.quick else list(SCHEDULES))
@@ -131,12 +132,24 @@ def main() -> None:
 # --- the schedules' sessions and clear_tool_uses --------------------------------------------
 
 
+def shaped(names: list[str] | tuple[str, ...] | None) -> list[Session]:
+    """The synthesised Claude Code sessions (`bench/_shaped.py`: a prompt every 2 requests,
+    ~10 KB results, 10 to 80 requests), those of `names` (all when None)."""
+    template = recorded(["claude-code"])
+    if not template:
+        return []
+    found = claude_code_shaped(template[0])
+    return [s for s in found if names is None or s.name in names]
+
+
 def warmed(session: Session, schedule: str, limit: int | None, ttl: str | None) -> Session:
     """`session` as `schedule` replays it: its first `limit` requests, each marker at `ttl`
     (OpenAI bodies: the longer retention); named `session (schedule)` unless `gaps`."""
     meta = dict(session.meta)
     if schedule != "gaps":
         meta["session"] = f"{session.name} ({schedule})"
+    if meta.get("synthesised"):
+        limit = None  # made as long as it is meant to be: the whole session warm
     requests = session.requests[:limit]
     if ttl is not None:
         requests = [replace(r, body=_longer(r.body, ttl)) for r in requests]

@@ -26,6 +26,7 @@ mirrored again from its next request, cold (its first prediction reads nothing).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -307,6 +308,12 @@ class SessionMirror:
     `withoutCtxbudgetUsd`: the direct copy's prediction where results are pruned)."""
     last: tuple[Groups, Groups] | None = field(default=None, repr=False)
     """The newest request's blocks as forwarded and as sent (`mirror_groups`' `last`)."""
+    seen: float | None = None
+    """When the newest request it mirrored came (a request it could not mirror, a large body
+    parsed elsewhere, leaves it behind the session: pruning does not price on it)."""
+    settling: asyncio.Future[Any] | None = field(default=None, repr=False)
+    """The newest streamed answer's settling (`Recorder.settle`), while it runs in a thread:
+    pruning waits for it before deciding the session's next request."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -350,6 +357,7 @@ class SessionMirror:
             direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
             self.sent_bytes = sum(n for _, n, _ in sent)
             self.requests += 1
+            self.seen = now
             parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
             if groups is not None:
                 parts = (

@@ -147,6 +147,13 @@ class PruneStage:
         due = bool(fresh) and not warm  # a cold cache: the prune is free
         if fresh and warm and pruning.mode == "pays" and timing is not None:
             mirror = self._mirrors.get(owner, session)
+            if mirror is not None and mirror.seen != timing[0]:
+                mirror = None  # it missed the session's newest request: behind what is cached
+            settling = mirror.settling if mirror is not None else None
+            if settling is not None and not settling.done():
+                # the previous answer's usage, priced in a thread: decided on it, whenever the
+                # thread gets there (`Recorder.settle`), so a replay decides the same
+                await asyncio.wait([settling])
             paused = mirror.paused() if mirror is not None else None
             # an instance without the session's mirror has nothing to price a rewrite on;
             # a prune on the turn after one waits: the next result joins the batch for the
@@ -309,8 +316,17 @@ class PruneStage:
             # such a request, again by the next one from the entry before the change
             rewrite *= 2
         saved = sum(less.values()) * mirror.scale
+        if saved <= 0:
+            return False
+        if rewrite <= 0:
+            return True  # nothing to repay: this request costs no more pruned
         horizon = (run + 1) / 2  # half the warm run so far, this request counted
-        return saved > 0 and horizon * saved * found.cache_read > rewrite
+        # the rewrite is paid whether or not the session goes on: it is taken only out of
+        # what the session has already saved against direct (measured, `SessionMirror`), so
+        # a session that ends at the next request is still not billed above direct
+        with mirror.lock:
+            banked = mirror.direct_usd - mirror.billed_usd
+        return horizon * saved * found.cache_read > rewrite and banked >= rewrite
 
 
 def _plan(

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from ctxbudget.caps.types import evolve
 from ctxbudget.proxy.errors import UpstreamError
@@ -77,13 +78,67 @@ class Recorder:
         self.net_usd: float | None = None
         """What the request saved net of cache effects (its cost without ctxbudget minus its
         cost), when `finish_priced` could price it; else None."""
+        self._priced: asyncio.Future[dict[str, Any]] | None = None
+        """A stream's `billing`, begun when its final event came (`settle`)."""
 
     def finish(self, status: int, *, upstream_error: str | None = None) -> None:
         if self.done:
             return
         self.done = True
-        if self._record:
-            self._queue(self._completed(status, upstream_error))
+        if not self._record:
+            return
+        record = self._completed(status, upstream_error)
+        priced = self._priced
+        if priced is None or upstream_error is not None:
+            self._queue(record)
+        elif priced.done():
+            self._queue(_with_billing(record, priced))
+        else:  # queued once its pricing (in a thread) is done, priced or not
+            arrived = self._reports.add_later()
+
+            def queue(done: asyncio.Future[dict[str, Any]]) -> None:
+                try:
+                    self._queue(_with_billing(record, done), arrived)
+                finally:
+                    arrived(None)  # (a no-op once queued)
+
+            priced.add_done_callback(queue)
+
+    def settle(self) -> None:
+        """A stream's final event came (its usage is whole): price the request now, before
+        the client has the last bytes, so its usage is settled into the session's cache mirror
+        (the scale, what the provider holds, the measured bill the guard reads) before the
+        client's next request is decided on. Pruning reads them: left to the report's writer
+        thread, a `pays` decision hung on whether the writer had got there first, and two
+        replays of one session could differ. In a thread when there is much to count: the
+        session's next request waits for it (`SessionMirror.settling`)."""
+        draft = self.draft
+        if (
+            not self._record
+            or self._priced is not None
+            or self.usage is None
+            or self._tokens is None
+            or draft.mirror is None
+            or draft.prices is None
+            or (draft.prefix is not None and draft.prefix.late is not None)
+        ):
+            return
+        record = evolve(draft, usage=self.usage.result())
+        if record.usage is None:
+            return
+        try:
+            if not billing_is_quick(record, self._tokens):
+                self._priced = asyncio.ensure_future(
+                    asyncio.to_thread(billing, record, self._tokens)
+                )
+                draft.mirror.session.settling = self._priced
+                return
+            money = billing(record, self._tokens)
+        except Exception:  # the writer prices it; the answer goes on
+            log.exception("request %s: pricing its answer failed", record.id)
+            return
+        self._priced = asyncio.get_running_loop().create_future()
+        self._priced.set_result(money)
 
     async def finish_priced(self, status: int) -> None:
         """`finish` for a JSON answer read whole: price it first (`billing`, in a thread when
@@ -128,8 +183,10 @@ class Recorder:
             response_model=self.usage.response_model if self.usage is not None else None,
         )
 
-    def _queue(self, record: RequestRecord) -> None:
-        self._reports.add(record)
+    def _queue(
+        self, record: RequestRecord, add: Callable[[RequestRecord], None] | None = None
+    ) -> None:
+        (add or self._reports.add)(record)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", summary_line(record))
         if self._answered is not None and 200 <= record.status < 300:
@@ -137,6 +194,17 @@ class Recorder:
                 self._answered()
             except Exception:  # what follows an answer never costs the answer
                 log.exception("request %s: what follows its answer failed", record.id)
+
+
+def _with_billing(record: RequestRecord, priced: asyncio.Future[dict[str, Any]]) -> RequestRecord:
+    """`record` with the money its stream's `settle` priced (the writer prices it if that
+    failed)."""
+    if priced.cancelled():
+        return record
+    if (failed := priced.exception()) is not None:
+        log.error("request %s: pricing its answer failed: %r", record.id, failed)
+        return record
+    return evolve(record, billed=priced.result())
 
 
 LATE_HEADER_SECONDS = 0.5
@@ -271,6 +339,8 @@ async def relay(
                 seen = tail + chunk
                 found = any(event in seen for event in FINAL_EVENTS)
                 tail = seen[-_TAIL:]
+                if found:  # the usage is whole: settled before the client has the end
+                    recorder.settle()
                 yield chunk
                 delivered = found
                 continue

@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -456,6 +456,24 @@ class ReportStore:
                 self._deferred -= 1
 
         late.add_done_callback(queue)
+
+    def add_later(self) -> Callable[[RequestRecord | None], None]:
+        """A record to come (a stream's, while its pricing runs in a thread): `flush` waits
+        for it as for one waiting for a late count; the function returned queues it (None:
+        it will not come), once."""
+        with self._deferred_lock:
+            self._deferred += 1
+        once = threading.Lock()
+
+        def arrived(record: RequestRecord | None) -> None:
+            if not once.acquire(blocking=False):
+                return
+            if record is not None:
+                self._queue.put(record)
+            with self._deferred_lock:
+                self._deferred -= 1
+
+        return arrived
 
     def flush(self, timeout: float = 10.0, *, late: float | None = None) -> None:
         """Wait until every queued record is written, and those waiting for a late token

@@ -55,6 +55,9 @@ class Recorder:
     def finish(self, status: int, *, upstream_error: str | None = None) -> None:
         self.finished.append((status, upstream_error))
 
+    def settle(self) -> None:
+        """The final event came (the real one prices the answer here)."""
+
 
 async def _client_takes(chunks: list[bytes], count: int, *, split: bool = False) -> Recorder:
     """The client reads `count` chunks of a stream of `chunks`, then hangs up."""

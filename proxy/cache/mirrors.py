@@ -30,6 +30,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain, compress, count, islice, repeat
+from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any, Literal, NamedTuple
 
 import orjson
@@ -96,26 +98,37 @@ def mirror_groups(
     only the other blocks are serialised and hashed. An agent's request N+1 is request N and a
     turn; re-serialising every Anthropic block of a 300-turn history took ~10 ms a request.
     """
-    values = [block.forwarded if sent else block.client for block in blocks]
-    labels = [block.label for block in blocks]
-    old: list[Any] = last.values if last is not None else []
+    values = list(map(attrgetter("forwarded" if sent else "client"), blocks))
+    labels = list(map(attrgetter("label"), blocks))
     kept: list[Any] = []
     groups: list[list[Part]] = []
     keys: list[bytes] = []
     key = b""
-    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
-        if (
-            last is not None
-            and i < len(old)
-            and label == last.labels[i]
-            and key == (last.keys[i - 1] if i else b"")
-            and _same(value, old[i])
-        ):
-            kept.append(old[i])
-            groups.append(last.groups[i])
-            key = last.keys[i]
-            keys.append(key)
-            continue
+    old: list[Any] = last.values if last is not None else []
+    top = min(len(values), len(old))
+    i = 0
+    while i < len(values):
+        if last is not None and i < top and key == (last.keys[i - 1] if i else b""):
+            # after the same digest: the run of blocks that are the very objects of the last
+            # request under the same labels keeps its groups (found in C, not a line a block)
+            run = next(compress(count(i), map(is_not, values[i:top], old[i:top])), top)
+            run = next(compress(count(i), map(ne, labels[i:run], last.labels[i:run])), run)
+            if run > i:
+                kept += old[i:run]
+                groups += last.groups[i:run]
+                keys += last.keys[i:run]
+                key = keys[-1]
+                i = run
+                continue
+            if labels[i] == last.labels[i] and _same(values[i], old[i]):
+                kept.append(old[i])  # the same bytes (a slice of this body)
+                groups.append(last.groups[i])
+                key = last.keys[i]
+                keys.append(key)
+                i += 1
+                continue
+        label, value = labels[i], values[i]
+        i += 1
         # a slice of the body (a field passed on unread) is kept as a copy: the slice would
         # hold its whole body
         kept.append(_Slice(value) if isinstance(value, bytearray | memoryview) else value)
@@ -346,56 +359,57 @@ class SessionMirror:
         `groups`: our block's index of each of `sent`'s and `direct`'s (`MirrorView.exact`)."""
         with self.lock:
             scale = self.places
-            sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
-            direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
-            self.sent_bytes = sum(n for _, n, _ in sent)
+            # by column, each in one pass in C: a line a block was most of a long session's bill
+            sent_cols, direct_cols = _columns(sent, scale), _columns(direct, scale)
+            self.sent_bytes = sent_cols.size
             self.requests += 1
             parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
             if groups is not None:
                 parts = (
-                    tuple(zip(groups[0], (b.tokens for b in sent_blocks), strict=True)),
-                    tuple(zip(groups[1], (b.tokens for b in direct_blocks), strict=True)),
+                    tuple(zip(groups[0], sent_cols.tokens, strict=True)),
+                    tuple(zip(groups[1], direct_cols.tokens, strict=True)),
                 )
-            billed_direct = self._bill(self.direct, direct_blocks, now, model, retention)
+            billed_direct = self._bill(self.direct, direct_cols, now, model, retention)
             if self.provider == "anthropic":
-                self._reread(direct_blocks, billed_direct)
+                self._reread(direct_cols, billed_direct)
             return MirrorView(
                 self,
                 self.provider,
-                self._bill(self.sent, sent_blocks, now, model, retention),
+                self._bill(self.sent, sent_cols, now, model, retention),
                 billed_direct,
-                tuple(b.key for b in sent_blocks if b.ttl is not None or self.provider == "openai"),
+                tuple(sent_cols.keys)
+                if self.provider == "openai"
+                else tuple(compress(sent_cols.keys, sent_cols.ttls)),
                 parts=parts,
             )
 
-    def _reread(self, blocks: Sequence[MirrorBlock], billed: Predicted) -> None:
+    def _reread(self, blocks: _Columns, billed: Predicted) -> None:
         """Count a warm direct request that did not read its predecessor's last breakpoint
         (`unread`), and keep its own. Under the lock."""
         last = self.last_mark
-        marks = [b.key for b in blocks if b.ttl is not None][:MAX_BREAKPOINTS]
+        marks = list(islice(compress(blocks.keys, blocks.ttls), MAX_BREAKPOINTS))
         self.last_mark = marks[-1] if marks else None
         if last is None or billed.read <= 0:
             return  # the first request, or cold: nothing was there to read
-        end = 0
-        for b in blocks:
-            end += b.tokens
-            if b.key == last:
-                if end > billed.read:
-                    self.unread += 1
-                return
-        self.unread += 1
+        try:
+            at = blocks.keys.index(last)
+        except ValueError:
+            self.unread += 1
+            return
+        if sum(blocks.tokens[: at + 1]) > billed.read:
+            self.unread += 1
 
     @staticmethod
     def _bill(
         mirror: AnthropicMirror | OpenAIMirror,
-        blocks: Sequence[MirrorBlock],
+        blocks: _Columns,
         now: float,
         model: str,
         retention: str | None,
     ) -> Predicted:
         if isinstance(mirror, AnthropicMirror):
-            return mirror.bill(blocks, now=now, model=model)
-        return mirror.bill(blocks, now=now, retention=retention)
+            return mirror.bill_parts(blocks.keys, blocks.tokens, blocks.ttls, now=now, model=model)
+        return mirror.bill_parts(blocks.keys, blocks.tokens, now=now, retention=retention)
 
     def what_if(self, blocks: Sequence[MirrorBlock], *, now: float, model: str,
                 retention: str | None = None) -> Predicted:  # fmt: skip
@@ -439,6 +453,26 @@ class SessionMirror:
             # short of the prediction says the provider lost what it held
             if view.sent.read > 0 and -drift > max(MISS_TOKENS, MISS_SHARE * total):
                 self.sent.forget_before(view.written)
+
+
+class _Columns(NamedTuple):
+    """A copy's provider blocks by column, in estimated tokens (`SessionMirror.observe`)."""
+
+    keys: list[bytes]
+    tokens: list[int]
+    ttls: list[Lifetime | None]
+    size: int
+    """Their bytes."""
+
+
+def _columns(parts: Sequence[Part], scale: float) -> _Columns:
+    sizes = list(map(itemgetter(1), parts))
+    return _Columns(
+        list(map(itemgetter(0), parts)),
+        list(map(round, map(scale.__mul__, sizes))),
+        list(map(itemgetter(2), parts)),
+        sum(sizes),
+    )
 
 
 class _Kept:
@@ -491,6 +525,11 @@ class _Kept:
             del self.owners[session]
 
 
+def _owners(groups: Sequence[Sequence[Part]]) -> list[int]:
+    """Our block's index of each provider block, in order."""
+    return list(chain.from_iterable(map(repeat, count(), map(len, groups))))
+
+
 def _by_group(parts: Sequence[tuple[int, int]]) -> dict[int, int]:
     out: dict[int, int] = {}
     for group, n in parts:
@@ -532,15 +571,12 @@ class Mirrors:
         )
         if sent_groups is None or direct_groups is None:
             return None
-        sent = [part for group in sent_groups.groups for part in group]
-        direct = [part for group in direct_groups.groups for part in group]
+        sent = list(chain.from_iterable(sent_groups.groups))
+        direct = list(chain.from_iterable(direct_groups.groups))
         if not sent:
             return None
         # which of our blocks each provider block is of: the report prices by block
-        groups = (
-            [i for i, group in enumerate(sent_groups.groups) for _ in group],
-            [i for i, group in enumerate(direct_groups.groups) for _ in group],
-        )
+        groups = (_owners(sent_groups.groups), _owners(direct_groups.groups))
         mirror.last = (sent_groups, direct_groups)
         view = mirror.observe(
             sent, direct, now=now, model=model, retention=retention, groups=groups

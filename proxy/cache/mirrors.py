@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress, count, islice, repeat
+from itertools import accumulate, chain, compress, count, islice
 from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any, Literal, NamedTuple
 
@@ -208,6 +208,76 @@ def _bytes(part: Any) -> bytes:
         return repr(part).encode(errors="replace")
 
 
+class Laid(NamedTuple):
+    """Where a request's blocks lie, in estimated tokens: `ends[k]`, where its first `k`
+    provider blocks end; `first[g]`, the index of our block `g`'s first provider block."""
+
+    ends: list[int]
+    first: list[int]
+
+    @property
+    def total_parts(self) -> int:
+        return len(self.ends) - 1
+
+    @property
+    def tokens(self) -> int:
+        return self.ends[-1]
+
+    def has(self, group: int) -> bool:
+        """Whether our block `group` has provider blocks here."""
+        return 0 <= group < len(self.first) - 1 and self.first[group + 1] > self.first[group]
+
+    def size(self, group: int) -> int:
+        return self.ends[self.first[group + 1]] - self.ends[self.first[group]]
+
+    def classes(
+        self,
+        counted: dict[int, tuple[int, int]],
+        mine: Sequence[int],
+        pick: int,
+        density: float,
+        predicted: Predicted,
+    ) -> dict[TokenClass, float]:
+        """The tokens of each class, the blocks `mine` (in order) at their `counted` ones,
+        the others at `density` (`MirrorView.exact`)."""
+        out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
+        rest: dict[TokenClass, int] = {"read": 0, "5m": 0, "1h": 0, "input": 0}
+        # each class's stretches (an OpenAI read may end inside a block: it splits it)
+        stretches: list[tuple[int, int, TokenClass]] = []
+        at = 0
+        spans = predicted.spans or ((predicted.total, "input"),)
+        for stop, kind in spans:
+            if stop > at:
+                stretches.append((at, stop, kind))
+                rest[kind] += stop - at
+                at = stop
+        if at < self.tokens:  # past the last span: its class
+            stretches.append((at, self.tokens, spans[-1][1]))
+            rest[spans[-1][1]] += self.tokens - at
+        i = 0
+        for g in mine:
+            start, end = self.ends[self.first[g]], self.ends[self.first[g + 1]]
+            if end <= start:
+                continue
+            scale = counted[g][pick] / (end - start)
+            while i < len(stretches) - 1 and stretches[i][1] <= start:
+                i += 1
+            for low, high, kind in stretches[i:]:
+                if low >= end:
+                    break
+                n = min(end, high) - max(start, low)
+                out[kind] += n * scale
+                rest[kind] -= n
+        for kind, n in rest.items():
+            out[kind] += n * density
+        return out
+
+
+def _laid(tokens: Sequence[int], sizes: Sequence[int]) -> Laid:
+    """`Laid` of a copy's provider blocks' `tokens` and how many each of our blocks has."""
+    return Laid(list(accumulate(tokens, initial=0)), list(accumulate(sizes, initial=0)))
+
+
 @dataclass
 class MirrorView:
     """What the mirror predicted for one request, settled by its answer (`settle`)."""
@@ -222,9 +292,9 @@ class MirrorView:
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
-    parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
-    """Each provider block of the request as sent, then as the client sent it: (our block's
-    index, its estimated tokens), in order (`exact`)."""
+    laid: tuple[Laid, Laid] | None = None
+    """Where each of our blocks lies in the request as sent, then as the client sent it, in
+    estimated tokens (`exact`)."""
 
     def exact(
         self, counted: dict[int, tuple[int, int]], total: int
@@ -235,41 +305,30 @@ class MirrorView:
         those ctxbudget changed) as counted, the others at what the provider's `total` leaves
         for them. A pruned or clamped result is not as dense as a system prompt: at one scale
         its tokens, and with them what the client's bytes would have read, were off by
-        several percent (issue 31). None when nothing is left for the others."""
-        sent, direct = self.parts
-        if not sent or not direct:
+        several percent (issue 31). None when nothing is left for the others.
+
+        Each class is its counted blocks' tokens in it, each at its own scale, and the rest
+        of its stretch at the one density: the work is the counted blocks and the classes'
+        stretches, not a line a block of the history."""
+        if self.laid is None:
             return None
-        est_sent = _by_group(sent)
-        est_direct = _by_group(direct)
-        known = sum(counted[g][1] for g in est_sent if g in counted)
-        rest = sum(n for g, n in est_sent.items() if g not in counted)
+        sent, direct = self.laid
+        if sent.total_parts == 0 or direct.total_parts == 0:
+            return None
+        mine = [g for g in sorted(counted) if sent.has(g)]
+        known = sum(counted[g][1] for g in mine)
+        rest = sent.tokens - sum(sent.size(g) for g in mine)
         if rest > 0:
             density = (total - known) / rest
             if density <= 0:
                 return None
         else:
             density = 1.0  # every block counted: nothing at the density
-
-        def classes(
-            parts: tuple[tuple[int, int], ...], est: dict[int, int], pick: int, predicted: Predicted
-        ) -> dict[TokenClass, float]:
-            out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
-            spans = predicted.spans or ((predicted.total, "input"),)
-            i = at = 0
-            for group, n in parts:
-                found = counted.get(group)
-                scale = found[pick] / est[group] if found is not None and est[group] else density
-                end = at + n
-                while at < end:  # an OpenAI read may end inside a block: split it
-                    while i < len(spans) - 1 and spans[i][0] <= at:
-                        i += 1
-                    stop, kind = spans[i]
-                    upto = min(end, stop) if stop > at else end
-                    out[kind] += (upto - at) * scale
-                    at = upto
-            return out
-
-        return classes(sent, est_sent, 1, self.sent), classes(direct, est_direct, 0, self.direct)
+        return (
+            sent.classes(counted, mine, 1, density, self.sent),
+            direct.classes(counted, [g for g in sorted(counted) if direct.has(g)], 0, density,
+                           self.direct),
+        )  # fmt: skip
 
     def count(self, billed: float, direct: float) -> None:
         """Add the request's bill and its direct counterpart to the session's totals, once."""
@@ -353,22 +412,20 @@ class SessionMirror:
         now: float,
         model: str,
         retention: str | None = None,
-        groups: tuple[Sequence[int], Sequence[int]] | None = None,
+        sizes: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> MirrorView:
         """Both copies billed for one request at `now`; each then holds what it wrote.
-        `groups`: our block's index of each of `sent`'s and `direct`'s (`MirrorView.exact`)."""
+        `sizes`: how many of `sent`'s and `direct`'s blocks each of ours has, in order
+        (`MirrorView.exact`)."""
         with self.lock:
             scale = self.places
             # by column, each in one pass in C: a line a block was most of a long session's bill
             sent_cols, direct_cols = _columns(sent, scale), _columns(direct, scale)
             self.sent_bytes = sent_cols.size
             self.requests += 1
-            parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
-            if groups is not None:
-                parts = (
-                    tuple(zip(groups[0], sent_cols.tokens, strict=True)),
-                    tuple(zip(groups[1], direct_cols.tokens, strict=True)),
-                )
+            laid = None
+            if sizes is not None:
+                laid = (_laid(sent_cols.tokens, sizes[0]), _laid(direct_cols.tokens, sizes[1]))
             billed_direct = self._bill(self.direct, direct_cols, now, model, retention)
             if self.provider == "anthropic":
                 self._reread(direct_cols, billed_direct)
@@ -380,7 +437,7 @@ class SessionMirror:
                 tuple(sent_cols.keys)
                 if self.provider == "openai"
                 else tuple(compress(sent_cols.keys, sent_cols.ttls)),
-                parts=parts,
+                laid=laid,
             )
 
     def _reread(self, blocks: _Columns, billed: Predicted) -> None:
@@ -525,18 +582,6 @@ class _Kept:
             del self.owners[session]
 
 
-def _owners(groups: Sequence[Sequence[Part]]) -> list[int]:
-    """Our block's index of each provider block, in order."""
-    return list(chain.from_iterable(map(repeat, count(), map(len, groups))))
-
-
-def _by_group(parts: Sequence[tuple[int, int]]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for group, n in parts:
-        out[group] = out.get(group, 0) + n
-    return out
-
-
 class Mirrors:
     """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes` (per
     owner, as `_Kept` says)."""
@@ -575,12 +620,10 @@ class Mirrors:
         direct = list(chain.from_iterable(direct_groups.groups))
         if not sent:
             return None
-        # which of our blocks each provider block is of: the report prices by block
-        groups = (_owners(sent_groups.groups), _owners(direct_groups.groups))
+        # how many provider blocks each of ours has: the report prices by block
+        sizes = (list(map(len, sent_groups.groups)), list(map(len, direct_groups.groups)))
         mirror.last = (sent_groups, direct_groups)
-        view = mirror.observe(
-            sent, direct, now=now, model=model, retention=retention, groups=groups
-        )
+        view = mirror.observe(sent, direct, now=now, model=model, retention=retention, sizes=sizes)
         with self._lock:
             self._kept.put(owner, session, mirror)  # again: its weight grew
         return view

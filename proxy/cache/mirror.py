@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count, islice
 from operator import add
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 Lifetime = Literal["5m", "1h"]
 TokenClass = Literal["read", "5m", "1h", "input"]
@@ -153,14 +153,20 @@ class AnthropicMirror:
         now: float,
         model: str,
         keep: bool = True,
+        ends: Sequence[int] | None = None,
+        marks: Sequence[int] | None = None,
     ) -> Predicted:
-        """`bill` of the blocks given by column: their digests, tokens and lifetimes."""
+        """`bill` of the blocks given by column: their digests, tokens and lifetimes (and,
+        when the caller has them, where each ends: `ends[k]` the first `k`; where the
+        breakpoints are)."""
         entries = self._entries
         if keep and now >= self._sweep_at:
             self._sweep(now)
-        ends = list(accumulate(tokens))  # one pass in C, not a line a block
-        total = ends[-1] if ends else 0
-        marks = list(islice(compress(count(), ttls), MAX_BREAKPOINTS))
+        if ends is None:
+            ends = list(accumulate(tokens, initial=0))  # one pass in C, not a line a block
+        total = ends[-1]
+        marks = list(marks[:MAX_BREAKPOINTS] if marks is not None
+                     else islice(compress(count(), ttls), MAX_BREAKPOINTS))  # fmt: skip
         hit = -1
         looked = 0
         for i in marks:
@@ -168,11 +174,11 @@ class AnthropicMirror:
                 looked += 1
                 if self._held(keys[j], now) is not None:
                     # nearer the breakpoint is longer: the first found is this one's best
-                    if hit < 0 or ends[j] > ends[hit]:
+                    if hit < 0 or ends[j + 1] > ends[hit + 1]:
                         hit = j
                     break
         self.visited += looked
-        read = ends[hit] if hit >= 0 else 0
+        read = ends[hit + 1] if hit >= 0 else 0
         written = {"5m": 0, "1h": 0}
         done = read
         minimum = anthropic_minimum(model)
@@ -180,11 +186,12 @@ class AnthropicMirror:
         spans: list[tuple[int, TokenClass]] = [(read, "read")]
         for i in marks:
             ttl = ttls[i] or "5m"
-            if ends[i] < minimum:
+            end = ends[i + 1]
+            if end < minimum:
                 continue  # too short to cache: input, or part of a later breakpoint's write
-            if ends[i] > done:
-                written[ttl] += ends[i] - done
-                done = ends[i]
+            if end > done:
+                written[ttl] += end - done
+                done = end
                 spans.append((done, ttl))
             kept.append((keys[i], LIFETIMES[ttl]))
         spans.append((total, "input"))
@@ -238,9 +245,10 @@ class _Chain:
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
-        """The request's blocks' digests, their tokens and where each ends."""
+        """The request's blocks' digests, their tokens and where each ends (`ends[k]`: the
+        first `k`)."""
         self.tokens: list[int] = []
-        self.ends: list[int] = []
+        self.ends: list[int] = [0]
         self.steps: list[bytes] = []
         """The digest of the block each prefix ends in."""
         self.written: list[float] = []
@@ -303,16 +311,15 @@ def _position(i: int) -> int:
     return OPENAI_FIRST + OPENAI_STEP * i
 
 
-def _shared(keys: Sequence[bytes], tokens: Sequence[int], chain: _Chain) -> int:
-    """How many leading blocks `keys` and `tokens` share with the chain's request: list
-    comparisons (in C), the whole of the chain's first (a conversation goes on), else
+def shared_start(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items `a` and `b` share: list comparisons (in C, an item the same
+    object compared at once), the whole of the shorter first (a conversation goes on), else
     halving."""
-    old_keys, old_tokens = chain.keys, chain.tokens
 
     def same(n: int) -> bool:
-        return keys[:n] == old_keys[:n] and tokens[:n] == old_tokens[:n]
+        return a[:n] == b[:n]
 
-    top = min(len(keys), len(old_keys))
+    top = min(len(a), len(b))
     if same(top):
         return top
     low, high = 0, top - 1  # same(low) holds; same(high + 1) does not
@@ -376,19 +383,24 @@ class OpenAIMirror:
         now: float,
         retention: str | None = None,
         keep: bool = True,
+        ends: Sequence[int] | None = None,
     ) -> Predicted:
-        """`bill` of the blocks given by column: their digests and tokens."""
+        """`bill` of the blocks given by column: their digests and tokens (and, when the
+        caller has them, where each ends: `ends[k]` the first `k`)."""
         prefixes = self._prefixes
         chain = self._chain
         if keep and now >= self._sweep_at:
             self._sweep(now)
         idle, most = OPENAI_KEEP.get(retention or "in_memory", OPENAI_KEEP["in_memory"])
-        shared = _shared(keys, tokens, chain)
-        before = chain.ends[shared - 1] if shared else 0
-        ends = chain.ends[:shared]
-        ends += accumulate(tokens[shared:], initial=before)
-        del ends[shared]  # the `initial`
-        total = ends[-1] if ends else 0
+        # the blocks this request shares with the chain's (the same digest, the same tokens)
+        shared = shared_start(keys, chain.keys)
+        shared = shared_start(tokens[:shared], chain.tokens[:shared])
+        before = chain.ends[shared]
+        if ends is None:
+            ends = chain.ends[: shared + 1]
+            ends += accumulate(tokens[shared:], initial=before)
+            del ends[shared + 1]  # the `initial`, there already
+        total = ends[-1]
         # the chain's prefixes inside the shared blocks (never the whole prompt: its last token)
         last = min(before, total - 1)
         on_chain = 0
@@ -397,11 +409,11 @@ class OpenAIMirror:
         # the prefixes past them: in the blocks this request adds or changed
         fresh: list[bytes] = []
         step = _position(on_chain)
-        i = bisect_left(ends, step)
+        i = bisect_left(ends, step, 1)  # block `i - 1` ends at `ends[i]`
         while step < total:
             while ends[i] < step:
                 i += 1
-            fresh.append(keys[i])
+            fresh.append(keys[i - 1])
             step += OPENAI_STEP
         read = 0
         looked = 0
@@ -439,7 +451,7 @@ class OpenAIMirror:
             looked += len(fresh)
             chain.keys = list(keys)
             chain.tokens = list(tokens)
-            chain.ends = ends
+            chain.ends = list(ends)
         self.visited += looked
         return Predicted(input=total - read, read=read, spans=((read, "read"), (total, "input")))
 
@@ -465,7 +477,7 @@ class OpenAIMirror:
             for place, kept in chain.cut(0):
                 self._prefixes[place] = kept
             self._on_chain.clear()
-            chain.keys, chain.tokens, chain.ends = [], [], []
+            chain.keys, chain.tokens, chain.ends = [], [], [0]
         for k in [k for k in self._prefixes if k[0] not in wanted]:
             del self._prefixes[k]
 

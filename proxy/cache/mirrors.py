@@ -30,12 +30,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress, count, islice
-from operator import attrgetter, is_not, itemgetter, ne
+from itertools import accumulate, compress, count
+from operator import attrgetter, is_not, ne
 from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from ctxbudget.proxy.cache.layout import Layout, Part, lay_out, same_groups
 from ctxbudget.proxy.cache.mirror import (
     MAX_BREAKPOINTS,
     AnthropicMirror,
@@ -58,11 +59,6 @@ MISS_SHARE = 0.1
 miss: the provider no longer holds what the sent copy did."""
 _ENTRY_BYTES = 120
 """What one stored entry costs Python, roughly: the weight of a mirror."""
-
-
-Part = tuple[bytes, int, Lifetime | None]
-"""One provider block: the digest of the prompt up to and including it, its bytes, and its
-breakpoint's lifetime."""
 
 
 class Groups(NamedTuple):
@@ -208,76 +204,6 @@ def _bytes(part: Any) -> bytes:
         return repr(part).encode(errors="replace")
 
 
-class Laid(NamedTuple):
-    """Where a request's blocks lie, in estimated tokens: `ends[k]`, where its first `k`
-    provider blocks end; `first[g]`, the index of our block `g`'s first provider block."""
-
-    ends: list[int]
-    first: list[int]
-
-    @property
-    def total_parts(self) -> int:
-        return len(self.ends) - 1
-
-    @property
-    def tokens(self) -> int:
-        return self.ends[-1]
-
-    def has(self, group: int) -> bool:
-        """Whether our block `group` has provider blocks here."""
-        return 0 <= group < len(self.first) - 1 and self.first[group + 1] > self.first[group]
-
-    def size(self, group: int) -> int:
-        return self.ends[self.first[group + 1]] - self.ends[self.first[group]]
-
-    def classes(
-        self,
-        counted: dict[int, tuple[int, int]],
-        mine: Sequence[int],
-        pick: int,
-        density: float,
-        predicted: Predicted,
-    ) -> dict[TokenClass, float]:
-        """The tokens of each class, the blocks `mine` (in order) at their `counted` ones,
-        the others at `density` (`MirrorView.exact`)."""
-        out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
-        rest: dict[TokenClass, int] = {"read": 0, "5m": 0, "1h": 0, "input": 0}
-        # each class's stretches (an OpenAI read may end inside a block: it splits it)
-        stretches: list[tuple[int, int, TokenClass]] = []
-        at = 0
-        spans = predicted.spans or ((predicted.total, "input"),)
-        for stop, kind in spans:
-            if stop > at:
-                stretches.append((at, stop, kind))
-                rest[kind] += stop - at
-                at = stop
-        if at < self.tokens:  # past the last span: its class
-            stretches.append((at, self.tokens, spans[-1][1]))
-            rest[spans[-1][1]] += self.tokens - at
-        i = 0
-        for g in mine:
-            start, end = self.ends[self.first[g]], self.ends[self.first[g + 1]]
-            if end <= start:
-                continue
-            scale = counted[g][pick] / (end - start)
-            while i < len(stretches) - 1 and stretches[i][1] <= start:
-                i += 1
-            for low, high, kind in stretches[i:]:
-                if low >= end:
-                    break
-                n = min(end, high) - max(start, low)
-                out[kind] += n * scale
-                rest[kind] -= n
-        for kind, n in rest.items():
-            out[kind] += n * density
-        return out
-
-
-def _laid(tokens: Sequence[int], sizes: Sequence[int]) -> Laid:
-    """`Laid` of a copy's provider blocks' `tokens` and how many each of our blocks has."""
-    return Laid(list(accumulate(tokens, initial=0)), list(accumulate(sizes, initial=0)))
-
-
 @dataclass
 class MirrorView:
     """What the mirror predicted for one request, settled by its answer (`settle`)."""
@@ -292,7 +218,7 @@ class MirrorView:
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
-    laid: tuple[Laid, Laid] | None = None
+    laid: tuple[Layout, Layout] | None = None
     """Where each of our blocks lies in the request as sent, then as the client sent it, in
     estimated tokens (`exact`)."""
 
@@ -313,11 +239,11 @@ class MirrorView:
         if self.laid is None:
             return None
         sent, direct = self.laid
-        if sent.total_parts == 0 or direct.total_parts == 0:
+        if not sent.keys or not direct.keys:
             return None
         mine = [g for g in sorted(counted) if sent.has(g)]
         known = sum(counted[g][1] for g in mine)
-        rest = sent.tokens - sum(sent.size(g) for g in mine)
+        rest = sent.total - sum(end - start for start, end in map(sent.span, mine))
         if rest > 0:
             density = (total - known) / rest
             if density <= 0:
@@ -372,6 +298,8 @@ class SessionMirror:
     twice in such a session)."""
     last_mark: bytes | None = None
     """The direct copy's newest request's last breakpoint (its prefix digest), or None."""
+    last_mark_at: int = -1
+    """Where `last_mark` was in that request (its block's index)."""
     billed_usd: float = 0.0
     """What the provider billed this session's priced requests through ctxbudget."""
     direct_usd: float = 0.0
@@ -379,6 +307,8 @@ class SessionMirror:
     `withoutCtxbudgetUsd`: the direct copy's prediction where results are pruned)."""
     last: tuple[Groups, Groups] | None = field(default=None, repr=False)
     """The newest request's blocks as forwarded and as sent (`mirror_groups`' `last`)."""
+    layouts: tuple[Layout, Layout] | None = field(default=None, repr=False)
+    """The newest request's provider blocks by column, each copy (`lay_out`'s `last`)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -417,56 +347,97 @@ class SessionMirror:
         """Both copies billed for one request at `now`; each then holds what it wrote.
         `sizes`: how many of `sent`'s and `direct`'s blocks each of ours has, in order
         (`MirrorView.exact`)."""
+        return self.observe_groups(
+            _grouped(sent, sizes[0] if sizes is not None else None),
+            _grouped(direct, sizes[1] if sizes is not None else None),
+            now=now,
+            model=model,
+            retention=retention,
+            priced=sizes is not None,
+        )
+
+    def observe_groups(
+        self,
+        sent: list[list[Part]],
+        direct: list[list[Part]],
+        *,
+        now: float,
+        model: str,
+        retention: str | None = None,
+        priced: bool = True,
+    ) -> MirrorView:
+        """`observe` of the provider blocks grouped by our block (`mirror_groups`). The
+        leading groups the newest request had are laid out as they were (`lay_out`): a
+        request that goes on from it costs what it adds, not its history."""
         with self.lock:
             scale = self.places
-            # by column, each in one pass in C: a line a block was most of a long session's bill
-            sent_cols, direct_cols = _columns(sent, scale), _columns(direct, scale)
-            self.sent_bytes = sent_cols.size
+            last = self.layouts
+            sent_laid = lay_out(
+                sent,
+                scale,
+                last[0] if last is not None else None,
+                same=same_groups(sent, last[0] if last is not None else None),
+            )
+            direct_laid = lay_out(
+                direct,
+                scale,
+                last[1] if last is not None else None,
+                same=same_groups(direct, last[1] if last is not None else None),
+            )
+            self.layouts = (sent_laid, direct_laid)
+            self.sent_bytes = sent_laid.size
             self.requests += 1
-            laid = None
-            if sizes is not None:
-                laid = (_laid(sent_cols.tokens, sizes[0]), _laid(direct_cols.tokens, sizes[1]))
-            billed_direct = self._bill(self.direct, direct_cols, now, model, retention)
+            billed_direct = self._bill(self.direct, direct_laid, now, model, retention)
             if self.provider == "anthropic":
-                self._reread(direct_cols, billed_direct)
+                self._reread(direct_laid, billed_direct)
+            marks = sent_laid.marks
             return MirrorView(
                 self,
                 self.provider,
-                self._bill(self.sent, sent_cols, now, model, retention),
+                self._bill(self.sent, sent_laid, now, model, retention),
                 billed_direct,
-                tuple(sent_cols.keys)
+                tuple(sent_laid.keys)
                 if self.provider == "openai"
-                else tuple(compress(sent_cols.keys, sent_cols.ttls)),
-                laid=laid,
+                else tuple(sent_laid.keys[i] for i in marks),
+                laid=(sent_laid, direct_laid) if priced else None,
             )
 
-    def _reread(self, blocks: _Columns, billed: Predicted) -> None:
+    def _reread(self, blocks: Layout, billed: Predicted) -> None:
         """Count a warm direct request that did not read its predecessor's last breakpoint
         (`unread`), and keep its own. Under the lock."""
         last = self.last_mark
-        marks = list(islice(compress(blocks.keys, blocks.ttls), MAX_BREAKPOINTS))
-        self.last_mark = marks[-1] if marks else None
+        marks = blocks.marks[:MAX_BREAKPOINTS]
+        self.last_mark = blocks.keys[marks[-1]] if marks else None
         if last is None or billed.read <= 0:
             return  # the first request, or cold: nothing was there to read
-        try:
-            at = blocks.keys.index(last)
-        except ValueError:
-            self.unread += 1
-            return
-        if sum(blocks.tokens[: at + 1]) > billed.read:
+        # where it was (a conversation goes on: the same place), else the first of that digest
+        at = self.last_mark_at
+        self.last_mark_at = marks[-1] if marks else -1
+        if not (0 <= at < len(blocks.keys) and blocks.keys[at] == last):
+            try:
+                at = blocks.keys.index(last)
+            except ValueError:
+                self.unread += 1
+                return
+        if blocks.ends[at + 1] > billed.read:
             self.unread += 1
 
     @staticmethod
     def _bill(
         mirror: AnthropicMirror | OpenAIMirror,
-        blocks: _Columns,
+        blocks: Layout,
         now: float,
         model: str,
         retention: str | None,
     ) -> Predicted:
         if isinstance(mirror, AnthropicMirror):
-            return mirror.bill_parts(blocks.keys, blocks.tokens, blocks.ttls, now=now, model=model)
-        return mirror.bill_parts(blocks.keys, blocks.tokens, now=now, retention=retention)
+            return mirror.bill_parts(
+                blocks.keys, blocks.tokens, blocks.ttls, now=now, model=model,
+                ends=blocks.ends, marks=blocks.marks,
+            )  # fmt: skip
+        return mirror.bill_parts(
+            blocks.keys, blocks.tokens, now=now, retention=retention, ends=blocks.ends
+        )
 
     def what_if(self, blocks: Sequence[MirrorBlock], *, now: float, model: str,
                 retention: str | None = None) -> Predicted:  # fmt: skip
@@ -512,24 +483,12 @@ class SessionMirror:
                 self.sent.forget_before(view.written)
 
 
-class _Columns(NamedTuple):
-    """A copy's provider blocks by column, in estimated tokens (`SessionMirror.observe`)."""
-
-    keys: list[bytes]
-    tokens: list[int]
-    ttls: list[Lifetime | None]
-    size: int
-    """Their bytes."""
-
-
-def _columns(parts: Sequence[Part], scale: float) -> _Columns:
-    sizes = list(map(itemgetter(1), parts))
-    return _Columns(
-        list(map(itemgetter(0), parts)),
-        list(map(round, map(scale.__mul__, sizes))),
-        list(map(itemgetter(2), parts)),
-        sum(sizes),
-    )
+def _grouped(parts: Sequence[Part], sizes: Sequence[int] | None) -> list[list[Part]]:
+    """`parts` in groups of `sizes` each (one each without)."""
+    if sizes is None:
+        return [[part] for part in parts]
+    ends = list(accumulate(sizes, initial=0))
+    return [list(parts[ends[i] : ends[i + 1]]) for i in range(len(sizes))]
 
 
 class _Kept:
@@ -616,14 +575,12 @@ class Mirrors:
         )
         if sent_groups is None or direct_groups is None:
             return None
-        sent = list(chain.from_iterable(sent_groups.groups))
-        direct = list(chain.from_iterable(direct_groups.groups))
-        if not sent:
+        if not any(sent_groups.groups):
             return None
-        # how many provider blocks each of ours has: the report prices by block
-        sizes = (list(map(len, sent_groups.groups)), list(map(len, direct_groups.groups)))
         mirror.last = (sent_groups, direct_groups)
-        view = mirror.observe(sent, direct, now=now, model=model, retention=retention, sizes=sizes)
+        view = mirror.observe_groups(
+            sent_groups.groups, direct_groups.groups, now=now, model=model, retention=retention
+        )
         with self._lock:
             self._kept.put(owner, session, mirror)  # again: its weight grew
         return view

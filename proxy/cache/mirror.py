@@ -241,14 +241,16 @@ class _Chain:
     conversation shares most of them: it reads and refreshes them here at once (a dict of
     ~2,000 prefixes at turn 300 refreshed one by one took more than the rest of the bill)."""
 
-    __slots__ = ("keys", "tokens", "ends", "steps", "written", "quiet", "most", "used", "floor")
+    __slots__ = (
+        "keys", "tokens", "ends", "steps", "written", "quiet", "most", "used", "floor", "ceiling"
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        self.keys: list[bytes] = []
+        self.keys: Sequence[bytes] = []
         """The request's blocks' digests, their tokens and where each ends (`ends[k]`: the
         first `k`)."""
-        self.tokens: list[int] = []
-        self.ends: list[int] = [0]
+        self.tokens: Sequence[int] = []
+        self.ends: Sequence[int] = [0]
         self.steps: list[bytes] = []
         """The digest of the block each prefix ends in."""
         self.written: list[float] = []
@@ -258,6 +260,8 @@ class _Chain:
         self.floor = (0.0, 0.0, float("-inf"))
         """At most the least (seconds without use, seconds at most, first write + seconds at
         most) of the prefixes: while a request is within them none needs a change of its own."""
+        self.ceiling = 0.0
+        """At least the most seconds without use of any: past it since `used`, none is held."""
 
     def kept(self, i: int) -> Kept:
         return (self.used, self.written[i], self.quiet[i], self.most[i])
@@ -279,6 +283,7 @@ class _Chain:
         for i in range(upto):
             self.quiet[i] = max(self.quiet[i], idle)
             self.most[i] = max(self.most[i], most)
+        self.ceiling = max(self.quiet[:upto], default=idle)
         self.floor = (
             min(self.quiet[:upto], default=idle),
             min(self.most[:upto], default=most),
@@ -293,6 +298,7 @@ class _Chain:
         self.quiet.append(quiet)
         self.most.append(most)
         least_quiet, least_most, first_end = self.floor
+        self.ceiling = max(self.ceiling, quiet)
         if len(self.steps) == 1:
             self.floor = (quiet, most, written + most)
         else:
@@ -311,15 +317,26 @@ def _position(i: int) -> int:
     return OPENAI_FIRST + OPENAI_STEP * i
 
 
-def shared_start(a: Sequence[Any], b: Sequence[Any]) -> int:
+def shared_start(a: Sequence[Any], b: Sequence[Any], *, chained: bool = False) -> int:
     """How many leading items `a` and `b` share: list comparisons (in C, an item the same
     object compared at once), the whole of the shorter first (a conversation goes on), else
-    halving."""
+    halving. `chained`: the items are prefix digests (one equal says all before it are), so
+    the halving compares one item a step, and the answer is checked once."""
+    top = min(len(a), len(b))
+    if chained:
+        low, high = 0, top
+        while low < high:
+            mid = (low + high + 1) // 2
+            if a[mid - 1] == b[mid - 1]:
+                low = mid
+            else:
+                high = mid - 1
+        if a[:low] == b[:low] and (low == top or a[low] != b[low]):
+            return low
 
     def same(n: int) -> bool:
         return a[:n] == b[:n]
 
-    top = min(len(a), len(b))
     if same(top):
         return top
     low, high = 0, top - 1  # same(low) holds; same(high + 1) does not
@@ -393,13 +410,14 @@ class OpenAIMirror:
             self._sweep(now)
         idle, most = OPENAI_KEEP.get(retention or "in_memory", OPENAI_KEEP["in_memory"])
         # the blocks this request shares with the chain's (the same digest, the same tokens)
-        shared = shared_start(keys, chain.keys)
+        shared = shared_start(keys, chain.keys, chained=True)
         shared = shared_start(tokens[:shared], chain.tokens[:shared])
         before = chain.ends[shared]
         if ends is None:
-            ends = chain.ends[: shared + 1]
-            ends += accumulate(tokens[shared:], initial=before)
-            del ends[shared + 1]  # the `initial`, there already
+            made = list(chain.ends[: shared + 1])
+            made += accumulate(tokens[shared:], initial=before)
+            del made[shared + 1]  # the `initial`, there already
+            ends = made
         total = ends[-1]
         # the chain's prefixes inside the shared blocks (never the whole prompt: its last token)
         last = min(before, total - 1)
@@ -426,7 +444,7 @@ class OpenAIMirror:
         else:
             # the shared ones, all last used together: none held after a quiet gap; else the
             # newest is held but past an hour of its first write
-            if on_chain and now < chain.used + max(chain.quiet[:on_chain]):
+            if on_chain and now < chain.used + chain.ceiling:
                 for n in range(on_chain - 1, -1, -1):
                     looked += 1
                     if _alive(chain.kept(n), now):
@@ -449,9 +467,8 @@ class OpenAIMirror:
                     chain.push(key, (now, old[1], max(old[2], idle), max(old[3], most)))
                 self._on_chain[place] = on_chain + n
             looked += len(fresh)
-            chain.keys = list(keys)
-            chain.tokens = list(tokens)
-            chain.ends = list(ends)
+            # held as given: the caller's columns are not changed after (`layout.lay_out`)
+            chain.keys, chain.tokens, chain.ends = keys, tokens, ends
         self.visited += looked
         return Predicted(input=total - read, read=read, spans=((read, "read"), (total, "input")))
 

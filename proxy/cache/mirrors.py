@@ -72,6 +72,11 @@ class Groups(NamedTuple):
     groups: list[list[Part]]
     keys: list[bytes]
     """The prompt's digest after each group (the key the next part is chained to)."""
+    same: int = 0
+    """How many leading groups are `base`'s (the very lists, or equal ones)."""
+    base: list[list[Part]] | None = None
+    """The groups of the `last` they were made from (`lay_out` takes `same` of them from
+    the layout of those)."""
 
 
 def mirror_blocks(blocks: Sequence[Block], provider: Provider, *, sent: bool) -> list[Part] | None:
@@ -94,36 +99,47 @@ def mirror_groups(
     only the other blocks are serialised and hashed. An agent's request N+1 is request N and a
     turn; re-serialising every Anthropic block of a 300-turn history took ~10 ms a request.
     """
-    values = list(map(attrgetter("forwarded" if sent else "client"), blocks))
+    value_of = attrgetter("forwarded" if sent else "client")
     labels = list(map(attrgetter("label"), blocks))
     kept: list[Any] = []
     groups: list[list[Part]] = []
     keys: list[bytes] = []
     key = b""
     old: list[Any] = last.values if last is not None else []
-    top = min(len(values), len(old))
+    top = min(len(blocks), len(old))
     i = 0
-    while i < len(values):
+    same = 0  # leading groups equal to `last`'s (negative: `_leading`)
+    while i < len(blocks):
         if last is not None and i < top and key == (last.keys[i - 1] if i else b""):
             # after the same digest: the run of blocks that are the very objects of the last
             # request under the same labels keeps its groups (found in C, not a line a block)
-            run = next(compress(count(i), map(is_not, values[i:top], old[i:top])), top)
-            run = next(compress(count(i), map(ne, labels[i:run], last.labels[i:run])), run)
+            run = next(
+                compress(count(i), map(is_not, map(value_of, blocks[i:top]), old[i:top])),
+                top,
+            )  # fmt: skip
+            if labels[i:run] != last.labels[i:run]:
+                run = next(compress(count(i), map(ne, labels[i:run], last.labels[i:run])), run)
             if run > i:
                 kept += old[i:run]
                 groups += last.groups[i:run]
                 keys += last.keys[i:run]
                 key = keys[-1]
+                same = run if same == i else same
                 i = run
                 continue
-            if labels[i] == last.labels[i] and _same(values[i], old[i]):
+            if labels[i] == last.labels[i] and _same(value_of(blocks[i]), old[i]):
                 kept.append(old[i])  # the same bytes (a slice of this body)
                 groups.append(last.groups[i])
                 key = last.keys[i]
                 keys.append(key)
+                same = i + 1 if same == i else same
                 i += 1
                 continue
-        label, value = labels[i], values[i]
+        if same == i and last is not None and i < len(last.groups):
+            # made again below: still leading if it comes out equal (a new object, the same
+            # bytes and breakpoints)
+            same = -i - 1
+        label, value = labels[i], value_of(blocks[i])
         i += 1
         # a slice of the body (a field passed on unread) is kept as a copy: the slice would
         # hold its whole body
@@ -136,6 +152,7 @@ def mirror_groups(
             size = data.size if isinstance(data, Digested) else len(data)
             groups.append([(key, size, None)])
             keys.append(key)
+            same = _leading(same, groups, last)
             continue
         if isinstance(value, Digested):
             return None
@@ -147,7 +164,19 @@ def mirror_groups(
             group.append((key, len(data), ttl))
         groups.append(group)
         keys.append(key)
-    return Groups(labels, kept, groups, keys)
+        same = _leading(same, groups, last)
+    if last is None:
+        return Groups(labels, kept, groups, keys)
+    return Groups(labels, kept, groups, keys, max(same, 0), last.groups)
+
+
+def _leading(same: int, groups: list[list[Part]], last: Groups | None) -> int:
+    """`same` after a group made again: one more when it equals `last`'s (`same` is then
+    `-(its index) - 1`: still leading up to it), else as it was."""
+    if same >= 0 or last is None:
+        return same
+    i = -same - 1
+    return i + 1 if groups[i] == last.groups[i] else i
 
 
 def _same(value: Any, before: Any) -> bool:
@@ -348,8 +377,8 @@ class SessionMirror:
         `sizes`: how many of `sent`'s and `direct`'s blocks each of ours has, in order
         (`MirrorView.exact`)."""
         return self.observe_groups(
-            _grouped(sent, sizes[0] if sizes is not None else None),
-            _grouped(direct, sizes[1] if sizes is not None else None),
+            Groups([], [], _grouped(sent, sizes[0] if sizes is not None else None), []),
+            Groups([], [], _grouped(direct, sizes[1] if sizes is not None else None), []),
             now=now,
             model=model,
             retention=retention,
@@ -358,8 +387,8 @@ class SessionMirror:
 
     def observe_groups(
         self,
-        sent: list[list[Part]],
-        direct: list[list[Part]],
+        sent: Groups,
+        direct: Groups,
         *,
         now: float,
         model: str,
@@ -372,18 +401,8 @@ class SessionMirror:
         with self.lock:
             scale = self.places
             last = self.layouts
-            sent_laid = lay_out(
-                sent,
-                scale,
-                last[0] if last is not None else None,
-                same=same_groups(sent, last[0] if last is not None else None),
-            )
-            direct_laid = lay_out(
-                direct,
-                scale,
-                last[1] if last is not None else None,
-                same=same_groups(direct, last[1] if last is not None else None),
-            )
+            sent_laid = _lay_out(sent, scale, last[0] if last is not None else None)
+            direct_laid = _lay_out(direct, scale, last[1] if last is not None else None)
             self.layouts = (sent_laid, direct_laid)
             self.sent_bytes = sent_laid.size
             self.requests += 1
@@ -483,6 +502,15 @@ class SessionMirror:
                 self.sent.forget_before(view.written)
 
 
+def _lay_out(groups: Groups, scale: float, last: Layout | None) -> Layout:
+    """`lay_out` of one copy: `mirror_groups` says how many leading groups are those of the
+    request it compared with; when that is `last`'s (no other request of the session came
+    between), they are not compared again."""
+    if last is not None and groups.base is last.groups:
+        return lay_out(groups.groups, scale, last, same=groups.same)
+    return lay_out(groups.groups, scale, last, same=same_groups(groups.groups, last))
+
+
 def _grouped(parts: Sequence[Part], sizes: Sequence[int] | None) -> list[list[Part]]:
     """`parts` in groups of `sizes` each (one each without)."""
     if sizes is None:
@@ -579,7 +607,7 @@ class Mirrors:
             return None
         mirror.last = (sent_groups, direct_groups)
         view = mirror.observe_groups(
-            sent_groups.groups, direct_groups.groups, now=now, model=model, retention=retention
+            sent_groups, direct_groups, now=now, model=model, retention=retention
         )
         with self._lock:
             self._kept.put(owner, session, mirror)  # again: its weight grew

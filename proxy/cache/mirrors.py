@@ -31,11 +31,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, compress, count
+from operator import attrgetter, is_not, ne
 from typing import Any, Literal, NamedTuple
 
 import orjson
 
 from ctxbudget.proxy.cache.blocks import Block, Digested, _data, _digest, _hash
+from ctxbudget.proxy.cache.layout import Layout, Part, lay_out, same_groups
 from ctxbudget.proxy.cache.mirror import (
     MAX_BREAKPOINTS,
     AnthropicMirror,
@@ -57,11 +60,9 @@ MISS_SHARE = 0.1
 miss: the provider no longer holds what the sent copy did."""
 _ENTRY_BYTES = 120
 """What one stored entry costs Python, roughly: the weight of a mirror."""
-
-
-Part = tuple[bytes, int, Lifetime | None]
-"""One provider block: the digest of the prompt up to and including it, its bytes, and its
-breakpoint's lifetime."""
+_PART_BYTES = 120
+"""What one provider block of a layout costs (`layout.Layout`: its new tokens and ends, the
+slots of its columns; measured ~118 with tracemalloc)."""
 
 
 class Groups(NamedTuple):
@@ -75,6 +76,11 @@ class Groups(NamedTuple):
     groups: list[list[Part]]
     keys: list[bytes]
     """The prompt's digest after each group (the key the next part is chained to)."""
+    same: int = 0
+    """How many leading groups are `base`'s (the very lists, or equal ones)."""
+    base: list[list[Part]] | None = None
+    """The groups of the `last` they were made from (`lay_out` takes `same` of them from
+    the layout of those)."""
 
 
 def mirror_blocks(blocks: Sequence[Block], provider: Provider, *, sent: bool) -> list[Part] | None:
@@ -97,26 +103,48 @@ def mirror_groups(
     only the other blocks are serialised and hashed. An agent's request N+1 is request N and a
     turn; re-serialising every Anthropic block of a 300-turn history took ~10 ms a request.
     """
-    values = [block.forwarded if sent else block.client for block in blocks]
-    labels = [block.label for block in blocks]
-    old: list[Any] = last.values if last is not None else []
+    value_of = attrgetter("forwarded" if sent else "client")
+    labels = list(map(attrgetter("label"), blocks))
     kept: list[Any] = []
     groups: list[list[Part]] = []
     keys: list[bytes] = []
     key = b""
-    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
-        if (
-            last is not None
-            and i < len(old)
-            and label == last.labels[i]
-            and key == (last.keys[i - 1] if i else b"")
-            and _same(value, old[i])
-        ):
-            kept.append(old[i])
-            groups.append(last.groups[i])
-            key = last.keys[i]
-            keys.append(key)
-            continue
+    old: list[Any] = last.values if last is not None else []
+    top = min(len(blocks), len(old))
+    i = 0
+    same = 0  # leading groups equal to `last`'s (negative: `_leading`)
+    while i < len(blocks):
+        if last is not None and i < top and key == (last.keys[i - 1] if i else b""):
+            # after the same digest: the run of blocks that are the very objects of the last
+            # request under the same labels keeps its groups (found in C, not a line a block)
+            run = next(
+                compress(count(i), map(is_not, map(value_of, blocks[i:top]), old[i:top])),
+                top,
+            )  # fmt: skip
+            if labels[i:run] != last.labels[i:run]:
+                run = next(compress(count(i), map(ne, labels[i:run], last.labels[i:run])), run)
+            if run > i:
+                kept += old[i:run]
+                groups += last.groups[i:run]
+                keys += last.keys[i:run]
+                key = keys[-1]
+                same = run if same == i else same
+                i = run
+                continue
+            if labels[i] == last.labels[i] and _same(value_of(blocks[i]), old[i]):
+                kept.append(old[i])  # the same bytes (a slice of this body)
+                groups.append(last.groups[i])
+                key = last.keys[i]
+                keys.append(key)
+                same = i + 1 if same == i else same
+                i += 1
+                continue
+        if same == i and last is not None and i < len(last.groups):
+            # made again below: still leading if it comes out equal (a new object, the same
+            # bytes and breakpoints)
+            same = -i - 1
+        label, value = labels[i], value_of(blocks[i])
+        i += 1
         # a slice of the body (a field passed on unread) is kept as a copy: the slice would
         # hold its whole body
         kept.append(_Slice(value) if isinstance(value, bytearray | memoryview) else value)
@@ -128,6 +156,7 @@ def mirror_groups(
             size = data.size if isinstance(data, Digested) else len(data)
             groups.append([(key, size, None)])
             keys.append(key)
+            same = _leading(same, groups, last)
             continue
         if isinstance(value, Digested):
             return None
@@ -139,7 +168,19 @@ def mirror_groups(
             group.append((key, len(data), ttl))
         groups.append(group)
         keys.append(key)
-    return Groups(labels, kept, groups, keys)
+        same = _leading(same, groups, last)
+    if last is None:
+        return Groups(labels, kept, groups, keys)
+    return Groups(labels, kept, groups, keys, max(same, 0), last.groups)
+
+
+def _leading(same: int, groups: list[list[Part]], last: Groups | None) -> int:
+    """`same` after a group made again: one more when it equals `last`'s (`same` is then
+    `-(its index) - 1`: still leading up to it), else as it was."""
+    if same >= 0 or last is None:
+        return same
+    i = -same - 1
+    return i + 1 if groups[i] == last.groups[i] else i
 
 
 def _same(value: Any, before: Any) -> bool:
@@ -210,9 +251,9 @@ class MirrorView:
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
-    parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
-    """Each provider block of the request as sent, then as the client sent it: (our block's
-    index, its estimated tokens), in order (`exact`)."""
+    laid: tuple[Layout, Layout] | None = None
+    """Where each of our blocks lies in the request as sent, then as the client sent it, in
+    estimated tokens (`exact`)."""
 
     def exact(
         self, counted: dict[int, tuple[int, int]], total: int
@@ -223,41 +264,30 @@ class MirrorView:
         those ctxbudget changed) as counted, the others at what the provider's `total` leaves
         for them. A pruned or clamped result is not as dense as a system prompt: at one scale
         its tokens, and with them what the client's bytes would have read, were off by
-        several percent (issue 31). None when nothing is left for the others."""
-        sent, direct = self.parts
-        if not sent or not direct:
+        several percent (issue 31). None when nothing is left for the others.
+
+        Each class is its counted blocks' tokens in it, each at its own scale, and the rest
+        of its stretch at the one density: the work is the counted blocks and the classes'
+        stretches, not a line a block of the history."""
+        if self.laid is None:
             return None
-        est_sent = _by_group(sent)
-        est_direct = _by_group(direct)
-        known = sum(counted[g][1] for g in est_sent if g in counted)
-        rest = sum(n for g, n in est_sent.items() if g not in counted)
+        sent, direct = self.laid
+        if not sent.keys or not direct.keys:
+            return None
+        mine = [g for g in sorted(counted) if sent.has(g)]
+        known = sum(counted[g][1] for g in mine)
+        rest = sent.total - sum(end - start for start, end in map(sent.span, mine))
         if rest > 0:
             density = (total - known) / rest
             if density <= 0:
                 return None
         else:
             density = 1.0  # every block counted: nothing at the density
-
-        def classes(
-            parts: tuple[tuple[int, int], ...], est: dict[int, int], pick: int, predicted: Predicted
-        ) -> dict[TokenClass, float]:
-            out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
-            spans = predicted.spans or ((predicted.total, "input"),)
-            i = at = 0
-            for group, n in parts:
-                found = counted.get(group)
-                scale = found[pick] / est[group] if found is not None and est[group] else density
-                end = at + n
-                while at < end:  # an OpenAI read may end inside a block: split it
-                    while i < len(spans) - 1 and spans[i][0] <= at:
-                        i += 1
-                    stop, kind = spans[i]
-                    upto = min(end, stop) if stop > at else end
-                    out[kind] += (upto - at) * scale
-                    at = upto
-            return out
-
-        return classes(sent, est_sent, 1, self.sent), classes(direct, est_direct, 0, self.direct)
+        return (
+            sent.classes(counted, mine, 1, density, self.sent),
+            direct.classes(counted, [g for g in sorted(counted) if direct.has(g)], 0, density,
+                           self.direct),
+        )  # fmt: skip
 
     def count(self, billed: float, direct: float) -> None:
         """Add the request's bill and its direct counterpart to the session's totals, once."""
@@ -301,6 +331,8 @@ class SessionMirror:
     twice in such a session)."""
     last_mark: bytes | None = None
     """The direct copy's newest request's last breakpoint (its prefix digest), or None."""
+    last_mark_at: int = -1
+    """Where `last_mark` was in that request (its block's index)."""
     billed_usd: float = 0.0
     """What the provider billed this session's priced requests through ctxbudget."""
     direct_usd: float = 0.0
@@ -314,6 +346,8 @@ class SessionMirror:
     settling: asyncio.Future[Any] | None = field(default=None, repr=False)
     """The newest streamed answer's settling (`Recorder.settle`), while it runs in a thread:
     pruning waits for it before deciding the session's next request."""
+    layouts: tuple[Layout, Layout] | None = field(default=None, repr=False)
+    """The newest request's provider blocks by column, each copy (`lay_out`'s `last`)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -336,8 +370,10 @@ class SessionMirror:
     @property
     def weight(self) -> int:
         # and the newest request's objects it holds (`last`), by their bytes as forwarded:
-        # while the conversation goes on `history` holds most of them too
-        return 512 + _ENTRY_BYTES * (len(self.sent) + len(self.direct)) + self.sent_bytes
+        # while the conversation goes on `history` holds most of them too; and its layouts
+        laid = sum(len(layout.keys) for layout in self.layouts or ())
+        held = len(self.sent) + len(self.direct)
+        return 512 + _ENTRY_BYTES * held + _PART_BYTES * laid + self.sent_bytes
 
     def observe(
         self,
@@ -347,63 +383,93 @@ class SessionMirror:
         now: float,
         model: str,
         retention: str | None = None,
-        groups: tuple[Sequence[int], Sequence[int]] | None = None,
+        sizes: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> MirrorView:
         """Both copies billed for one request at `now`; each then holds what it wrote.
-        `groups`: our block's index of each of `sent`'s and `direct`'s (`MirrorView.exact`)."""
+        `sizes`: how many of `sent`'s and `direct`'s blocks each of ours has, in order
+        (`MirrorView.exact`)."""
+        return self.observe_groups(
+            Groups([], [], _grouped(sent, sizes[0] if sizes is not None else None), []),
+            Groups([], [], _grouped(direct, sizes[1] if sizes is not None else None), []),
+            now=now,
+            model=model,
+            retention=retention,
+            priced=sizes is not None,
+        )
+
+    def observe_groups(
+        self,
+        sent: Groups,
+        direct: Groups,
+        *,
+        now: float,
+        model: str,
+        retention: str | None = None,
+        priced: bool = True,
+    ) -> MirrorView:
+        """`observe` of the provider blocks grouped by our block (`mirror_groups`). The
+        leading groups the newest request had are laid out as they were (`lay_out`): a
+        request that goes on from it costs what it adds, not its history."""
         with self.lock:
             scale = self.places
-            sent_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in sent]
-            direct_blocks = [MirrorBlock(k, round(n * scale), t) for k, n, t in direct]
-            self.sent_bytes = sum(n for _, n, _ in sent)
+            last = self.layouts
+            sent_laid = _lay_out(sent, scale, last[0] if last is not None else None)
+            direct_laid = _lay_out(direct, scale, last[1] if last is not None else None)
+            self.layouts = (sent_laid, direct_laid)
+            self.sent_bytes = sent_laid.size
             self.requests += 1
             self.seen = now
-            parts: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = ((), ())
-            if groups is not None:
-                parts = (
-                    tuple(zip(groups[0], (b.tokens for b in sent_blocks), strict=True)),
-                    tuple(zip(groups[1], (b.tokens for b in direct_blocks), strict=True)),
-                )
-            billed_direct = self._bill(self.direct, direct_blocks, now, model, retention)
+            billed_direct = self._bill(self.direct, direct_laid, now, model, retention)
             if self.provider == "anthropic":
-                self._reread(direct_blocks, billed_direct)
+                self._reread(direct_laid, billed_direct)
+            marks = sent_laid.marks
             return MirrorView(
                 self,
                 self.provider,
-                self._bill(self.sent, sent_blocks, now, model, retention),
+                self._bill(self.sent, sent_laid, now, model, retention),
                 billed_direct,
-                tuple(b.key for b in sent_blocks if b.ttl is not None or self.provider == "openai"),
-                parts=parts,
+                tuple(sent_laid.keys)
+                if self.provider == "openai"
+                else tuple(sent_laid.keys[i] for i in marks),
+                laid=(sent_laid, direct_laid) if priced else None,
             )
 
-    def _reread(self, blocks: Sequence[MirrorBlock], billed: Predicted) -> None:
+    def _reread(self, blocks: Layout, billed: Predicted) -> None:
         """Count a warm direct request that did not read its predecessor's last breakpoint
         (`unread`), and keep its own. Under the lock."""
         last = self.last_mark
-        marks = [b.key for b in blocks if b.ttl is not None][:MAX_BREAKPOINTS]
-        self.last_mark = marks[-1] if marks else None
+        marks = blocks.marks[:MAX_BREAKPOINTS]
+        self.last_mark = blocks.keys[marks[-1]] if marks else None
         if last is None or billed.read <= 0:
             return  # the first request, or cold: nothing was there to read
-        end = 0
-        for b in blocks:
-            end += b.tokens
-            if b.key == last:
-                if end > billed.read:
-                    self.unread += 1
+        # where it was (a conversation goes on: the same place), else the first of that digest
+        at = self.last_mark_at
+        self.last_mark_at = marks[-1] if marks else -1
+        if not (0 <= at < len(blocks.keys) and blocks.keys[at] == last):
+            try:
+                at = blocks.keys.index(last)
+            except ValueError:
+                self.unread += 1
                 return
-        self.unread += 1
+        if blocks.ends[at + 1] > billed.read:
+            self.unread += 1
 
     @staticmethod
     def _bill(
         mirror: AnthropicMirror | OpenAIMirror,
-        blocks: Sequence[MirrorBlock],
+        blocks: Layout,
         now: float,
         model: str,
         retention: str | None,
     ) -> Predicted:
         if isinstance(mirror, AnthropicMirror):
-            return mirror.bill(blocks, now=now, model=model)
-        return mirror.bill(blocks, now=now, retention=retention)
+            return mirror.bill_parts(
+                blocks.keys, blocks.tokens, blocks.ttls, now=now, model=model,
+                ends=blocks.ends, marks=blocks.marks,
+            )  # fmt: skip
+        return mirror.bill_parts(
+            blocks.keys, blocks.tokens, now=now, retention=retention, ends=blocks.ends
+        )
 
     def what_if(self, blocks: Sequence[MirrorBlock], *, now: float, model: str,
                 retention: str | None = None) -> Predicted:  # fmt: skip
@@ -447,6 +513,23 @@ class SessionMirror:
             # short of the prediction says the provider lost what it held
             if view.sent.read > 0 and -drift > max(MISS_TOKENS, MISS_SHARE * total):
                 self.sent.forget_before(view.written)
+
+
+def _lay_out(groups: Groups, scale: float, last: Layout | None) -> Layout:
+    """`lay_out` of one copy: `mirror_groups` says how many leading groups are those of the
+    request it compared with; when that is `last`'s (no other request of the session came
+    between), they are not compared again."""
+    if last is not None and groups.base is last.groups:
+        return lay_out(groups.groups, scale, last, same=groups.same)
+    return lay_out(groups.groups, scale, last, same=same_groups(groups.groups, last))
+
+
+def _grouped(parts: Sequence[Part], sizes: Sequence[int] | None) -> list[list[Part]]:
+    """`parts` in groups of `sizes` each (one each without)."""
+    if sizes is None:
+        return [[part] for part in parts]
+    ends = list(accumulate(sizes, initial=0))
+    return [list(parts[ends[i] : ends[i + 1]]) for i in range(len(sizes))]
 
 
 class _Kept:
@@ -499,13 +582,6 @@ class _Kept:
             del self.owners[session]
 
 
-def _by_group(parts: Sequence[tuple[int, int]]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for group, n in parts:
-        out[group] = out.get(group, 0) + n
-    return out
-
-
 class Mirrors:
     """Every session's `SessionMirror`, by owner and session, bounded by `keep_bytes` (per
     owner, as `_Kept` says)."""
@@ -540,18 +616,11 @@ class Mirrors:
         )
         if sent_groups is None or direct_groups is None:
             return None
-        sent = [part for group in sent_groups.groups for part in group]
-        direct = [part for group in direct_groups.groups for part in group]
-        if not sent:
+        if not any(sent_groups.groups):
             return None
-        # which of our blocks each provider block is of: the report prices by block
-        groups = (
-            [i for i, group in enumerate(sent_groups.groups) for _ in group],
-            [i for i, group in enumerate(direct_groups.groups) for _ in group],
-        )
         mirror.last = (sent_groups, direct_groups)
-        view = mirror.observe(
-            sent, direct, now=now, model=model, retention=retention, groups=groups
+        view = mirror.observe_groups(
+            sent_groups, direct_groups, now=now, model=model, retention=retention
         )
         with self._lock:
             self._kept.put(owner, session, mirror)  # again: its weight grew

@@ -228,11 +228,12 @@ CACHES: tuple[Cache, ...] = (
     Cache(
         where="proxy/cache/mirrors.py:_kept",
         key="owner, session",
-        bound="64 MB (an estimate of the entries both copies hold, and of the newest "
-        "request's bytes; the owner holding the most gives way)",
+        bound="64 MB (an estimate of the entries both copies hold, of the newest request's "
+        "layout by column and of its bytes; the owner holding the most gives way)",
         invariant="a session's cache mirror (sent and direct) and its running bill: fed only "
         "by that owner's requests of that session; with the newest request's blocks, whose "
-        "groups a block of the next is given when it is the same object (`resent`) or bytes",
+        "groups a block of the next is given when it is the same object (`resent`) or bytes, "
+        "and whose columns the next request's shared leading groups take (`layout.lay_out`)",
     ),
     Cache(
         where="proxy/report/arms.py:conversations",

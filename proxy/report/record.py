@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import Any, TypeVar
 
 import orjson
@@ -446,12 +448,9 @@ def _read_blocks(usage: Usage | None, prefix: PrefixChange | None) -> int | None
     if total <= 0 or size <= 0:
         return None
     reach = usage.cache_read / total * size * 1.02
-    done = 0
-    for i, block in enumerate(prefix.sizes):
-        done += block
-        if done > reach:
-            return i
-    return len(prefix.sizes)
+    # the first block that ends past it, found in C (a loop over a long history's blocks
+    # was a line a block a request)
+    return bisect_right(list(accumulate(prefix.sizes)), reach)
 
 
 def _stopped_by_us(usage: Usage | None, prefix: PrefixChange) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from typing import Any
 
 import pytest
@@ -211,3 +212,120 @@ def test_an_openai_direct_copy_finds_its_prefixes_after_the_scale_moved() -> Non
     laid = view.direct.total
     # all but the newest block and the last partial step: read
     assert view.direct.read >= laid * (400_400 / 400_800) - 2 * OPENAI_STEP, (view.direct, laid)
+
+
+# --- the rules replayed from scratch ---------------------------------------------------------
+
+
+class _Prefixes:
+    """OpenAI's rules as written, every prefix of every request held one by one: what a mirror
+    that keeps the newest request's prefixes as one chain must bill alike."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[bytes, int], tuple[float, float, float, float]] = {}
+
+    def bill(self, blocks: list[MirrorBlock], now: float, retention: str | None, keep: bool) -> int:
+        idle, most = (86_400.0, 86_400.0) if retention == "24h" else (300.0, 3600.0)
+        total = sum(b.tokens for b in blocks)
+        steps, start, step = [], 0, 1024
+        for b in blocks:
+            while step <= start + b.tokens and step < total:
+                steps.append((b.key, step))
+                step += OPENAI_STEP
+            start += b.tokens
+
+        def alive(found: tuple[bytes, int]) -> bool:
+            kept = self.held.get(found)
+            return kept is not None and now < kept[0] + kept[2] and now < kept[1] + kept[3]
+
+        read = max((n for key, n in steps if alive((key, n))), default=0)
+        for found in steps if keep else ():
+            old = self.held.get(found)
+            if old is not None and alive(found):
+                self.held[found] = (now, old[1], max(old[2], idle), max(old[3], most))
+            else:
+                self.held[found] = (now, now, idle, most)
+        return read
+
+
+class _Entries:
+    """Anthropic's rules as written: entries at breakpoints, all expired ones dropped first."""
+
+    def __init__(self) -> None:
+        self.held: dict[bytes, tuple[float, float]] = {}
+
+    def bill(self, blocks: list[MirrorBlock], now: float, keep: bool) -> tuple[int, ...]:
+        self.held = {k: v for k, v in self.held.items() if v[0] > now}
+        ends = [sum(b.tokens for b in blocks[: i + 1]) for i in range(len(blocks))]
+        marks = [i for i, b in enumerate(blocks) if b.ttl is not None][:4]
+        hits = [
+            next((j for j in range(i, max(-1, i - 20), -1) if blocks[j].key in self.held), -1)
+            for i in marks
+        ]
+        hit = max(hits, default=-1, key=lambda j: ends[j] if j >= 0 else -1)
+        read = ends[hit] if hit >= 0 else 0
+        done, written = read, {"5m": 0, "1h": 0}
+        for i in marks:
+            if ends[i] >= 1024 and ends[i] > done:
+                written[blocks[i].ttl or "5m"] += ends[i] - done
+                done = ends[i]
+        if keep:
+            if hit >= 0:
+                life = self.held[blocks[hit].key][1]
+                self.held[blocks[hit].key] = (now + life, life)
+            for i in marks:
+                if ends[i] >= 1024:
+                    life = 3600.0 if blocks[i].ttl == "1h" else 300.0
+                    old = self.held.get(blocks[i].key)
+                    life = max(life, old[1]) if old is not None else life
+                    self.held[blocks[i].key] = (now + life, life)
+        return read, written["5m"], written["1h"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_mirror_kept_between_requests_bills_as_the_rules_replayed_from_scratch(
+    seed: int,
+) -> None:
+    # the mirrors bill a request from what the previous one left (OpenAI: its prefixes as one
+    # chain, read and refreshed at once; Anthropic: entries looked up at the breakpoints, the
+    # expired swept once a minute). A conversation that grows, is pruned in the middle, goes
+    # back to an earlier branch, waits seconds to hours, asks for 24-hour retention, is
+    # priced as a what-if or forgets what it held: billed as the rules say, to the token
+    rng = random.Random(seed)
+    openai, anthropic = OpenAIMirror(), AnthropicMirror()
+    prefixes, entries = _Prefixes(), _Entries()
+    history: list[tuple[bytes, int]] = [(b"system", 1500)]
+    now = 0.0
+    for i in range(120):
+        move = rng.random()
+        if move < 0.6:
+            history.append((rng.randbytes(4), rng.randint(1, 900)))
+        elif move < 0.7 and len(history) > 2:  # a prune in the middle
+            at = rng.randrange(1, len(history))
+            history[at] = (rng.randbytes(4), max(1, history[at][1] - rng.randint(0, 300)))
+        elif move < 0.8 and len(history) > 2:  # back to an earlier branch
+            history = history[: rng.randrange(1, len(history))]
+        now += rng.choice([1, 10, 60, 200, 299, 301, 400, 3599, 3601, 7200])
+        digest, keys = b"", []
+        for name, _ in history:
+            digest = hashlib.sha256(digest + name).digest()
+            keys.append(digest)
+        tokens = [n for _, n in history]
+        retention = rng.choice([None, None, None, "24h"])
+        keep = rng.random() < 0.85
+        blocks = [MirrorBlock(k, n) for k, n in zip(keys, tokens, strict=True)]
+        got = openai.bill(blocks, now=now, retention=retention, keep=keep)
+        assert got.read == prefixes.bill(blocks, now, retention, keep), (seed, i)
+        marked = [None] * len(blocks)
+        for at in [0] + [rng.randrange(len(blocks)) for _ in range(rng.randint(0, 3))]:
+            marked[at] = rng.choice(["5m", "1h"])
+        blocks = [b._replace(ttl=t) for b, t in zip(blocks, marked, strict=True)]
+        billed = anthropic.bill(blocks, now=now, model=SONNET, keep=keep)
+        want = entries.bill(blocks, now, keep)
+        assert (billed.read, billed.write_5m, billed.write_1h) == want, (seed, i)
+        if rng.random() < 0.05:  # a miss: what the provider says it read is what it holds
+            wanted = [k for k in keys if rng.random() < 0.7]
+            openai.forget_before(wanted)
+            prefixes.held = {k: v for k, v in prefixes.held.items() if k[0] in wanted}
+            anthropic.forget_before(wanted)
+            entries.held = {k: v for k, v in entries.held.items() if k in wanted}

@@ -5,6 +5,7 @@ cannot make them slow or push out another owner's (round 36)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 import ctxbudget.proxy.cache.mirrors as mirrors_module
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirror import MirrorBlock, OpenAIMirror
-from ctxbudget.proxy.cache.mirrors import Mirrors
+from ctxbudget.proxy.cache.mirrors import Mirrors, MirrorView
 from tests.inproc import proxy_app, state_of
 from tests.openclaw import INTERNAL_CONTEXT, tool_call
 
@@ -170,6 +171,54 @@ def test_reusing_the_previous_requests_blocks_bills_as_a_mirror_fed_from_scratch
         b = fresh.observe("o", "s", provider, blocks, now=now, model="claude-sonnet-4-5")
         assert a is not None and b is not None
         assert (a.sent, a.direct) == (b.sent, b.direct)
+
+
+def _lines_run(call: Callable[[], Any]) -> tuple[Any, int]:
+    """`call()`, and the Python lines it ran: the work counted, not timed (a loop over the
+    history runs a line a block; a copy or a comparison of a list runs one)."""
+    lines = [0]
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            lines[0] += 1
+        return trace
+
+    before = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        return call(), lines[0]
+    finally:
+        sys.settrace(before)
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_a_requests_mirror_work_does_not_grow_with_the_conversation(provider: Any) -> None:
+    # request N+1 is request N and a turn: billing it walked every block, every entry held and
+    # every 128-token prefix of the history (~2,000 at turn 300) in both copies, and the
+    # report priced every block again; now what the turn added, the breakpoints, and the
+    # prefixes looked at
+    mirrors = Mirrors()
+    build = messages_requests if provider == "anthropic" else chat_requests
+    model = "claude-sonnet-4-5" if provider == "anthropic" else "gpt-4o"
+    tools = b'[{"name":"t","cache_control":{"type":"ephemeral"}}]'
+    work = []
+    for turn, body in enumerate(build(300)):
+        blocks = [Block("tools", memoryview(bytearray(tools)), memoryview(bytearray(tools)))]
+        blocks += [Block(f"messages[{i}]", m, m) for i, m in enumerate(body["messages"])]
+
+        def request(blocks: list[Block] = blocks, now: float = 10.0 * turn) -> MirrorView | None:
+            view = mirrors.observe("o", "s", provider, blocks, now=now, model=model)
+            if view is not None:  # the answer: the provider's own count sets the scale
+                total = view.sent.total + 7
+                view.settle(view.sent.read, total)
+                view.exact({1: (40, 40)}, total)  # the report prices it
+            return view
+
+        view, lines = _lines_run(request)
+        assert view is not None
+        work.append(lines)
+    # the same two messages a turn from turn 40 to turn 300: the same work, give or take
+    assert max(work[290:]) <= 1.25 * max(work[30:40]), (work[30:40], work[290:])
 
 
 def test_an_expired_openai_prefix_is_never_read_before_it_is_swept() -> None:

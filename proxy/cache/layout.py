@@ -1,0 +1,143 @@
+"""Where a request's provider blocks lie, by column, made from the previous request's.
+
+A session's cache mirror (`proxy/cache/mirrors.py`) bills each request from its provider
+blocks: their prefix digests, bytes, breakpoints and estimated tokens, and where each ends.
+An agent's request N+1 is request N and a turn, so the columns of the blocks it shares with
+N at its start are N's: copied (a list slice, memcpy speed), and only the blocks after them
+are read one by one. The tokens are the bytes at the session's scale; when an answer moved
+the scale (an Anthropic session's, each answer), they are counted again in one pass in C.
+
+The report prices a request's classes from it too (`Layout.classes`): each of our blocks it
+counted at its own tokens, the rest of each class's stretch at one density.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from itertools import accumulate, chain, compress, count, repeat
+from operator import add, itemgetter, mul
+from typing import NamedTuple
+
+from ctxbudget.proxy.cache.mirror import Lifetime, Predicted, TokenClass, shared_start
+
+Part = tuple[bytes, int, Lifetime | None]
+"""One provider block: the digest of the prompt up to and including it, its bytes, and its
+breakpoint's lifetime."""
+
+
+class Layout(NamedTuple):
+    """One copy of a request's provider blocks, by column, in order."""
+
+    keys: list[bytes]
+    sizes: list[int]
+    """Bytes."""
+    ttls: list[Lifetime | None]
+    marks: list[int]
+    """Where the breakpoints are (the blocks with a lifetime)."""
+    first: list[int]
+    """`first[g]`: the index of our block `g`'s first provider block (one more at the end)."""
+    groups: list[list[Part]]
+    """The groups it was made of (`lay_out`: the next request compares its own with them)."""
+    scale: float
+    """Tokens per byte."""
+    tokens: list[int]
+    """`round(size * scale)` each."""
+    ends: list[int]
+    """`ends[k]`: where the first `k` blocks end, in tokens."""
+    size: int
+    """Bytes in all."""
+
+    @property
+    def total(self) -> int:
+        return self.ends[-1]
+
+    def has(self, group: int) -> bool:
+        """Whether our block `group` has provider blocks here."""
+        return 0 <= group < len(self.first) - 1 and self.first[group + 1] > self.first[group]
+
+    def span(self, group: int) -> tuple[int, int]:
+        """Where our block `group` starts and ends, in tokens."""
+        return self.ends[self.first[group]], self.ends[self.first[group + 1]]
+
+    def classes(
+        self,
+        counted: dict[int, tuple[int, int]],
+        mine: Sequence[int],
+        pick: int,
+        density: float,
+        predicted: Predicted,
+    ) -> dict[TokenClass, float]:
+        """The tokens of each class of `predicted`, our blocks `mine` (in order) at their
+        `counted` ones (`pick`: the client's or the forwarded), the others at `density`
+        (`MirrorView.exact`)."""
+        out: dict[TokenClass, float] = {"read": 0.0, "5m": 0.0, "1h": 0.0, "input": 0.0}
+        rest: dict[TokenClass, int] = {"read": 0, "5m": 0, "1h": 0, "input": 0}
+        # each class's stretches (an OpenAI read may end inside a block: it splits it)
+        stretches: list[tuple[int, int, TokenClass]] = []
+        at = 0
+        spans = predicted.spans or ((predicted.total, "input"),)
+        for stop, kind in spans:
+            if stop > at:
+                stretches.append((at, stop, kind))
+                rest[kind] += stop - at
+                at = stop
+        if at < self.total:  # past the last span: its class
+            stretches.append((at, self.total, spans[-1][1]))
+            rest[spans[-1][1]] += self.total - at
+        i = 0
+        for g in mine:
+            start, end = self.span(g)
+            if end <= start:
+                continue
+            scale = counted[g][pick] / (end - start)
+            while i < len(stretches) - 1 and stretches[i][1] <= start:
+                i += 1
+            for low, high, kind in stretches[i:]:
+                if low >= end:
+                    break
+                n = min(end, high) - max(start, low)
+                out[kind] += n * scale
+                rest[kind] -= n
+        for kind, n in rest.items():
+            out[kind] += n * density
+        return out
+
+
+def lay_out(
+    groups: list[list[Part]], scale: float, last: Layout | None = None, *, same: int = 0
+) -> Layout:
+    """The `Layout` of a copy's provider blocks, grouped by our block; the first `same`
+    groups those of `last` (the session's previous request of this copy), whose columns are
+    taken as they were."""
+    if last is None:
+        same = 0
+    shared = last.first[same] if last is not None else 0
+    fresh = list(chain.from_iterable(groups[same:]))
+    keys = last.keys[:shared] if last is not None else []
+    keys += map(itemgetter(0), fresh)
+    sizes = last.sizes[:shared] if last is not None else []
+    sizes += map(itemgetter(1), fresh)
+    ttls = last.ttls[:shared] if last is not None else []
+    ttls += map(itemgetter(2), fresh)
+    marks = last.marks[: bisect_left(last.marks, shared)] if last is not None else []
+    marks += compress(count(shared), map(itemgetter(2), fresh))
+    first = last.first[: same + 1] if last is not None else [0]
+    first += accumulate(map(len, groups[same:]), initial=shared)
+    del first[same + 1]  # the `initial`, there already
+    before = last.size - sum(last.sizes[shared:]) if last is not None else 0
+    size = before + sum(map(itemgetter(1), fresh))
+    if last is None or last.scale != scale:
+        shared = 0  # at another scale: every block counted again
+    tokens = last.tokens[:shared] if last is not None else []
+    tokens += map(float.__round__, map(mul, repeat(float(scale)), sizes[shared:]))
+    ends = last.ends[: shared + 1] if last is not None else [0]
+    ends += accumulate(tokens[shared:], add, initial=ends[-1])
+    del ends[shared + 1]
+    return Layout(keys, sizes, ttls, marks, first, groups, scale, tokens, ends, size)
+
+
+def same_groups(groups: Sequence[list[Part]], last: Layout | None) -> int:
+    """How many leading groups are `last`'s: the very lists (kept by `mirror_groups`, compared
+    at once) or equal ones (a block made again from a new object of the same bytes)."""
+    return 0 if last is None else shared_start(groups, last.groups)

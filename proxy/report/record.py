@@ -338,13 +338,7 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         if r.overhead:
             usage_without = Usage(input=0, cache_read=0, cache_write=0, output=0)
         elif r.mirror is not None:  # the session's direct mirror: what the client's bytes cost
-            found, drift = _direct(r.usage, r.mirror, counted)
-            # where results are pruned the direct mirror says what the client's bytes would
-            # have read and written instead (a prune moves where the provider's reads end);
-            # elsewhere the blocks ctxbudget moved, counted exactly, say it closer than a
-            # mirror that counts bytes at one ratio for the whole prompt
-            if any(s.kind == "pruned" for s in r.segments):
-                usage_without = found
+            usage_without, drift = _direct(r.usage, r.mirror, counted)
         if usage_without is None:
             # not mirrored (a large body parsed elsewhere), or the provider held more than the
             # mirror knew (another worker or instance served the session before): estimated

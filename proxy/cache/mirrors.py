@@ -10,13 +10,13 @@ A request's blocks are the provider's own units (`mirror_blocks`) for Anthropic:
 each system block, each content block of a message (it counts its 20-block lookback in them);
 for OpenAI, which caches by tokens, not blocks, ours (tools, system, each message or item).
 Tokens are the block's bytes times the session's `scale`, tokens per byte, which every answer
-sets again from the provider's own count (an OpenAI session's blocks are laid out at its first
-answer's for good: `SessionMirror.places`); the report prices the classes again with each
-block at its own token count (`MirrorView.exact`); the answer also corrects the sent copy (what the
-provider says it read is what it holds) and says how far the mirror was off
-(`MirrorView.settle`: `mirrorDrift`). A large Anthropic body parsed in the offload process
-comes as digests, without its breakpoints: it is not mirrored (its money is estimated from the
-blocks ctxbudget moved, as before).
+sets again from the provider's own count of its own prompt (an OpenAI session's blocks are laid
+out at the scale of its first request for good: `SessionMirror.places`); the report prices the
+classes again with each block at its own token count (`MirrorView.exact`); the answer also
+corrects the sent copy (what the provider says it read is what it holds) and says how far the
+mirror was off (`MirrorView.settle`: `mirrorDrift`). A large Anthropic body parsed in the
+offload process comes as digests, without its breakpoints: it is not mirrored (its money is
+estimated from the blocks ctxbudget moved, as before).
 
 `Mirrors` keeps them per owner and session, bounded by an estimate of their bytes
 (`KEEP_BYTES` in all): past it, the owner holding the most bytes loses its least recently used
@@ -254,6 +254,9 @@ class MirrorView:
     laid: tuple[Layout, Layout] | None = None
     """Where each of our blocks lies in the request as sent, then as the client sent it, in
     estimated tokens (`exact`)."""
+    sent_bytes: int = 0
+    """Bytes of this request as forwarded: its answer's tokens a byte are its own (a stream's
+    answer is settled on the writer thread, often after the next request was mirrored)."""
 
     def exact(
         self, counted: dict[int, tuple[int, int]], total: int
@@ -317,8 +320,9 @@ class SessionMirror:
     """Billed tokens per byte of this session's blocks (the last answer's)."""
     sent_bytes: int = 0
     """Bytes of the newest request as forwarded (what `scale` is set from)."""
-    first_scale: float | None = None
-    """The first answer's `scale`: where an OpenAI mirror's 128-token steps fall (`places`)."""
+    laid_scale: float | None = None
+    """The `scale` when the session's first request was mirrored: where an OpenAI mirror's
+    128-token steps fall for good (`places`)."""
     requests: int = 0
     """Requests mirrored so far."""
     warm_pruned: int = -2
@@ -362,9 +366,15 @@ class SessionMirror:
         position, and the mirror keys each step by the block it ends in and its position: at
         each answer's new scale the same history's steps moved, and the direct copy, which no
         answer corrects, found none of what it held (a whole prompt priced as uncached after
-        a prune changed the sent prompt's density). Anthropic keys entries by block only."""
-        if self.provider == "openai" and self.first_scale is not None:
-            return self.first_scale
+        a prune changed the sent prompt's density). So an OpenAI session keeps the scale its
+        first request was laid out at: not its first answer's, which a stream's answer sets
+        on the writer thread some requests later, moving every step once (issue 31: OpenClaw
+        Responses' counterfactual 5% above the direct bill). The steps are then off the
+        provider's by the scale's error, at most a step where a read ends: the report prices
+        the classes again from the provider's own count (`exact`). Anthropic keys entries by
+        block only."""
+        if self.provider == "openai" and self.laid_scale is not None:
+            return self.laid_scale
         return self.scale
 
     @property
@@ -411,6 +421,8 @@ class SessionMirror:
         leading groups the newest request had are laid out as they were (`lay_out`): a
         request that goes on from it costs what it adds, not its history."""
         with self.lock:
+            if self.laid_scale is None:
+                self.laid_scale = self.scale
             scale = self.places
             last = self.layouts
             sent_laid = _lay_out(sent, scale, last[0] if last is not None else None)
@@ -432,6 +444,7 @@ class SessionMirror:
                 if self.provider == "openai"
                 else tuple(sent_laid.keys[i] for i in marks),
                 laid=(sent_laid, direct_laid) if priced else None,
+                sent_bytes=self.sent_bytes,
             )
 
     def _reread(self, blocks: Layout, billed: Predicted) -> None:
@@ -505,10 +518,8 @@ class SessionMirror:
         provider read less than the sent copy expected — the copy forgets what it held from
         before (the provider no longer has it)."""
         with self.lock:
-            if self.sent_bytes > 0 and total > 0:
-                self.scale = total / self.sent_bytes
-                if self.first_scale is None:
-                    self.first_scale = self.scale
+            if view.sent_bytes > 0 and total > 0:
+                self.scale = total / view.sent_bytes
             # a token count estimated from bytes is off by a few percent: only a read well
             # short of the prediction says the provider lost what it held
             if view.sent.read > 0 and -drift > max(MISS_TOKENS, MISS_SHARE * total):

@@ -339,14 +339,13 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     if r.usage is not None:
         if r.overhead:
             usage_without = Usage(input=0, cache_read=0, cache_write=0, output=0)
-        elif r.mirror is not None:  # the session's direct mirror: what the client's bytes cost
-            found, drift = _direct(r.usage, r.mirror, counted)
-            # where results are pruned the direct mirror says what the client's bytes would
-            # have read and written instead (a prune moves where the provider's reads end);
-            # elsewhere the blocks ctxbudget moved, counted exactly, say it closer than a
-            # mirror that counts bytes at one ratio for the whole prompt
-            if any(s.kind == "pruned" for s in r.segments):
-                usage_without = found
+        elif r.mirror is not None:
+            # the session's direct mirror, on every request it follows, pruned or not: it reads
+            # what the client's own stream would have read (issue 31, item 4); the estimate
+            # below laid the provider's read over the blocks by bytes, and booked a clamped
+            # block read in full as uncached where it ended near the read's end (Codex 2.7-5.4%
+            # above the direct bill)
+            usage_without, drift = _direct(r.usage, r.mirror, counted)
         if usage_without is None:
             # not mirrored (a large body parsed elsewhere), or the provider held more than the
             # mirror knew (another worker or instance served the session before): estimated

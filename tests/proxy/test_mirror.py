@@ -329,3 +329,33 @@ def test_a_mirror_kept_between_requests_bills_as_the_rules_replayed_from_scratch
             prefixes.held = {k: v for k, v in prefixes.held.items() if k[0] in wanted}
             anthropic.forget_before(wanted)
             entries.held = {k: v for k, v in entries.held.items() if k in wanted}
+
+
+def test_an_answer_settled_after_the_next_request_sets_the_scale_from_its_own_bytes() -> None:
+    # a streamed answer is settled on the report's writer thread, often after the client's
+    # next request was mirrored: its tokens a byte are its own prompt's, not the newest one's
+    mirror = SessionMirror.new("anthropic")
+    first = [(b"a", 40_000, "5m")]
+    second = [(b"a", 40_000, None), (b"ab", 60_000, "5m")]
+    early = mirror.observe(first, first, now=0, model=SONNET)
+    mirror.observe(second, second, now=60, model=SONNET)
+    early.settle(0, 8_000)  # the first prompt: 40,000 bytes, 8,000 tokens
+    assert mirror.scale == pytest.approx(0.2)
+
+
+def test_an_openai_session_is_laid_out_once_however_late_its_first_answer_is_settled() -> None:
+    # OpenAI keeps prefixes by token position: the direct copy, which no answer corrects, lost
+    # the client's whole history when the first answer, settled late (a stream's, on the
+    # writer thread), moved where its steps fall (issue 31: OpenClaw Responses' counterfactual
+    # 5% above the direct bill)
+    mirror = SessionMirror.new("openai")
+    history = [(f"b{i}".encode(), 40_000, None) for i in range(10)]
+    views = []
+    for i in range(3):
+        history.append((f"n{i}".encode(), 400, None))
+        views.append(mirror.observe(history, history, now=60.0 * i, model="gpt-4.1"))
+    views[0].settle(0, round(0.21 * sum(n for _, n, _ in history[:11])))
+    history.append((b"n3", 400, None))
+    view = mirror.observe(history, history, now=180, model="gpt-4.1")
+    laid = view.direct.total
+    assert view.direct.read >= laid * (401_200 / 401_600) - 2 * OPENAI_STEP, (view.direct, laid)

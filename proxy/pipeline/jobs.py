@@ -30,6 +30,7 @@ from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.pipeline.chat_command import find_command
 from ctxbudget.proxy.pipeline.worker import ask, memo, portable
 from ctxbudget.proxy.tokens import TokenCounter, encoding_name
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.responses import CallNames, OpenAIResponses
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
@@ -129,6 +130,13 @@ class _Names(CallNames):
 
 
 @functools.cache
+def conversations() -> Conversations:
+    """What the worker knows of each owner's conversations (the lists its jobs read): one per
+    process, as its `memo` (an app's never crosses the pipe)."""
+    return Conversations()
+
+
+@functools.cache
 def _tokens() -> TokenCounter:
     return TokenCounter()
 
@@ -139,7 +147,7 @@ def _wire(wire: WireFormat | None) -> WireFormat:
 
 def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
     wire = _wire(job.wire)
-    request = wire.parse(raw, owner=job.owner)
+    request = wire.parse(raw, owner=job.owner, conversations=conversations())
     turn = request.user_turn()
     if wire.generates and find_command(turn) is not None:
         found = Prepared(model=request.model, stream=request.stream, turn=turn)
@@ -202,7 +210,7 @@ def _digested_blocks(blocks: Sequence[Block], encoding: str, owner: str) -> tupl
 
 def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
     """The tokens of the client's blocks `job.labels` of `raw`."""
-    request = _wire(job.wire).parse(raw, owner=job.owner)
+    request = _wire(job.wire).parse(raw, owner=job.owner, conversations=conversations())
     return {
         b.label: _tokens().count(
             serial(b.client).decode(errors="replace"), job.encoding, owner=job.owner
@@ -215,7 +223,9 @@ def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
 def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
     # the body as the proxy changed it: what is kept of it (`resent`, `history`) is kept
     # apart from what the client sent, which it would push out (no owner has a NUL)
-    request = _wire(job.wire).parse(body, owner=job.owner + "\x00changed")
+    request = _wire(job.wire).parse(
+        body, owner=job.owner + "\x00changed", conversations=conversations()
+    )
     start = request.blocks() if job.blocks else []
     before = start
     pruned: list[Segment] = []

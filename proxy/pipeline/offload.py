@@ -37,15 +37,16 @@ from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache import sessions
-from ctxbudget.proxy.cache.sessions import Block, Digested, PrefixChange
+from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, Digested, PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline import jobs
 from ctxbudget.proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
 from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker
 from ctxbudget.proxy.tokens import TokenCounter
-from ctxbudget.proxy.wire.history import HISTORIES
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.responses import OpenAIResponses
+from ctxbudget.proxy.wire.scan import TAILS
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 LARGE_BODY = 1 << 20
@@ -78,15 +79,18 @@ class Offload(Worker):
         self.objects = objects
         """Bodies with more `{` and `[` than this go too (`takes`)."""
 
-    def takes(self, raw: bytes, owner: str = "") -> bool:
+    def takes(
+        self, raw: bytes, owner: str = "", conversations: Conversations | None = None
+    ) -> bool:
         """Whether `raw` is parsed in the worker: over `threshold` bytes, or over `objects`
         JSON objects and arrays by a count of `{` and `[` (C passes before anything is parsed;
         the tail an agent resends every turn, `owner`'s, counted once:
-        `Histories.structure`)."""
+        `Conversations.structure`, the app's)."""
         # bytes.count allocates nothing: counting by what `replace` leaves was faster alone
         # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new
         # 186 KB buffer costs ~40 page faults; count takes ~70 µs there
-        return len(raw) > self.threshold or HISTORIES.structure(raw, owner) > self.objects
+        counted = TAILS if conversations is None else conversations
+        return len(raw) > self.threshold or counted.structure(raw, owner) > self.objects
 
     async def prepare(
         self,
@@ -212,6 +216,9 @@ class OffloadedRequest:
     def blocks(self) -> list[Block]:
         """The blocks as `Digested`; a change not yet settled does not show in them."""
         return list(self._blocks)
+
+    def client_prefix(self, owner: str) -> ClientPrefix:
+        return ClientPrefix(self.blocks(), owner)  # digested in the worker: nothing to reuse
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         self._change(("inject", tuple(lines), placement))

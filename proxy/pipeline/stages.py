@@ -203,8 +203,9 @@ class Pipeline:
         process for a large one, so one 30 MB request does not stall every other client (a
         thread would not do: single C calls over its 30 MB string hold the GIL for tens of
         ms); small ones skip the hop."""
-        if not self.offload.takes(raw, owner):
-            body = wire.parse(raw, owner=owner)
+        conversations = self.state.conversations
+        if not self.offload.takes(raw, owner, conversations):
+            body = wire.parse(raw, owner=owner, conversations=conversations)
             return body, body.user_turn()
         # it may wait behind other large bodies: a client that gives up meanwhile costs no
         # job (a job not yet started is dropped with the cancelled wait)
@@ -291,7 +292,7 @@ class Pipeline:
         with timed(call.marks, end="clamped"):
             if call.wire.generates:
                 # a large body's blocks come hashed (`Digested`)
-                prefix = ClientPrefix(body.blocks(), call.owner)
+                prefix = body.client_prefix(call.owner)
                 session = session_key(call.headers, body.get, body.model, prefix)
                 call.drawn = await self.holdout.draw(
                     call.settings, call.headers, call.owner, prefix, session, now=call.now

@@ -39,7 +39,8 @@ from starlette.requests import Request
 from ctxbudget.caps._kept import ByIdentity, bytes_weight
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.errors import BadRequest, PayloadTooLarge
-from ctxbudget.proxy.wire.history import HISTORIES, Found
+from ctxbudget.proxy.wire.conversations import Conversation, Conversations
+from ctxbudget.proxy.wire.history import Found
 from ctxbudget.proxy.wire.scan import ITEMS, TAILS, TOO_DEEP, TOP, check_utf8, loads
 
 _OUT_OF_RANGE = (
@@ -50,7 +51,7 @@ _MISSING = object()
 _ITEMWISE = frozenset({"messages", "input", "system"})
 """List fields an agent resends turn by turn: parsed through `RESENT`."""
 _GROWING = frozenset({"messages", "input"})
-"""Of those, the ones it grows: remembered as the owner's history (`HISTORIES`)."""
+"""Of those, the ones it grows: remembered as the owner's conversation (`Conversations`)."""
 
 
 class JsonBody:
@@ -64,12 +65,18 @@ class JsonBody:
         decoded: bool,
         owner: str = "",
         history: Found | None = None,
+        conversations: Conversations | None = None,
     ) -> None:
         self.raw = raw
         self.owner = owner
         """Whom the request acts for: what `RESENT` keeps of its items is theirs alone."""
         self._history = history
         """The list this body extends, when it does (`proxy/wire/history.py`)."""
+        self.conversations = conversations
+        """Where the owner's conversations are kept (the app's); None: nowhere."""
+        self.conversation: Conversation | None = None
+        """This request's state, once its growing list is read (what the stages decide for
+        its items goes there, for the next request); None when it is not kept."""
         self._fields = fields
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
@@ -108,9 +115,19 @@ class JsonBody:
             parsed = old + RESENT.parse(items[len(old) :], self.owner, loads, taken=old)
         else:
             parsed = RESENT.parse(items, self.owner, loads)
-        if key in _GROWING:
-            HISTORIES.remember(self.raw, self.owner, key, self._fields[key], items, parsed)
+        if key in _GROWING and self.conversations is not None:
+            self.conversation = self.conversations.remember(
+                self.raw, self.owner, key, self._fields[key], items, parsed
+            )
         return parsed
+
+    def extended(self, key: str) -> tuple[Conversation, int] | None:
+        """The conversation this body's list `key` extends, and how many of its first items
+        are the very objects that conversation's request had; None when it extends none."""
+        history = self._history
+        if history is None or history.key != key:
+            return None
+        return history.history, len(history.parsed)
 
     def raw_field(self, key: str) -> Any:
         """A top-level field as sent: its JSON bytes (its value on the fallback path), or
@@ -188,24 +205,33 @@ class ChatBody(JsonBody):
 
 
 def parse_object(
-    raw: bytes, *, example: str, parsed: tuple[str, ...] = ("messages",), owner: str = ""
+    raw: bytes,
+    *,
+    example: str,
+    parsed: tuple[str, ...] = ("messages",),
+    owner: str = "",
+    conversations: Conversations | None = None,
 ) -> JsonBody:
     """Check that `raw` is one JSON object and scan its top level; `BadRequest` otherwise.
 
     `example` is what a request of this format looks like, for the error message; `parsed`
     names the fields the caller parses at once (their UTF-8 is checked then, not twice);
-    `owner`, whom the request acts for (what `Tails` remembers is per owner).
+    `owner`, whom the request acts for (what `Tails` remembers is per owner); `conversations`,
+    the app's: a body that extends one of the owner's is read as its extension.
     """
     if not raw.strip():
         raise BadRequest(f"request body is empty: send {example}")
-    history = HISTORIES.find(raw, owner)
+    kept = conversations
+    history = None if kept is None else kept.find(raw, owner)
     if history is not None:
         if history.tail is None and not raw.isascii():
             check_utf8(history.fields, parsed, owner)
-        return JsonBody(raw, history.fields, decoded=False, owner=owner, history=history)
+        return JsonBody(
+            raw, history.fields, decoded=False, owner=owner, history=history, conversations=kept
+        )
     known = TAILS.fields(raw, owner)
     if known is not None:
-        return JsonBody(raw, known, decoded=False, owner=owner)
+        return JsonBody(raw, known, decoded=False, owner=owner, conversations=kept)
     try:
         fields: dict[str, Any] = TOP.decode(raw)
         decoded = False
@@ -237,15 +263,26 @@ def parse_object(
         check_utf8(fields, parsed, owner)
     if not decoded:
         TAILS.remember(raw, fields, parsed, owner)
-    return JsonBody(raw, fields, decoded=decoded, owner=owner)
+    return JsonBody(raw, fields, decoded=decoded, owner=owner, conversations=kept)
 
 
-def parse_chat_body(raw: bytes, owner: str = "") -> ChatBody:
+def parse_chat_body(
+    raw: bytes, owner: str = "", conversations: Conversations | None = None
+) -> ChatBody:
     """Check and parse a chat request; `BadRequest` naming what is wrong."""
-    top = parse_object(raw, example='{"model": ..., "messages": [...]}', owner=owner)
+    top = parse_object(
+        raw, example='{"model": ..., "messages": [...]}', owner=owner, conversations=conversations
+    )
     if "messages" not in top:
         raise BadRequest("'messages' is required: a list of chat messages", param="messages")
-    body = ChatBody(raw, top._fields, decoded=top._decoded, owner=owner, history=top._history)
+    body = ChatBody(
+        raw,
+        top._fields,
+        decoded=top._decoded,
+        owner=owner,
+        history=top._history,
+        conversations=conversations,
+    )
     if not isinstance(body.messages, list):
         raise BadRequest(
             f"'messages' must be a list of chat messages, got {type_name(body.messages)}",

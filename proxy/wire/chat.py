@@ -23,7 +23,8 @@ from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.upstream.http import forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
-from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest, resumed
 from ctxbudget.proxy.wire.view import paired, with_text
 
 _SYSTEM_ROLES = ("system", "developer")
@@ -32,6 +33,8 @@ _TEXT_KINDS = ("text",)
 
 class ChatCompletionsRequest(InProcessRequest):
     """A parsed chat completions request (`WireRequest`)."""
+
+    _body: ChatBody
 
     def __init__(self, body: ChatBody) -> None:
         self.raw = body.raw
@@ -86,7 +89,10 @@ class ChatCompletionsRequest(InProcessRequest):
         )
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
-        result = clamp({"messages": self.messages}, caps, tools=tools)
+        if self.messages is self._body.messages:  # as parsed: the conversation's to resume
+            result = resumed(clamp, self._body, "messages", self.messages, caps, tools)
+        else:  # a second pass (pruning): its own
+            result = clamp({"messages": self.messages}, caps, tools=tools)
         if apply and result.changed:
             self.messages = result.request["messages"]
         return list(result.segments)
@@ -130,9 +136,19 @@ class ChatCompletions:
     name = "chat"
     provider = "openai"
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> ChatCompletionsRequest:
-        body = parse_chat_body(raw, owner)
-        _check_texts(body.messages)
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> ChatCompletionsRequest:
+        body = parse_chat_body(raw, owner, conversations)
+        messages = body.messages
+        # the items the conversation's last request had passed: only the new ones are checked
+        found = body.extended("messages")
+        start = 0
+        if found is not None and isinstance(found[0].checked, int):
+            start = min(found[1], found[0].checked)
+        _check_texts(messages, start)
+        if body.conversation is not None:
+            body.conversation.checked = len(messages)
         return ChatCompletionsRequest(body)
 
     generates = True
@@ -229,11 +245,12 @@ async def completion_stream(
     yield b"data: [DONE]\n\n"
 
 
-def _check_texts(messages: list[Any]) -> None:
+def _check_texts(messages: list[Any], start: int = 0) -> None:
     """400 for a content part whose text is not a string, as OpenAI answers it. Other odd
     shapes (a role or `tool_calls` of the wrong type) the clamp leaves as sent, and the
-    upstream says what it thinks of them."""
-    for index, message in enumerate(messages):
+    upstream says what it thinks of them. `start`: the messages before it passed already."""
+    for index in range(start, len(messages)):
+        message = messages[index]
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for i, part in enumerate(content):

@@ -41,6 +41,7 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
 from ctxbudget.proxy.wire.view import (
     ChatView,
@@ -231,8 +232,16 @@ class AnthropicMessages:
         self.generates = not counting
         self._endpoint = "/messages/count_tokens" if counting else "/messages"
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> MessagesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed=("messages", "system"), owner=owner)
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> MessagesRequest:
+        body = parse_object(
+            raw,
+            example=_EXAMPLE,
+            parsed=("messages", "system"),
+            owner=owner,
+            conversations=conversations,
+        )
         messages = body.get("messages")
         if messages is None:
             raise BadRequest("'messages' is required: a list of messages", param="messages")

@@ -46,6 +46,7 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.chat import openai_headers
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
 from ctxbudget.proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
 
@@ -115,6 +116,8 @@ class ResponseOwners:
 
 class ResponsesRequest(InProcessRequest):
     """A parsed Responses request (`WireRequest`)."""
+
+    _list_key = "input"
 
     def __init__(self, body: JsonBody, owner: str, names: CallNames) -> None:
         self.raw = body.raw
@@ -333,8 +336,16 @@ class OpenAIResponses:
         self.names = names if names is not None else CallNames()
         self.owners = ResponseOwners()
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> ResponsesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed=("input", "instructions"), owner=owner)
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> ResponsesRequest:
+        body = parse_object(
+            raw,
+            example=_EXAMPLE,
+            parsed=("input", "instructions"),
+            owner=owner,
+            conversations=conversations,
+        )
         value = body.get("input")
         if value is None and "input" in body:
             raise BadRequest("'input' must be a string or a list of items, got null", param="input")

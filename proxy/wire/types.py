@@ -19,14 +19,27 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctxbudget.caps import Caps, Clamp, Memo, Segment, ToolNames, prune_request, remembering
+from ctxbudget.caps import (
+    Caps,
+    Clamp,
+    ClampResult,
+    Memo,
+    Segment,
+    ToolNames,
+    prune_request,
+    remembering,
+)
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
-from ctxbudget.proxy.cache.sessions import Block, PrefixChange, memory_added
+from ctxbudget.proxy.cache.resent import RESENT
+from ctxbudget.proxy.cache.sessions import Block, ClientPrefix, PrefixChange, memory_added
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.wire.body import JsonBody
+from ctxbudget.proxy.wire.conversations import Conversations
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,12 @@ class WireRequest(Protocol):
     def blocks(self) -> list[Block]:
         """The body's cached prefix in the provider's order (tools, system, each message or
         item), each block as the client sent it and as it would be forwarded now."""
+        ...
+
+    def client_prefix(self, owner: str) -> ClientPrefix:
+        """`ClientPrefix(blocks(), owner)`, asked before anything changed the body: the
+        blocks of the items the conversation's last request had are taken as serialised and
+        hashed then (`Conversation.client`)."""
         ...
 
     def place_memory(self, index: int, text: str) -> None:
@@ -165,8 +184,31 @@ class InProcessRequest:
     Subclasses implement the rest of `WireRequest`.
     """
 
+    _body: JsonBody
+    _list_key = "messages"
+    """The body's growing list (`Conversation.key`)."""
+
     def blocks(self) -> list[Block]:
         raise NotImplementedError
+
+    def client_prefix(self, owner: str) -> ClientPrefix:
+        blocks = self.blocks()
+        body = self._body
+        items = body.get(self._list_key)
+        head = len(blocks) - len(items) if isinstance(items, list) else -1
+        found = body.extended(self._list_key)
+        prefix = None
+        if found is not None and found[0].client is not None and head >= 0:
+            (known, known_head), kept = found[0].client, found[1]
+            if known_head == head and head + kept <= len(known.blocks):
+                prefix = ClientPrefix(blocks, owner, reuse=(known, head, head + kept))
+                if RESENT.check and prefix.digests != ClientPrefix(blocks, owner).digests:
+                    raise ChangedInPlace("a conversation's client blocks differ from last time")
+        if prefix is None:
+            prefix = ClientPrefix(blocks, owner)
+        if body.conversation is not None and head >= 0:
+            body.conversation.client = (prefix, head)
+        return prefix
 
     def _blocks_of(self, sources: tuple[Any, ...], make: Callable[[], list[Block]]) -> list[Block]:
         """`make()`, made again only when one of `sources` (what the blocks show) is another
@@ -219,6 +261,41 @@ class InProcessRequest:
         return self.litellm_body()
 
 
+def resumed(
+    clamp: Clamp,
+    body: JsonBody,
+    key: str,
+    messages: list[Any],
+    caps: Caps,
+    tools: ToolNames,
+    *,
+    view: int | None = None,
+) -> ClampResult:
+    """`clamp` of chat `messages` made of `body`'s list `key`, resumed where the clamp of the
+    conversation's last request left its first items (the very objects: `Conversation.clamp`),
+    and its decisions kept for the next. `view`: how many of `messages` the first items of the
+    list made (a view of another format); None for chat, where they are the items."""
+    found = body.extended(key)
+    resume = None
+    if found is not None and found[0].clamp is not None:
+        resume = found[0].clamp.upto(found[1] if view is None else view)
+    if resume is None:
+        result = clamp({"messages": messages}, caps, tools=tools)
+    else:
+        result = clamp({"messages": messages}, caps, tools=tools, resume=resume)
+        if RESENT.check:  # what was resumed must be what a whole clamp gives
+            whole = clamp({"messages": messages}, caps, tools=tools)
+            if (whole.segments, whole.request, whole.changed) != (
+                result.segments,
+                result.request,
+                result.changed,
+            ):
+                raise ChangedInPlace("a conversation's clamp resumed to another result")
+    if body.conversation is not None and result.state is not None:
+        body.conversation.clamp = result.state
+    return result
+
+
 class ReplyWatcher(Protocol):
     """Reads a relayed reply as it passes (a format that must remember something from it)."""
 
@@ -242,9 +319,13 @@ class WireFormat(Protocol):
     """The request asks for a model's answer. False for token counting: such requests are
     clamped and injected like the real one, but not recorded and never a chat command."""
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> WireRequest:
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> WireRequest:
         """Check and parse a body; `BadRequest` that says what to fix. `owner`: whom the
-        request acts for (state a format keeps across requests is kept per owner)."""
+        request acts for (state a format keeps across requests is kept per owner);
+        `conversations`, the app's: a body that extends one of the owner's is read as its
+        extension, and what is decided for it kept there."""
         ...
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:

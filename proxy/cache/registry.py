@@ -96,15 +96,14 @@ CACHES: tuple[Cache, ...] = (
     Cache(
         where="proxy/state.py:conversations",
         key="owner, then the bytes of the conversation's last request (compared byte for byte)",
-        bound=(
-            "48 MB (each conversation's last body and 400 bytes an item; 4 conversations an"
-            " owner; the owner holding the most gives way)"
-        ),
+        bound="48 MB",
         invariant=(
-            "a conversation's last request: its items' offsets and objects, and what each"
-            " stage decided for them (the clamp's `ClampState`, the client blocks' serials and"
-            " digests, the checks passed); used only for a body with the same bytes up to"
-            " those items, of the same owner; cleared when the app closes"
+            "a conversation's last request (its body, weighed with 400 bytes an item; 4 an"
+            " owner; past the bound the owner holding the most gives way): its items' offsets"
+            " and objects, and what each stage decided for them (the clamp's `ClampState`, the"
+            " client blocks' serials and digests, the checks passed); used only for a body"
+            " with the same bytes up to those items, of the same owner; cleared when the app"
+            " closes"
         ),
     ),
     Cache(

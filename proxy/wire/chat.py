@@ -90,7 +90,10 @@ class ChatCompletionsRequest(InProcessRequest):
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
         if self.messages is self._body.messages:  # as parsed: the conversation's to resume
-            result = resumed(clamp, self._body, "messages", self.messages, caps, tools)
+            found = self._body.extended("messages")
+            state = found[0].clamp if found is not None else None
+            resume = (state, found[1]) if found is not None and state is not None else None
+            result = resumed(clamp, self._body, self.messages, caps, tools, resume=resume)
         else:  # a second pass (pruning): its own
             result = clamp({"messages": self.messages}, caps, tools=tools)
         if apply and result.changed:

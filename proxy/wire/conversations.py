@@ -24,13 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 from ctxbudget.caps import ClampState
+from ctxbudget.caps._kept import footprint
 from ctxbudget.proxy.cache.sessions import ClientPrefix
 from ctxbudget.proxy.wire.history import Found, extends, locate
 from ctxbudget.proxy.wire.scan import TAILS, structure
 
 STATE_BYTES_AN_ITEM = 400
-"""What a conversation's state holds for each item beyond its bytes (list slots, the clamp's
-per-item entries, serial digests): counted toward the bound, with the bytes."""
+"""What a conversation's state holds for each item beyond its object (list slots, the clamp's
+per-item entries, serial digests): counted toward the bound, with the body and the objects."""
 
 
 class Conversation:
@@ -49,6 +50,7 @@ class Conversation:
         "client",
         "checked",
         "view",
+        "weights",
         "weight",
     )
 
@@ -61,6 +63,7 @@ class Conversation:
         ends: list[int],
         counts: list[int],
         parsed: list[Any],
+        weights: list[int],
     ) -> None:
         self.raw = raw
         """The body it came in (nothing else of it is kept: no item holds another buffer)."""
@@ -87,7 +90,11 @@ class Conversation:
         the next (Messages: the `tool_use` ids seen); the format's own."""
         self.view: Any = None
         """The format's chat-shaped view of the items (Messages, Responses), per item."""
-        self.weight = len(raw) + STATE_BYTES_AN_ITEM * len(ends)
+        self.weights = weights
+        """What the state holds for the items up to each one: its object (`footprint`) and
+        `STATE_BYTES_AN_ITEM`."""
+        self.weight = len(raw) + (weights[-1] if weights else 0)
+        """What it holds: the body, and `weights` of all its items."""
 
 
 class Conversations:
@@ -162,16 +169,23 @@ class Conversations:
             # the same head: the list starts where it did, its old items end where they did
             h, kept = found.history, len(found.parsed)
             start, starts, ends = h.start, h.starts[:kept], h.ends[:kept]
-            counts = h.structure[:kept]
+            counts, weights = h.structure[:kept], h.weights[:kept]
         else:
             data = bytes(value)
             at = raw.find(data)
             if at < 0 or raw.find(data, at + 1) >= 0:
                 return None  # not found once and only once: where it is stays unknown
-            start, starts, ends, counts = at + 1, [], [], []
+            start, starts, ends, counts, weights = at + 1, [], [], [], []
         if not locate(raw, start, items, starts, ends, counts):
             return None
-        new = Conversation(raw, key, start, starts, ends, counts, list(parsed))
+        total = weights[-1] if weights else 0
+        for n in range(len(weights), len(parsed)):  # the new items' objects, weighed once
+            found_weight = footprint(parsed[n])
+            total += STATE_BYTES_AN_ITEM + (
+                found_weight if found_weight is not None else 8 * len(items[n])
+            )
+            weights.append(total)
+        new = Conversation(raw, key, start, starts, ends, counts, list(parsed), weights)
         if new.weight > self.keep_bytes:
             return None
         replaced = found.history if found is not None else None
@@ -184,6 +198,17 @@ class Conversations:
         while self._total > self.keep_bytes:
             self._evict(owner)
         return new if any(c is new for c in self._by_owner.get(owner, ())) else None
+
+    def grew(self, owner: str, conversation: Conversation, weight: int) -> None:
+        """`conversation` (`owner`'s) holds `weight` more: what a stage decided for its new
+        items (the clamp's copies of the messages it cut, their segments)."""
+        if not any(c is conversation for c in self._by_owner.get(owner, ())):
+            return  # let go already: what it holds goes with it
+        conversation.weight += weight
+        self._weights[owner] += weight
+        self._total += weight
+        while self._total > self.keep_bytes:
+            self._evict(owner)
 
     def _evict(self, owner: str) -> None:
         """The oldest conversation of the owner holding the most goes (on a tie, `owner`'s,

@@ -23,13 +23,14 @@ from ctxbudget.caps import (
     Caps,
     Clamp,
     ClampResult,
+    ClampState,
     Memo,
     Segment,
     ToolNames,
     prune_request,
     remembering,
 )
-from ctxbudget.caps._kept import ChangedInPlace
+from ctxbudget.caps._kept import ChangedInPlace, footprint
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache.resent import RESENT
@@ -264,25 +265,20 @@ class InProcessRequest:
 def resumed(
     clamp: Clamp,
     body: JsonBody,
-    key: str,
     messages: list[Any],
     caps: Caps,
     tools: ToolNames,
     *,
-    view: int | None = None,
+    resume: tuple[ClampState, int] | None,
 ) -> ClampResult:
-    """`clamp` of chat `messages` made of `body`'s list `key`, resumed where the clamp of the
-    conversation's last request left its first items (the very objects: `Conversation.clamp`),
-    and its decisions kept for the next. `view`: how many of `messages` the first items of the
-    list made (a view of another format); None for chat, where they are the items."""
-    found = body.extended(key)
-    resume = None
-    if found is not None and found[0].clamp is not None:
-        resume = found[0].clamp.upto(found[1] if view is None else view)
-    if resume is None:
+    """`clamp` of chat `messages` (`body`'s, or its view), resumed from `resume`: the clamp
+    state of the conversation's last request (`Conversation.clamp`) and how many of
+    `messages` are the very objects its first ones were; its decisions kept for the next."""
+    state = None if resume is None else resume[0].upto(resume[1])
+    if state is None:
         result = clamp({"messages": messages}, caps, tools=tools)
     else:
-        result = clamp({"messages": messages}, caps, tools=tools, resume=resume)
+        result = clamp({"messages": messages}, caps, tools=tools, resume=state)
         if RESENT.check:  # what was resumed must be what a whole clamp gives
             whole = clamp({"messages": messages}, caps, tools=tools)
             if (whole.segments, whole.request, whole.changed) != (
@@ -291,8 +287,19 @@ def resumed(
                 result.changed,
             ):
                 raise ChangedInPlace("a conversation's clamp resumed to another result")
-    if body.conversation is not None and result.state is not None:
-        body.conversation.clamp = result.state
+    conversation = body.conversation
+    if conversation is not None and result.state is not None and body.conversations is not None:
+        conversation.clamp = result.state
+        # what it holds beyond the items: the messages it cut, and their segments' texts
+        start = len(state) if state is not None else 0
+        out = result.state.out
+        grew = sum(
+            2 * (footprint(out[i]) or 0)
+            for i in range(start, len(out))
+            if out[i] is not messages[i]
+        )
+        if grew:
+            body.conversations.grew(body.owner, conversation, grew)
     return result
 
 

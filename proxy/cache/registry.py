@@ -126,12 +126,6 @@ CACHES: tuple[Cache, ...] = (
         invariant="a large value was checked as UTF-8 (the seed is unknown to clients)",
     ),
     Cache(
-        where="proxy/wire/body.py:_DUMPED",
-        key="the changed item object",
-        bound="8 MB",
-        invariant=f"its JSON; {_ID}",
-    ),
-    Cache(
         where="proxy/wire/view.py:_VIEWS",
         key="the items' objects, format extras",
         bound="8 MB",

@@ -591,6 +591,10 @@ def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
     """The prefix block holding the user turn."""
     if prefix is None or turn is None:
         return None
+    label = f"[{turn.index}]"
+    for at in range(turn.index, min(turn.index + 3, len(prefix.blocks))):
+        if prefix.blocks[at].label.endswith(label):  # after the tools and system: found at once
+            return at
     return next(
         (i for i, b in enumerate(prefix.blocks) if b.label.endswith(f"[{turn.index}]")), None
     )

@@ -36,10 +36,10 @@ import msgspec
 import orjson
 from starlette.requests import Request
 
-from ctxbudget.caps._kept import ByIdentity, bytes_weight
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.errors import BadRequest, PayloadTooLarge
-from ctxbudget.proxy.wire.conversations import Conversation, Conversations
+from ctxbudget.proxy.wire.conversations import Conversation, Conversations, same_prefix
 from ctxbudget.proxy.wire.history import Found
 from ctxbudget.proxy.wire.scan import ITEMS, TAILS, TOO_DEEP, TOP, check_utf8, loads
 
@@ -174,7 +174,7 @@ class JsonBody:
                 new = changes[key]
                 if not self._decoded and old is not _MISSING:
                     parts += (_dumps(key), b":")
-                    parts += _splice(new, old, value, self.raw_items(key))
+                    parts += self._spliced(key, new, old, value)
                     parts.append(b",")
                     continue
                 encoded = _dumps(new)
@@ -190,6 +190,57 @@ class JsonBody:
             parts.pop()  # the last comma
         parts.append(b"}")
         return b"".join(parts)
+
+    def _spliced(self, key: str, new: Any, old: Any, value: Any) -> list[Any]:
+        """`_splice`, for the body's growing list resumed where the conversation's last
+        request's left it: the items it wrote the same, the very objects, are its bytes
+        (one copy), and only the others are looked at (`Conversation.spliced`)."""
+        items = self.raw_items(key)
+        conversation = self.conversation
+        if (
+            conversation is None
+            or self.conversations is None
+            or not (isinstance(new, list) and isinstance(old, list))
+            or items is None
+            or len(items) != len(old)
+        ):
+            return _splice(new, old, value, items)
+        found = self.extended(key)
+        known = found[0].spliced if found is not None else None
+        start, kept, ends = 0, 0, []
+        parts: list[Any] = [b"["]
+        if known is not None and found is not None:
+            last, data, last_ends, last_where = known
+            kept = found[1]
+            start = same_prefix(new, last, kept)
+            if start:
+                parts = [data[: last_ends[start - 1]]]
+                ends = last_ends[:start]
+            where = dict(last_where) if len(last_where) <= 2 * len(old) + 64 else None
+        else:
+            where = None
+        if where is None:
+            where, kept = {}, 0
+        where.update(zip(map(id, old[kept:]), range(kept, len(old)), strict=True))
+        at = ends[-1] if ends else 1
+        for i in range(start, len(new)):
+            item = new[i]
+            j = where.get(id(item))
+            same = j is not None and j < len(old) and old[j] is item
+            piece = items[j] if same and j is not None else _dumps(item)
+            if i:
+                parts.append(b",")
+                at += 1
+            parts.append(piece)
+            at += len(piece)
+            ends.append(at)
+        parts.append(b"]")
+        data = b"".join(parts)
+        if RESENT.check and data != b"".join(_splice(new, old, value, items)):
+            raise ChangedInPlace("a conversation's list was written back otherwise than whole")
+        conversation.spliced = (new, data, ends, where)
+        self.conversations.grew(self.owner, conversation, len(data) + 16 * len(ends))
+        return [data]
 
 
 class ChatBody(JsonBody):
@@ -339,17 +390,13 @@ def _splice(
         i = where.get(id(item))
         if i is not None and old[i] is item:
             parts.append(items[i])
-        else:  # a clamped message: the same object every turn (`caps._kept`), written once
-            parts.append(_DUMPED.get(_dumps, item))
+        else:  # a clamped message
+            parts.append(_dumps(item))
         parts.append(b",")
     if len(parts) == 1:
         return [b"[]"]
     parts[-1] = b"]"
     return parts
-
-
-_DUMPED = ByIdentity(8 << 20, bytes_weight)
-"""Changed items' JSON by the item's identity: at most 8 MB."""
 
 
 def _dumps(value: Any) -> bytes:

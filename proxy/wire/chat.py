@@ -25,7 +25,7 @@ from ctxbudget.proxy.upstream.http import forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
 from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest, resumed
-from ctxbudget.proxy.wire.view import paired, with_text
+from ctxbudget.proxy.wire.view import with_text
 
 _SYSTEM_ROLES = ("system", "developer")
 _TEXT_KINDS = ("text",)
@@ -109,8 +109,7 @@ class ChatCompletionsRequest(InProcessRequest):
     def _make_blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
-        sent = self._body.raw_items("messages")
-        return head + paired("messages", self._body.messages, self.messages, sent)
+        return head + self._paired(self._body.messages, self.messages)
 
     def place_memory(self, index: int, text: str) -> None:
         at = index - (self._body.raw_field("tools") is not None)

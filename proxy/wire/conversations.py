@@ -21,6 +21,8 @@ A state is never changed once its request is read: a later request copies what i
 
 from __future__ import annotations
 
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 from ctxbudget.caps import ClampState
@@ -50,6 +52,8 @@ class Conversation:
         "client",
         "checked",
         "view",
+        "blocks",
+        "spliced",
         "weights",
         "weight",
     )
@@ -90,11 +94,24 @@ class Conversation:
         the next (Messages: the `tool_use` ids seen); the format's own."""
         self.view: Any = None
         """The format's chat-shaped view of the items (Messages, Responses), per item."""
+        self.blocks: dict[bool, tuple[list[Any], list[Any]]] = {}
+        """The items' blocks (`paired`) as last made, with the forwarded items they show: as
+        sent (True), and as changed (False)."""
+        self.spliced: tuple[list[Any], bytes, list[int], dict[int, int]] | None = None
+        """The list as last written back (`JsonBody.encode`): its items, its JSON, where each
+        item's JSON ends in it, and the index of each client item by its id."""
         self.weights = weights
         """What the state holds for the items up to each one: its object (`footprint`) and
         `STATE_BYTES_AN_ITEM`."""
         self.weight = len(raw) + (weights[-1] if weights else 0)
         """What it holds: the body, and `weights` of all its items."""
+
+
+def same_prefix(new: list[Any], old: list[Any], limit: int) -> int:
+    """How many of the first `limit` items of `new` are the very objects of `old` (a C scan:
+    ~20 ns an item, no Python per item)."""
+    limit = min(limit, len(new), len(old))
+    return next(compress(count(), map(is_not, new[:limit], old[:limit])), limit)
 
 
 class Conversations:

@@ -49,7 +49,6 @@ from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest, res
 from ctxbudget.proxy.wire.view import (
     ChatView,
     arguments_json,
-    paired,
     set_item,
     set_part,
     set_texts,
@@ -236,8 +235,7 @@ class MessagesRequest(InProcessRequest):
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._system is not None:
             head.append(Block("system", self._system, self.system))
-        sent = self._body.raw_items("messages")
-        return head + paired("messages", self._messages, self.messages, sent)
+        return head + self._paired(self._messages, self.messages)
 
     def place_memory(self, index: int, text: str) -> None:
         blocks = self.blocks()

@@ -48,7 +48,7 @@ from ctxbudget.proxy.wire.body import (
 from ctxbudget.proxy.wire.chat import openai_headers
 from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
-from ctxbudget.proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
+from ctxbudget.proxy.wire.view import ChatView, set_item, set_part, set_texts, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
 _SYSTEM_ROLES = ("system", "developer")
@@ -291,8 +291,7 @@ class ResponsesRequest(InProcessRequest):
         if self._instructions is not None:
             head.append(Block("instructions", self._instructions, self.instructions))
         if isinstance(self._input, list) and isinstance(self.input, list):
-            sent = self._body.raw_items("input")
-            return head + paired("input", self._input, self.input, sent)
+            return head + self._paired(self._input, self.input)
         return [*head, Block("input", self._input, self.input)]
 
     def place_memory(self, index: int, text: str) -> None:

@@ -40,7 +40,8 @@ from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.tokens import TokenCounter
 from ctxbudget.proxy.wire.body import JsonBody
-from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
+from ctxbudget.proxy.wire.view import paired
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,23 @@ class InProcessRequest:
         blocks = make()
         self._known_blocks = (sources, blocks)
         return list(blocks)
+
+    def _paired(self, client: list[Any], forwarded: list[Any]) -> list[Block]:
+        """`paired` of the body's growing list: the blocks of the items the conversation's
+        last request had, showing the very objects these do, taken as made then."""
+        body, key = self._body, self._list_key
+        found = body.extended(key)
+        as_sent = forwarded is client
+        known = None
+        if found is not None:
+            last = found[0].blocks.get(as_sent)
+            if last is not None and len(client) == len(forwarded):
+                same = same_prefix(forwarded, last[0], min(found[1], len(last[1])))
+                known = (last[1], same)
+        blocks = paired(key, client, forwarded, body.raw_items(key), known=known)
+        if body.conversation is not None:
+            body.conversation.blocks[as_sent] = (forwarded, blocks)
+        return blocks
 
     def inline_tools(self) -> InlineTools | None:
         return None

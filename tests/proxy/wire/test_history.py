@@ -208,13 +208,14 @@ def test_the_view_caches_weigh_what_they_keep_and_keep_calls_per_owner() -> None
 
 def test_a_requests_blocks_do_not_outlive_it() -> None:
     # a module-level cache of the last request's blocks held its lists (in the offload
-    # worker: a 30 MB body's) until the next request came
+    # worker: a 30 MB body's) until the next request came; now only the owner's conversation
+    # holds them (`Conversation.blocks`, within its bound), and without one nothing does
     import gc
 
     from ctxbudget.proxy.wire.chat import ChatCompletions
 
     raw = _session()[0]
-    request = ChatCompletions().parse(raw, owner="outlive", conversations=CONVERSATIONS)
+    request = ChatCompletions().parse(raw, owner="outlive")
     messages = request._body.messages
     assert request.blocks() == request.blocks()
     del request

@@ -199,6 +199,7 @@ class JsonBody:
         conversation = self.conversation
         if (
             conversation is None
+            or conversation.key != key  # `system`: short, and not the conversation's list
             or self.conversations is None
             or not (isinstance(new, list) and isinstance(old, list))
             or items is None

@@ -126,9 +126,8 @@ def extends(raw: bytes, history: Conversation, owner: str) -> Found | None:
     fields: dict[str, Any] = dict(found_fields)
     fields[history.key] = view[start - 1 : end + len(value) - len(_OPEN)]
     # the old items as slices of this body (the same bytes where they were in the last)
-    items: list[Any] = [
-        view[a:b] for a, b in zip(history.starts[:kept], history.ends[:kept], strict=True)
-    ]
+    # in C: no bytecode per item (a 300-turn conversation's 600 slices, every request)
+    items: list[Any] = list(map(view.__getitem__, map(slice, history.starts, history.ends[:kept])))
     items += new
     return Found(history.key, fields, items, history.parsed[:kept], history, tail)
 

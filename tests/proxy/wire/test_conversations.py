@@ -15,7 +15,7 @@ import pytest
 from ctxbudget.caps import question
 from ctxbudget.proxy.cache import sessions
 from ctxbudget.proxy.cache.resent import RESENT
-from ctxbudget.proxy.wire import chat, messages
+from ctxbudget.proxy.wire import body, chat, messages
 from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.conversations import Conversations
 from tests.fakes import FakeUpstream, chat_completion
@@ -140,6 +140,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
     monkeypatch.setattr(RESENT, "check", False)
     found.count(sessions, "_client_serial")  # a client block serialised and hashed
     found.count(question, "user_texts")  # a user message read for the clamps' question
+    found.count(body, "_dumps")  # a changed item written as JSON (the list written back)
     found.check(chat, "_check_texts")
     found.check(messages, "_check_messages")
     yield found
@@ -166,6 +167,8 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.checked <= 6, counted.checked
     assert counted.calls.get("_client_serial", 0) <= 6, counted.calls
     assert counted.calls.get("user_texts", 0) <= 4, counted.calls
+    # and the changed fields' names, Messages' `system` (written whole: two blocks)
+    assert counted.calls.get("_dumps", 0) <= 12, counted.calls
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(

@@ -46,8 +46,8 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.chat import openai_headers
-from ctxbudget.proxy.wire.conversations import Conversations
-from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest
+from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
+from ctxbudget.proxy.wire.types import InProcessRequest, Reply, WireRequest, resumed
 from ctxbudget.proxy.wire.view import ChatView, set_item, set_part, set_texts, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
@@ -216,7 +216,24 @@ class ResponsesRequest(InProcessRequest):
                     view.calls([(item["call_id"], name, args)])
             elif kind == "function_call_output":
                 view.result(item["call_id"], item.get("output"), ("output", index))
-        segments, changes = view.clamp(clamp, caps, tools)
+        body = self._body
+        if self.input is self._input and self.instructions is self._instructions:
+            # the view messages are found by what they are made of (`view._VIEWS`): those of
+            # the items the conversation's last request had are the very objects, so the
+            # clamp resumes after them (`Conversation.clamp`)
+            extended = body.extended("input")
+            resume = None
+            if extended is not None and extended[0].clamp is not None:
+                last = extended[0].view
+                if isinstance(last, list):
+                    same = same_prefix(view.messages, last, len(view.messages))
+                    resume = (extended[0].clamp, same)
+            result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
+            if body.conversation is not None:
+                body.conversation.view = view.messages
+            segments, changes = view.outcome(result)
+        else:  # a second pass (pruning): its own
+            segments, changes = view.clamp(clamp, caps, tools)
         if remembered:
             ids = {call_id for call_id, _, _ in remembered}
             named = "tool named by the earlier reply that called it"

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import orjson
 
-from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps import Caps, Clamp, ClampResult, Segment, ToolNames
 from ctxbudget.caps._kept import OfObjects
 from ctxbudget.caps.types import evolve
 from ctxbudget.proxy.cache.sessions import Block
@@ -86,7 +86,10 @@ class ChatView:
     ) -> tuple[list[Segment], list[tuple[Place, Any]]]:
         """The segments found (indexed by real message), and `(place, new content)` for every
         text the clamp changed."""
-        result = clamp({"messages": self.messages}, caps, tools=tools)
+        return self.outcome(clamp({"messages": self.messages}, caps, tools=tools))
+
+    def outcome(self, result: ClampResult) -> tuple[list[Segment], list[tuple[Place, Any]]]:
+        """`clamp`'s answer from the clamp's `result` of `messages` (a resumed one)."""
         segments = [
             evolve(s, message_index=self._real_index(s.message_index)) for s in result.segments
         ]

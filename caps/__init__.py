@@ -8,6 +8,7 @@ from ctxbudget.caps._text import utf16_len
 from ctxbudget.caps.clamp import clamp_request, prune_request
 from ctxbudget.caps.memo import Memo, remembering
 from ctxbudget.caps.prune import pays
+from ctxbudget.caps.resume import ClampState
 from ctxbudget.caps.types import (
     KEEP_WHOLE,
     SEGMENT_KINDS,
@@ -30,6 +31,7 @@ __all__ = [
     "ChatRequest",
     "Clamp",
     "ClampResult",
+    "ClampState",
     "KEEP_WHOLE",
     "Memo",
     "Message",

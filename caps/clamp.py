@@ -12,17 +12,21 @@ user's words: `caps.instructions`, `caps.summariser`); memory, web_fetch and any
 results in `tool` messages (`caps.toolresults`).
 
 What was made for an earlier request is remembered in the caller's `memo` (`caps.Memo`), never
-here: the same bytes out with it or without.
+here: the same bytes out with it or without. What was decided for each message comes back with
+the result (`ClampResult.state`): the caller hands it to the clamp of the conversation's next
+request (`resume`), which then works only the messages after those it repeats
+(`caps.resume`).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ctxbudget.caps import prune
+from ctxbudget.caps import resume as _resume
 from ctxbudget.caps.bootstrap import clamp_system_text
 from ctxbudget.caps.instructions import clamp_instructions
 from ctxbudget.caps.memo import Memo
@@ -48,25 +52,55 @@ def clamp_request(
     *,
     tools: ToolNames | None = None,
     memo: Memo | None = None,
+    resume: _resume.ClampState | None = None,
 ) -> ClampResult:
     """Clamp bootstrap and instruction files, memory, web_fetch and other tool results, and
     the WebFetch summariser's page in `request`.
 
     A request without a `messages` list is returned as it came, with no segments. `memo`:
     where what is made is remembered for the next request (`caps.Memo`, the caller's: one per
-    app); None remembers nothing.
+    app); None remembers nothing. `resume`: the `state` of an earlier result whose messages
+    are the first `len(resume)` of these, the very objects (`ClampState.upto` for fewer):
+    only the rest are worked, and the result is the same as without it.
     """
     messages = request.get("messages")
     if not isinstance(messages, list):
         return ClampResult(request=request, segments=(), changed=False)
     tools = tools or ToolNames()
+    state = _resume.extend(
+        messages,
+        caps,
+        tools,
+        memo,
+        resume,
+        texts=_clamp_texts_at,
+        system_text=_system_text,
+        first_user_text=_first_user_text,
+        prunable_segment=_prunable_kept,
+    )
+    if state is None:  # read whole, as the conversation needs (`ClampState.odd`)
+        whole = _clamp_whole(messages, request, caps, tools, memo)
+        return replace(whole, state=_resume.ClampState(caps, tools, odd=True))
+    segments = _resume.segments(state)
+    if not state.changed or not state.changed[-1]:
+        return ClampResult(request=request, segments=segments, changed=False, state=state)
+    return ClampResult(
+        request={**request, "messages": list(state.out)},
+        segments=segments,
+        changed=True,
+        state=state,
+    )
 
+
+def _clamp_whole(
+    messages: list[Any], request: ChatRequest, caps: Caps, tools: ToolNames, memo: Memo | None
+) -> ClampResult:
+    """`clamp_request` reading the whole list at each step: the calls of every assistant
+    message first, so a result whose call comes after it is named too."""
     segments: list[Segment] = []
     new_messages: list[Any] = list(messages)
     changed = False
     first_user = True
-    # the memo goes to the clamp outside the key: messages are found by identity and index
-    clamp_at = None if memo is None else functools.partial(_clamp_texts_at, memo)
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role == "user" and first_user:
@@ -76,10 +110,7 @@ def clamp_request(
             clamp_text = _system_text
         else:
             continue
-        if memo is None or clamp_at is None:
-            new_message, found = _clamp_texts_at(None, message, clamp_text, caps, index)
-        else:
-            new_message, found = memo.texts.get(clamp_at, message, clamp_text, caps, index)
+        new_message, found = _clamp_texts_at(memo, message, clamp_text, caps, index)
         segments.extend(found)
         if new_message is not message:
             new_messages[index] = new_message
@@ -106,8 +137,7 @@ _ClampText = Callable[[str, Caps, Memo | None], tuple[str, list[Segment]]]
 def _clamp_texts_at(
     memo: Memo | None, message: Message, clamp_text: _ClampText, caps: Caps, index: int
 ) -> tuple[Message, tuple[Segment, ...]]:
-    """What `Memo.texts` keeps by the message (the same objects every turn, at the same
-    index: `caps._kept`)."""
+    """A message's texts clamped, its segments at `index`."""
     new, found = _clamp_texts(message, clamp_text, caps, memo)
     return new, tuple(evolve(s, message_index=index) for s in found)
 
@@ -161,6 +191,7 @@ def prune_request(
     *,
     tools: ToolNames | None = None,
     memo: Memo | None = None,
+    resume: _resume.ClampState | None = None,
 ) -> ClampResult:
     """`request` with the pruning decisions of `caps.pruned` applied, and nothing else: the
     second pass over a request the clamps went through already (`caps/prune.py`)."""
@@ -200,17 +231,27 @@ def _prunable(
     again): their segments are remembered in `Memo.prunable`, by what they depend on."""
     out = []
     for found in prune.prunable(messages, policy, memo):
-        key = (owner, found.text, found.tool, found.call_id, policy)
-        kept = None if memo is None else memo.prunable.get(key)
-        if kept is None:
-            kept = (_prunable_segment(found.text, found.tool, found.call_id, found.chars, policy),)
-            if memo is not None:
-                # what it keeps alive: the text (the key), the segment's own two texts
-                memo.prunable.put(key, kept, weight=3 * sys.getsizeof(found.text) + 400)
-        (segment,) = kept
+        segment = _prunable_kept(
+            found.text, found.tool, found.call_id, found.chars, policy, owner, memo
+        )
         if segment is not None:
             out.append(evolve(segment, message_index=found.message_index))
     return out
+
+
+def _prunable_kept(
+    text: str, tool: str | None, call_id: str, chars: int, policy: PrunePolicy, owner: str,
+    memo: Memo | None,
+) -> Segment | None:  # fmt: skip
+    """`_prunable_segment`, remembered in `Memo.prunable` by what it depends on."""
+    key = (owner, text, tool, call_id, policy)
+    kept = None if memo is None else memo.prunable.get(key)
+    if kept is None:
+        kept = (_prunable_segment(text, tool, call_id, chars, policy),)
+        if memo is not None:
+            # what it keeps alive: the text (the key), the segment's own two texts
+            memo.prunable.put(key, kept, weight=3 * sys.getsizeof(text) + 400)
+    return kept[0]
 
 
 def _prunable_segment(

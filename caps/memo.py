@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ctxbudget.caps._kept import ByIdentity, ByValue, Generations, footprint, message_weight
+from ctxbudget.caps._kept import ByIdentity, ByValue, Generations, footprint
 
 if TYPE_CHECKING:
+    from ctxbudget.caps.resume import ClampState
     from ctxbudget.caps.types import Caps, ChatRequest, Clamp, ClampResult, Segment, ToolNames
 
 
 class Memo:
-    """The clamps' caches, at most 72 MB in all: one per app (or worker process), never shared
+    """The clamps' caches, at most 56 MB in all: one per app (or worker process), never shared
     between apps. The same results as no memo at all, byte for byte, only found faster."""
 
     def __init__(self) -> None:
@@ -36,10 +37,6 @@ class Memo:
         self.tool_texts = ByValue(16 << 20)
         """A tool result's clamp, by text, what called it and `Caps` (its owner): every turn
         of a tool loop resends the earlier results unchanged."""
-        self.texts = ByIdentity(8 << 20, message_weight)
-        """A system or first user message's clamped texts, by the message object."""
-        self.tool_messages = ByIdentity(8 << 20, message_weight)
-        """A tool message's clamp, by the message object."""
         self.calls = ByIdentity(8 << 20, _calls_weight)
         """An assistant message's tool calls (names, arguments), by the message object: every
         request of a tool loop reads all of them."""
@@ -56,8 +53,6 @@ class Memo:
                 self.system_texts,
                 self.bodies,
                 self.tool_texts,
-                self.texts,
-                self.tool_messages,
                 self.calls,
                 self.prunable,
             )
@@ -69,8 +64,6 @@ class Memo:
             self.system_texts,
             self.bodies,
             self.tool_texts,
-            self.texts,
-            self.tool_messages,
             self.calls,
             self.prunable,
         ):
@@ -101,8 +94,12 @@ class _Remembering:
         *,
         tools: ToolNames | None = None,
         memo: Memo | None = None,
+        resume: ClampState | None = None,
     ) -> ClampResult:
-        return self.clamp(request, caps, tools=tools, memo=self.memo if memo is None else memo)
+        memo = self.memo if memo is None else memo
+        if resume is None:  # a stand-in clamp (tests) need not know of resuming
+            return self.clamp(request, caps, tools=tools, memo=memo)
+        return self.clamp(request, caps, tools=tools, memo=memo, resume=resume)
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return _unpickled, (self.clamp,)

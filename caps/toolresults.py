@@ -20,7 +20,6 @@ output: its tool could be one of those.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +40,7 @@ def clamp_tool_results(
     `memo`: where what was made is remembered (`caps.Memo`; None: nowhere)."""
     query = caps.strategy == "query"
     calls = _calls(messages, memo, asked=query)
-    # each message by its identity; within one, each text by value (`Memo.tool_texts`)
-    clamp_at = None if memo is None else functools.partial(_clamp_message_at, memo)
+    # each text by value (`Memo.tool_texts`)
     out: list[Message] | None = None
     segments: list[Segment] = []
     for index, message in enumerate(messages):
@@ -59,10 +57,7 @@ def clamp_tool_results(
             asked,
             arguments,
         )
-        if memo is None or clamp_at is None:
-            new_message, found = _clamp_message_at(None, message, key, caps, tools, index)
-        else:
-            new_message, found = memo.tool_messages.get(clamp_at, message, key, caps, tools, index)
+        new_message, found = _clamp_message_at(memo, message, key, caps, tools, index)
         segments.extend(found)
         if new_message is not message:
             out = out if out is not None else list(messages)
@@ -96,9 +91,7 @@ def _clamp_message(
 def _clamp_message_at(
     memo: Memo | None, message: Message, key: _Key, caps: Caps, tools: ToolNames, index: int
 ) -> tuple[Message, tuple[Segment, ...]]:
-    """What `Memo.tool_messages` keeps by the message (the same objects every turn, at the
-    same index: `caps._kept`). `memo` first: bound by a positional partial, which passes it
-    without a keyword dict on each call."""
+    """A tool message clamped, its segments at `index`."""
     new, found = _clamp_message(message, key, caps, tools, memo)
     return new, tuple(evolve(s, message_index=index) for s in found)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ctxbudget.caps.memo import Memo
+    from ctxbudget.caps.resume import ClampState
 
 _D = TypeVar("_D")
 
@@ -254,6 +255,9 @@ class ClampResult:
     segments: tuple[Segment, ...]
     changed: bool
     """True when `request` differs from the input."""
+    state: ClampState | None = None
+    """What was decided for each message, to resume from when the next request of the
+    conversation repeats them (`clamp_request(..., resume=)`); None: nothing to resume."""
 
 
 class Clamp(Protocol):
@@ -268,4 +272,5 @@ class Clamp(Protocol):
         *,
         tools: ToolNames | None = None,
         memo: Memo | None = None,
+        resume: ClampState | None = None,
     ) -> ClampResult: ...

@@ -227,6 +227,7 @@ class Lifespan:
             if self.telemetry is not None:
                 self.telemetry.shutdown()
             state.memo.clear()
+            state.conversations.clear()
 
 
 async def _error_response(request: Request, exc: Exception) -> Response:

@@ -14,6 +14,7 @@ from ctxbudget.proxy.report import ReportStore
 from ctxbudget.proxy.stores import MemoryStores
 from ctxbudget.proxy.tokens import TokenCounter
 from ctxbudget.proxy.upstream.http import UpstreamClient
+from ctxbudget.proxy.wire.conversations import Conversations
 
 
 class ProxyState:
@@ -42,6 +43,9 @@ class ProxyState:
         self.clamp = remembering(clamp, self.memo)
         """The clamp given to `create_app`, remembering in `memo` (pickled for the offload
         worker, it is the clamp alone: the worker remembers in its own)."""
+        self.conversations = Conversations()
+        """What is known of each owner's conversations' previous requests (the items read,
+        what each stage decided for them): this app's alone, let go when it closes."""
         self.tokens = TokenCounter()  # counts are cached per text, shared by every stage
         self.stores = MemoryStores(env)
         """The memory store of the settings in force (recall, `/v1/memories`, the report)."""

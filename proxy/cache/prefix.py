@@ -87,12 +87,30 @@ _SERIALS: LRUCache[tuple[str, bytes], tuple[bytes, bytes]] = LRUCache(
 class ClientPrefix:
     """A request's blocks as the client sent them, serialised and hashed once."""
 
-    def __init__(self, blocks: Sequence[Block], owner: str = "") -> None:
+    def __init__(
+        self,
+        blocks: Sequence[Block],
+        owner: str = "",
+        *,
+        reuse: tuple[ClientPrefix, int, int] | None = None,
+    ) -> None:
+        """`reuse`: (an earlier request's prefix, start, stop) whose blocks `start:stop` hold
+        the very client objects these do (a conversation's items: `Conversation.client`),
+        taken as serialised and hashed then."""
         self.blocks = list(blocks)
         self.owner = owner
-        found = [_client_serial(b, owner) for b in self.blocks]
+        start = stop = len(self.blocks)
+        if reuse is not None:
+            start, stop = reuse[1], reuse[2]
+        found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
+        if reuse is not None:
+            self.data += reuse[0].data[start:stop]
+            self.digests += reuse[0].digests[start:stop]
+            found = [_client_serial(b, owner) for b in self.blocks[stop:]]
+            self.data += [data for data, _ in found]
+            self.digests += [digest for _, digest in found]
 
     def conversation(self, session: str) -> str:
         """The conversation the request is part of: its session and the first message of its

@@ -68,18 +68,6 @@ CACHES: tuple[Cache, ...] = (
         ),
     ),
     Cache(
-        where="caps/memo.py:texts",
-        key="the message object; clamp, `Caps`, index",
-        bound="8 MB",
-        invariant=f"a message's clamped texts; {_ID}",
-    ),
-    Cache(
-        where="caps/memo.py:tool_messages",
-        key="the message object; call, `Caps`, tool names, index",
-        bound="8 MB",
-        invariant=f"a tool message's clamp; {_ID}",
-    ),
-    Cache(
         where="caps/memo.py:calls",
         key="the assistant message object",
         bound="8 MB",
@@ -88,14 +76,14 @@ CACHES: tuple[Cache, ...] = (
     Cache(
         where="proxy/state.py:memo",
         key="none (one per app)",
-        bound="one `caps.Memo` (the seven `caps/memo.py` caches above: 72 MB)",
+        bound="one `caps.Memo` (the five `caps/memo.py` caches above: 56 MB)",
         invariant="what the clamps remember between this app's requests, cleared when it "
         "closes; `caps` itself keeps nothing (two apps share nothing)",
     ),
     Cache(
         where="proxy/pipeline/worker.py:memo",
         key="none (one per worker process)",
-        bound="one `caps.Memo` (72 MB)",
+        bound="one `caps.Memo` (56 MB)",
         invariant="the offload worker's own memo (an app's never crosses the pipe), cleared "
         "with the rest past `WORKER_RSS`",
     ),
@@ -106,10 +94,24 @@ CACHES: tuple[Cache, ...] = (
         invariant="an item's parsed objects, never changed in place (`CTXBUDGET_CHECK_RESENT`)",
     ),
     Cache(
-        where="proxy/wire/history.py:_by_owner",
-        key="owner",
-        bound="32 MB",
-        invariant="each owner's last bodies and their items",
+        where="proxy/state.py:conversations",
+        key="owner, then the bytes of the conversation's last request (compared byte for byte)",
+        bound="48 MB",
+        invariant=(
+            "a conversation's last request (its body, weighed with 400 bytes an item; 4 an"
+            " owner; past the bound the owner holding the most gives way): its items' offsets"
+            " and objects, and what each stage decided for them (the clamp's `ClampState`, the"
+            " client blocks' serials and digests, the checks passed); used only for a body"
+            " with the same bytes up to those items, of the same owner; cleared when the app"
+            " closes"
+        ),
+    ),
+    Cache(
+        where="proxy/pipeline/jobs.py:conversations",
+        key="none (one per worker process)",
+        bound="one `Conversations` (48 MB)",
+        invariant="the offload worker's own (an app's never crosses the pipe), cleared with "
+        "the rest past `WORKER_RSS`",
     ),
     Cache(
         where="proxy/wire/scan.py:_by_end",
@@ -122,12 +124,6 @@ CACHES: tuple[Cache, ...] = (
         key="owner, seeded digest of a raw value",
         bound="256 entries",
         invariant="a large value was checked as UTF-8 (the seed is unknown to clients)",
-    ),
-    Cache(
-        where="proxy/wire/body.py:_DUMPED",
-        key="the changed item object",
-        bound="8 MB",
-        invariant=f"its JSON; {_ID}",
     ),
     Cache(
         where="proxy/wire/view.py:_VIEWS",

@@ -20,6 +20,7 @@ from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.disconnect import DisconnectWatch
 from ctxbudget.proxy.pipeline.offload import Offload
 from ctxbudget.proxy.pipeline.work import Here, Work
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import WireFormat
 
 log = logging.getLogger("ctxbudget.proxy")
@@ -28,10 +29,15 @@ log = logging.getLogger("ctxbudget.proxy")
 class Executor:
     """Runs each request's work where it should run (the one place that knows which)."""
 
-    def __init__(self, offload: Offload, clamp: Clamp) -> None:
+    def __init__(
+        self, offload: Offload, clamp: Clamp, conversations: Conversations | None = None
+    ) -> None:
         self.offload = offload
         self.clamp = clamp
         """The app's clamp (`create_app`'s `clamp`), run wherever the work runs."""
+        self.conversations = conversations
+        """The app's conversations (`ProxyState.conversations`): what this process knows of
+        each owner's last requests (the worker keeps its own)."""
 
     async def prepare(
         self,
@@ -48,8 +54,9 @@ class Executor:
         body runs in another process for a large one, so one 30 MB request does not stall
         every other client (a thread would not do: single C calls over its 30 MB string hold
         the GIL for tens of ms); small ones skip the hop."""
-        if not self.offload.takes(raw, owner):
-            body = wire.parse(raw, owner=owner)
+        conversations = self.conversations
+        if not self.offload.takes(raw, owner, conversations):
+            body = wire.parse(raw, owner=owner, conversations=conversations)
             return Here(body), body.user_turn()
         # it may wait behind other large bodies: a client that gives up meanwhile costs no
         # job (a job not yet started is dropped with the cancelled wait)

@@ -24,6 +24,7 @@ from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.pipeline.chat_command import find_command
 from ctxbudget.proxy.pipeline.worker import memo, portable
 from ctxbudget.proxy.tokens import TokenCounter, encoding_name
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 _EMPTY = {ord("["): b"[]", ord("{"): b"{}", ord('"'): b'""'}
@@ -114,13 +115,20 @@ class Settled:
 
 
 @functools.cache
+def conversations() -> Conversations:
+    """What the worker knows of each owner's conversations (the lists its jobs read): one per
+    process, as its `memo` (an app's never crosses the pipe)."""
+    return Conversations()
+
+
+@functools.cache
 def _tokens() -> TokenCounter:
     return TokenCounter()
 
 
 def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
     wire = job.wire
-    request = wire.parse(raw, owner=job.owner)
+    request = wire.parse(raw, owner=job.owner, conversations=conversations())
     turn = request.user_turn()
     if wire.generates and find_command(turn) is not None:
         found = Prepared(model=request.model, stream=request.stream, turn=turn)
@@ -183,7 +191,7 @@ def _digested_blocks(blocks: Sequence[Block], encoding: str, owner: str) -> tupl
 
 def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
     """The tokens of the client's blocks `job.labels` of `raw`."""
-    request = job.wire.parse(raw, owner=job.owner)
+    request = job.wire.parse(raw, owner=job.owner, conversations=conversations())
     return {
         b.label: _tokens().count(
             serial(b.client).decode(errors="replace"), job.encoding, owner=job.owner
@@ -196,7 +204,7 @@ def count(job: CountJob, raw: bytes) -> tuple[dict[str, int], None]:
 def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
     # the body as the proxy changed it: what is kept of it (`resent`, `history`) is kept
     # apart from what the client sent, which it would push out (no owner has a NUL)
-    request = job.wire.parse(body, owner=job.owner + "\x00changed")
+    request = job.wire.parse(body, owner=job.owner + "\x00changed", conversations=conversations())
     start = request.blocks() if job.blocks else []
     before = start
     pruned: list[Segment] = []

@@ -37,6 +37,7 @@ from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache import blocks
 from ctxbudget.proxy.cache.blocks import Block, counted
+from ctxbudget.proxy.cache.prefix import ClientPrefix
 from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
@@ -45,7 +46,8 @@ from ctxbudget.proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared,
 from ctxbudget.proxy.pipeline.work import Here, Work
 from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker, ask
 from ctxbudget.proxy.tokens import TokenCounter
-from ctxbudget.proxy.wire.history import HISTORIES
+from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.scan import TAILS
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
 LARGE_BODY = 1 << 20
@@ -78,27 +80,31 @@ class Offload(Worker):
         self.objects = objects
         """Bodies with more `{` and `[` than this go too (`takes`)."""
 
-    def takes(self, raw: bytes, owner: str = "") -> bool:
+    def takes(
+        self, raw: bytes, owner: str = "", conversations: Conversations | None = None
+    ) -> bool:
         """Whether `raw` is parsed in the worker: when the bytes left to read are over
         `threshold`, or the body has over `objects` JSON objects and arrays (a count of `{`
-        and `[`, each of the items `owner` resent counted once: `Histories.structure`). C
-        passes over the bytes, before anything is parsed.
+        and `[`, each of the items `owner` resent counted once: `Conversations.structure`,
+        the app's). C passes over the bytes, before anything is parsed.
 
         The bytes left to read are the whole body, or, for a body that extends a list
-        `owner` sent before (`Histories.new_bytes`: a memcmp of the old bytes), its new part:
-        the old items are taken as they were parsed, so a conversation growing past
-        `threshold` a turn at a time stays here, with its history and its cache mirror, where
+        `owner` sent before (`Conversations.new_bytes`: a memcmp of the old bytes), its new
+        part: the old items are taken as they were parsed, so a conversation growing past
+        `threshold` a turn at a time stays here, with its state and its cache mirror, where
         the worker would parse all of it again every turn (~29 ms a request instead of ~17 at
-        turn 300). The objects stay counted whole: the stages still walk every item (the
-        clamps, the session's blocks), ~0.1 ms an item for tiny Responses items, so 5,000
-        of them held the loop ~0.5 s a turn even with only their new part to read."""
+        turn 300). The objects stay counted whole: tiny Responses items still cost the stages
+        ~0.1 ms an item (their view is built whole), so 5,000 of them held the loop ~0.5 s a
+        turn even with only their new part to read."""
         # bytes.count allocates nothing: counting by what `replace` leaves was faster alone
         # (25 µs for 186 KB) but took ~110 µs in the server, where each request's new 186 KB
         # buffer costs ~40 page faults; count takes ~70 µs there
-        taken = len(raw) > self.threshold and HISTORIES.new_bytes(raw, owner) > self.threshold
-        taken = taken or HISTORIES.structure(raw, owner) > self.objects
+        if conversations is None:
+            return len(raw) > self.threshold or TAILS.structure(raw, owner) > self.objects
+        taken = len(raw) > self.threshold and conversations.new_bytes(raw, owner) > self.threshold
+        taken = taken or conversations.structure(raw, owner) > self.objects
         if taken:
-            HISTORIES.drop(raw)  # parsed in the worker: not kept here
+            conversations.drop(raw)  # parsed in the worker: not kept here
         return taken
 
     async def prepare(
@@ -227,6 +233,9 @@ class OffloadedRequest:
     def blocks(self) -> list[Block]:
         """The blocks as `Digested`; a change not yet settled does not show in them."""
         return list(self._blocks)
+
+    def client_prefix(self, owner: str) -> ClientPrefix:
+        return ClientPrefix(self.blocks(), owner)  # digested in the worker: nothing to reuse
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         self._change(("inject", tuple(lines), placement))

@@ -131,7 +131,7 @@ class Pipeline:
         self.reporting = reporting
         self.offload = offload or Offload()
         """The worker process for large bodies (started by the first one; the app closes it)."""
-        self.executor = Executor(self.offload, state.clamp)
+        self.executor = Executor(self.offload, state.clamp, state.conversations)
         self.recall = RecallStage(state.stores, state.tokens, state.env)
         self.prune = PruneStage(
             state.reports.ledger,
@@ -276,7 +276,7 @@ class Pipeline:
         with timed(call.marks, end="clamped"):
             if call.wire.generates:
                 # a large body's blocks come hashed (`Digested`)
-                prefix = ClientPrefix(body.blocks(), call.owner)
+                prefix = body.client_prefix(call.owner)
                 session = session_key(call.headers, body.get, body.model, prefix)
                 call.drawn = await self.holdout.draw(
                     call.settings, call.headers, call.owner, prefix, session, now=call.now
@@ -575,6 +575,10 @@ def _block_of(prefix: ClientPrefix | None, turn: UserTurn | None) -> int | None:
     """The prefix block holding the user turn."""
     if prefix is None or turn is None:
         return None
+    label = f"[{turn.index}]"
+    for at in range(turn.index, min(turn.index + 3, len(prefix.blocks))):
+        if prefix.blocks[at].label.endswith(label):  # after the tools and system: found at once
+            return at
     return next(
         (i for i, b in enumerate(prefix.blocks) if b.label.endswith(f"[{turn.index}]")), None
     )

@@ -152,12 +152,12 @@ def _clear_caps_caches() -> None:
     memo, what was kept of resent items and lists, what was kept by identity)."""
     from ctxbudget.proxy.cache.registry import clear_kept
     from ctxbudget.proxy.cache.resent import RESENT
-    from ctxbudget.proxy.wire.history import HISTORIES
+    from ctxbudget.proxy.pipeline.jobs import conversations
 
     memo().clear()
     clear_kept()  # the proxy's own module-level caches of the `caps._kept` types
     RESENT.clear()
-    HISTORIES.clear()
+    conversations().clear()
 
 
 def ask(question: str) -> Any:

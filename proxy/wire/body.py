@@ -36,10 +36,11 @@ import msgspec
 import orjson
 from starlette.requests import Request
 
-from ctxbudget.caps._kept import ByIdentity, bytes_weight
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.errors import BadRequest, PayloadTooLarge
-from ctxbudget.proxy.wire.history import HISTORIES, Found
+from ctxbudget.proxy.wire.conversations import Conversation, Conversations, same_prefix
+from ctxbudget.proxy.wire.history import Found
 from ctxbudget.proxy.wire.scan import ITEMS, TAILS, TOO_DEEP, TOP, check_utf8, loads
 
 _OUT_OF_RANGE = (
@@ -50,7 +51,7 @@ _MISSING = object()
 _ITEMWISE = frozenset({"messages", "input", "system"})
 """List fields an agent resends turn by turn: parsed through `RESENT`."""
 _GROWING = frozenset({"messages", "input"})
-"""Of those, the ones it grows: remembered as the owner's history (`HISTORIES`)."""
+"""Of those, the ones it grows: remembered as the owner's conversation (`Conversations`)."""
 
 
 class JsonBody:
@@ -64,12 +65,18 @@ class JsonBody:
         decoded: bool,
         owner: str = "",
         history: Found | None = None,
+        conversations: Conversations | None = None,
     ) -> None:
         self.raw = raw
         self.owner = owner
         """Whom the request acts for: what `RESENT` keeps of its items is theirs alone."""
         self._history = history
         """The list this body extends, when it does (`proxy/wire/history.py`)."""
+        self.conversations = conversations
+        """Where the owner's conversations are kept (the app's); None: nowhere."""
+        self.conversation: Conversation | None = None
+        """This request's state, once its growing list is read (what the stages decide for
+        its items goes there, for the next request); None when it is not kept."""
         self._fields = fields
         self._decoded = decoded  # True when `fields` hold Python values (the fallback path)
         self._cache: dict[str, Any] = {}
@@ -108,9 +115,19 @@ class JsonBody:
             parsed = old + RESENT.parse(items[len(old) :], self.owner, loads, taken=old)
         else:
             parsed = RESENT.parse(items, self.owner, loads)
-        if key in _GROWING:
-            HISTORIES.remember(self.raw, self.owner, key, self._fields[key], items, parsed)
+        if key in _GROWING and self.conversations is not None:
+            self.conversation = self.conversations.remember(
+                self.raw, self.owner, key, self._fields[key], items, parsed
+            )
         return parsed
+
+    def extended(self, key: str) -> tuple[Conversation, int] | None:
+        """The conversation this body's list `key` extends, and how many of its first items
+        are the very objects that conversation's request had; None when it extends none."""
+        history = self._history
+        if history is None or history.key != key:
+            return None
+        return history.history, len(history.parsed)
 
     def raw_field(self, key: str) -> Any:
         """A top-level field as sent: its JSON bytes (its value on the fallback path), or
@@ -157,7 +174,7 @@ class JsonBody:
                 new = changes[key]
                 if not self._decoded and old is not _MISSING:
                     parts += (_dumps(key), b":")
-                    parts += _splice(new, old, value, self.raw_items(key))
+                    parts += self._spliced(key, new, old, value)
                     parts.append(b",")
                     continue
                 encoded = _dumps(new)
@@ -174,6 +191,58 @@ class JsonBody:
         parts.append(b"}")
         return b"".join(parts)
 
+    def _spliced(self, key: str, new: Any, old: Any, value: Any) -> list[Any]:
+        """`_splice`, for the body's growing list resumed where the conversation's last
+        request's left it: the items it wrote the same, the very objects, are its bytes
+        (one copy), and only the others are looked at (`Conversation.spliced`)."""
+        items = self.raw_items(key)
+        conversation = self.conversation
+        if (
+            conversation is None
+            or conversation.key != key  # `system`: short, and not the conversation's list
+            or self.conversations is None
+            or not (isinstance(new, list) and isinstance(old, list))
+            or items is None
+            or len(items) != len(old)
+        ):
+            return _splice(new, old, value, items)
+        found = self.extended(key)
+        known = found[0].spliced if found is not None else None
+        start, kept, ends = 0, 0, []
+        parts: list[Any] = [b"["]
+        if known is not None and found is not None:
+            last, data, last_ends, last_where = known
+            kept = found[1]
+            start = same_prefix(new, last, kept)
+            if start:
+                parts = [data[: last_ends[start - 1]]]
+                ends = last_ends[:start]
+            where = dict(last_where) if len(last_where) <= 2 * len(old) + 64 else None
+        else:
+            where = None
+        if where is None:
+            where, kept = {}, 0
+        where.update(zip(map(id, old[kept:]), range(kept, len(old)), strict=True))
+        at = ends[-1] if ends else 1
+        for i in range(start, len(new)):
+            item = new[i]
+            j = where.get(id(item))
+            same = j is not None and j < len(old) and old[j] is item
+            piece = items[j] if same and j is not None else _dumps(item)
+            if i:
+                parts.append(b",")
+                at += 1
+            parts.append(piece)
+            at += len(piece)
+            ends.append(at)
+        parts.append(b"]")
+        data = b"".join(parts)
+        if RESENT.check and data != b"".join(_splice(new, old, value, items)):
+            raise ChangedInPlace("a conversation's list was written back otherwise than whole")
+        conversation.spliced = (new, data, ends, where)
+        self.conversations.grew(self.owner, conversation, len(data) + 16 * len(ends))
+        return [data]
+
 
 class ChatBody(JsonBody):
     """A chat completions request: `messages` parsed up front."""
@@ -188,24 +257,33 @@ class ChatBody(JsonBody):
 
 
 def parse_object(
-    raw: bytes, *, example: str, parsed: tuple[str, ...] = ("messages",), owner: str = ""
+    raw: bytes,
+    *,
+    example: str,
+    parsed: tuple[str, ...] = ("messages",),
+    owner: str = "",
+    conversations: Conversations | None = None,
 ) -> JsonBody:
     """Check that `raw` is one JSON object and scan its top level; `BadRequest` otherwise.
 
     `example` is what a request of this format looks like, for the error message; `parsed`
     names the fields the caller parses at once (their UTF-8 is checked then, not twice);
-    `owner`, whom the request acts for (what `Tails` remembers is per owner).
+    `owner`, whom the request acts for (what `Tails` remembers is per owner); `conversations`,
+    the app's: a body that extends one of the owner's is read as its extension.
     """
     if not raw.strip():
         raise BadRequest(f"request body is empty: send {example}")
-    history = HISTORIES.find(raw, owner)
+    kept = conversations
+    history = None if kept is None else kept.find(raw, owner)
     if history is not None:
         if history.tail is None and not raw.isascii():
             check_utf8(history.fields, parsed, owner)
-        return JsonBody(raw, history.fields, decoded=False, owner=owner, history=history)
+        return JsonBody(
+            raw, history.fields, decoded=False, owner=owner, history=history, conversations=kept
+        )
     known = TAILS.fields(raw, owner)
     if known is not None:
-        return JsonBody(raw, known, decoded=False, owner=owner)
+        return JsonBody(raw, known, decoded=False, owner=owner, conversations=kept)
     try:
         fields: dict[str, Any] = TOP.decode(raw)
         decoded = False
@@ -237,15 +315,26 @@ def parse_object(
         check_utf8(fields, parsed, owner)
     if not decoded:
         TAILS.remember(raw, fields, parsed, owner)
-    return JsonBody(raw, fields, decoded=decoded, owner=owner)
+    return JsonBody(raw, fields, decoded=decoded, owner=owner, conversations=kept)
 
 
-def parse_chat_body(raw: bytes, owner: str = "") -> ChatBody:
+def parse_chat_body(
+    raw: bytes, owner: str = "", conversations: Conversations | None = None
+) -> ChatBody:
     """Check and parse a chat request; `BadRequest` naming what is wrong."""
-    top = parse_object(raw, example='{"model": ..., "messages": [...]}', owner=owner)
+    top = parse_object(
+        raw, example='{"model": ..., "messages": [...]}', owner=owner, conversations=conversations
+    )
     if "messages" not in top:
         raise BadRequest("'messages' is required: a list of chat messages", param="messages")
-    body = ChatBody(raw, top._fields, decoded=top._decoded, owner=owner, history=top._history)
+    body = ChatBody(
+        raw,
+        top._fields,
+        decoded=top._decoded,
+        owner=owner,
+        history=top._history,
+        conversations=conversations,
+    )
     if not isinstance(body.messages, list):
         raise BadRequest(
             f"'messages' must be a list of chat messages, got {type_name(body.messages)}",
@@ -302,17 +391,13 @@ def _splice(
         i = where.get(id(item))
         if i is not None and old[i] is item:
             parts.append(items[i])
-        else:  # a clamped message: the same object every turn (`caps._kept`), written once
-            parts.append(_DUMPED.get(_dumps, item))
+        else:  # a clamped message
+            parts.append(_dumps(item))
         parts.append(b",")
     if len(parts) == 1:
         return [b"[]"]
     parts[-1] = b"]"
     return parts
-
-
-_DUMPED = ByIdentity(8 << 20, bytes_weight)
-"""Changed items' JSON by the item's identity: at most 8 MB."""
 
 
 def _dumps(value: Any) -> bytes:

@@ -23,8 +23,16 @@ from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.upstream.http import forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
-from ctxbudget.proxy.wire.types import Asker, InProcessRequest, Reply, WireFormat, WireRequest
-from ctxbudget.proxy.wire.view import paired, with_text
+from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.types import (
+    Asker,
+    InProcessRequest,
+    Reply,
+    WireFormat,
+    WireRequest,
+    resumed,
+)
+from ctxbudget.proxy.wire.view import with_text
 
 _SYSTEM_ROLES = ("system", "developer")
 _TEXT_KINDS = ("text",)
@@ -32,6 +40,8 @@ _TEXT_KINDS = ("text",)
 
 class ChatCompletionsRequest(InProcessRequest):
     """A parsed chat completions request (`WireRequest`)."""
+
+    _body: ChatBody
 
     def __init__(self, body: ChatBody) -> None:
         self.raw = body.raw
@@ -86,7 +96,13 @@ class ChatCompletionsRequest(InProcessRequest):
         )
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
-        result = clamp({"messages": self.messages}, caps, tools=tools)
+        if self.messages is self._body.messages:  # as parsed: the conversation's to resume
+            found = self._body.extended("messages")
+            state = found[0].clamp if found is not None else None
+            resume = (state, found[1]) if found is not None and state is not None else None
+            result = resumed(clamp, self._body, self.messages, caps, tools, resume=resume)
+        else:  # a second pass (pruning): its own
+            result = clamp({"messages": self.messages}, caps, tools=tools)
         if apply and result.changed:
             self.messages = result.request["messages"]
         return list(result.segments)
@@ -100,8 +116,7 @@ class ChatCompletionsRequest(InProcessRequest):
     def _make_blocks(self) -> list[Block]:
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
-        sent = self._body.raw_items("messages")
-        return head + paired("messages", self._body.messages, self.messages, sent)
+        return head + self._paired(self._body.messages, self.messages)
 
     def place_memory(self, index: int, text: str) -> None:
         at = index - (self._body.raw_field("tools") is not None)
@@ -130,9 +145,19 @@ class ChatCompletions:
     name = "chat"
     provider = "openai"
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> ChatCompletionsRequest:
-        body = parse_chat_body(raw, owner)
-        _check_texts(body.messages)
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> ChatCompletionsRequest:
+        body = parse_chat_body(raw, owner, conversations)
+        messages = body.messages
+        # the items the conversation's last request had passed: only the new ones are checked
+        found = body.extended("messages")
+        start = 0
+        if found is not None and isinstance(found[0].checked, int):
+            start = min(found[1], found[0].checked)
+        _check_texts(messages, start)
+        if body.conversation is not None:
+            body.conversation.checked = len(messages)
         return ChatCompletionsRequest(body)
 
     generates = True
@@ -232,11 +257,12 @@ async def completion_stream(
     yield b"data: [DONE]\n\n"
 
 
-def _check_texts(messages: list[Any]) -> None:
+def _check_texts(messages: list[Any], start: int = 0) -> None:
     """400 for a content part whose text is not a string, as OpenAI answers it. Other odd
     shapes (a role or `tool_calls` of the wrong type) the clamp leaves as sent, and the
-    upstream says what it thinks of them."""
-    for index, message in enumerate(messages):
+    upstream says what it thinks of them. `start`: the messages before it passed already."""
+    for index in range(start, len(messages)):
+        message = messages[index]
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for i, part in enumerate(content):

@@ -16,13 +16,18 @@ start with the stand-in (a number drawn in this process: no client can write it 
 and anything unexpected falls back to the full scan, which says what is wrong with a bad
 body.
 
+The lists are kept in the app's `Conversations` (`proxy/wire/conversations.py`), with what the
+stages decided for their items; this module reads a body against one of them.
+
 >>> import orjson
->>> h = Histories(min_size=8)
+>>> from ctxbudget.proxy.wire.conversations import Conversations
+>>> h = Conversations(min_size=8)
 >>> first = b'{"model":"m","messages":[{"a":1},{"b":2},{"ctx":0}],"n":1}'
 >>> fields = TOP.decode(first)
 >>> items = ITEMS.decode(fields["messages"])
 >>> parsed = [orjson.loads(memoryview(i)) for i in items]
->>> h.remember(first, "", "messages", fields["messages"], items, parsed)
+>>> h.remember(first, "", "messages", fields["messages"], items, parsed) is not None
+True
 >>> later = b'{"model":"m","messages":[{"a":1},{"b":2},{"c":3}],"n":2}'
 >>> found = h.find(later)
 >>> bytes(found.fields["messages"]), bytes(found.fields["n"]), found.parsed == parsed[:2]
@@ -37,27 +42,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
-from cachetools import LRUCache
 
 from ctxbudget.proxy.wire.scan import ITEMS, TAILS, TOP, structure
 
-
-class _History(NamedTuple):
-    raw: bytes
-    """The body it came in (nothing else of it is kept: no item holds another buffer)."""
-    key: str
-    start: int
-    """Where its list's items start in `raw` (after the `[`)."""
-    starts: list[int]
-    """Where each item starts in `raw`."""
-    ends: list[int]
-    """Where each item ends."""
-    structure: list[int]
-    """`structure` from `start` to each item's end."""
-    parsed: list[Any]
+if TYPE_CHECKING:
+    from ctxbudget.proxy.wire.conversations import Conversation
 
 
 class Found(NamedTuple):
@@ -70,7 +62,7 @@ class Found(NamedTuple):
     """The list's items as sent (the old ones from the body they came in)."""
     parsed: list[Any]
     """The old items' objects: the first `len(parsed)` of the list."""
-    history: _History
+    history: Conversation
     """What it extends."""
     tail: tuple[int, int] | None = None
     """The length and the `structure` of the tail (`Tails`) it ends with, when it was read with
@@ -78,104 +70,7 @@ class Found(NamedTuple):
     scanned, and the tail was checked when first seen)."""
 
 
-class Histories:
-    """The growing lists each owner sent last (`find`, `remember`): a few per owner, as an
-    agent may run a subagent's session beside its own on one key."""
-
-    def __init__(
-        self, *, keep_bytes: int = 32 << 20, min_size: int = 8192, per_owner: int = 4
-    ) -> None:
-        self._by_owner: LRUCache[str, list[_History]] = LRUCache(
-            maxsize=keep_bytes, getsizeof=lambda found: sum(_weight(h) for h in found)
-        )
-        """Each owner's last bodies, newest first (each weighs its bytes and its items)."""
-        self._min = min_size
-        """Shorter lists are scanned again: it costs little."""
-        self._per_owner = per_owner
-        self._last: tuple[bytes, str, Found | None] | None = None
-        """The last `find` (the offload check and the parse ask about the same body)."""
-
-    def clear(self) -> None:
-        self._by_owner.clear()
-        self._last = None
-
-    def new_bytes(self, raw: bytes, owner: str = "") -> int:
-        """The bytes of `raw` after the first items of a list `owner` sent before, where
-        `raw` is those same bytes up to them; all of them when it extends none. Only compared
-        (memcmp, a few times), nothing scanned: what the offload decides by before reading."""
-        found = len(raw)
-        for history in self._by_owner.get(owner, ()):
-            kept = _kept(raw, history)
-            if kept:
-                found = min(found, len(raw) - history.ends[kept - 1])
-        return found
-
-    def drop(self, raw: bytes) -> None:
-        """Forget the last `find`, of `raw`: a body read elsewhere (the offload worker's),
-        which `remember` will not see, so nothing here holds it (up to 30 MB) after."""
-        if self._last is not None and self._last[0] is raw:
-            self._last = None
-
-    def structure(self, raw: bytes, owner: str = "") -> int:
-        """`structure(raw)`: its `{` and `[`, those of the old items counted once (and the
-        tools: `Tails`)."""
-        found = self.find(raw, owner) if owner in self._by_owner else None
-        if found is None:
-            return TAILS.structure(raw, owner)
-        h, kept = found.history, len(found.parsed)
-        end = h.ends[kept - 1]
-        head = structure(raw, 0, h.start)
-        if found.tail is None:
-            return head + h.structure[kept - 1] + TAILS.structure(raw, owner, start=end)
-        size, tail = found.tail  # read with it: the tail's bytes were compared then
-        return head + h.structure[kept - 1] + structure(raw, end, len(raw) - size) + tail
-
-    def find(self, raw: bytes, owner: str = "") -> Found | None:
-        """`raw` read as an extension of a list `owner` sent before; None when it is not one."""
-        last = self._last
-        if last is not None and last[0] is raw and last[1] == owner:
-            return last[2]
-        found = None
-        for history in self._by_owner.get(owner, ()):
-            found = _extends(raw, history, owner)
-            if found is not None:
-                break
-        self._last = (raw, owner, found)
-        return found
-
-    def remember(
-        self, raw: bytes, owner: str, key: str, value: Any, items: list[Any], parsed: list[Any]
-    ) -> None:
-        """Remember `raw`'s list `key` (its raw `value`, `items` and their objects) as one
-        `owner` sent; a short list is not kept."""
-        last = self._last
-        found = last[2] if last is not None and last[0] is raw and last[1] == owner else None
-        if last is not None and last[0] is raw:
-            self._last = None  # read: the body (up to 1 MiB, 30 in the worker) is not kept
-        if len(value) < self._min or not items:
-            return
-        if found is not None and found.key == key:
-            # the same head: the list starts where it did, its old items end where they did
-            h, kept = found.history, len(found.parsed)
-            start, starts, ends = h.start, h.starts[:kept], h.ends[:kept]
-            counts = h.structure[:kept]
-        else:
-            data = bytes(value)
-            at = raw.find(data)
-            if at < 0 or raw.find(data, at + 1) >= 0:
-                return  # not found once and only once: where it is stays unknown
-            start, starts, ends, counts = at + 1, [], [], []
-        if not _locate(raw, start, items, starts, ends, counts):
-            return
-        new = _History(raw, key, start, starts, ends, counts, list(parsed))
-        kept_before = self._by_owner.get(owner, ())
-        others = [h for h in kept_before if found is None or h is not found.history]
-        entry = [new, *others][: self._per_owner]
-        if sum(_weight(h) for h in entry) <= self._by_owner.maxsize:
-            self._by_owner[owner] = entry
-
-
-def _locate(
+def locate(
     raw: bytes,
     start: int,
     items: Sequence[Any],
@@ -205,13 +100,9 @@ def _locate(
 _BETWEEN = (b",", b" ", b"\n", b"\r", b"\t")
 
 
-def _weight(history: _History) -> int:
-    return len(history.raw) + 100 * len(history.ends)  # the objects are `resent`'s
-
-
-def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
+def extends(raw: bytes, history: Conversation, owner: str) -> Found | None:
     """`raw` read as the first items of `history` and more, or None."""
-    kept = _kept(raw, history)
+    kept = kept_items(raw, history)
     if kept == 0:
         return None
     start, end = history.start, history.ends[kept - 1]
@@ -235,14 +126,13 @@ def _extends(raw: bytes, history: _History, owner: str) -> Found | None:
     fields: dict[str, Any] = dict(found_fields)
     fields[history.key] = view[start - 1 : end + len(value) - len(_OPEN)]
     # the old items as slices of this body (the same bytes where they were in the last)
-    items: list[Any] = [
-        view[a:b] for a, b in zip(history.starts[:kept], history.ends[:kept], strict=True)
-    ]
+    # in C: no bytecode per item (a 300-turn conversation's 600 slices, every request)
+    items: list[Any] = list(map(view.__getitem__, map(slice, history.starts, history.ends[:kept])))
     items += new
     return Found(history.key, fields, items, history.parsed[:kept], history, tail)
 
 
-def _kept(raw: bytes, history: _History) -> int:
+def kept_items(raw: bytes, history: Conversation) -> int:
     """How many of `history`'s first items `raw` has, the same bytes from its start, each
     followed by `,` or `]` (all, all but the last, or found by halving)."""
     old = memoryview(history.raw)
@@ -271,6 +161,3 @@ _STAND_IN = str(secrets.randbits(63)).encode()
 """What stands for the old items in the part of a body that is scanned: a number only this
 process knows."""
 _OPEN = b"[" + _STAND_IN
-
-
-HISTORIES = Histories()

@@ -20,12 +20,15 @@ Only `system` and `messages` are ever re-serialised, and only when they changed.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import orjson
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps.types import evolve
 from ctxbudget.memory.inject import Placement, block, inject
 from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
@@ -41,11 +44,18 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
-from ctxbudget.proxy.wire.types import Asker, InProcessRequest, Reply, WireFormat, WireRequest
+from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.types import (
+    Asker,
+    InProcessRequest,
+    Reply,
+    WireFormat,
+    WireRequest,
+    resumed,
+)
 from ctxbudget.proxy.wire.view import (
     ChatView,
     arguments_json,
-    paired,
     set_item,
     set_part,
     set_texts,
@@ -100,15 +110,78 @@ class MessagesRequest(InProcessRequest):
         return "".join(texts)
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        if self.messages is not self._messages or self.system is not self._system:
+            return self._clamp_changed(clamp, caps, tools, apply=apply)
+        body = self._body
+        system_raw = body.raw_field("system")
+        found = body.extended("messages")
+        known: _Viewed | None = None
+        if found is not None and isinstance(found[0].view, _Viewed):
+            known = found[0].view
+            if known.system_raw != system_raw or found[1] > len(known.ends):
+                known = None
+        kept = found[1] if found is not None and known is not None else 0
+        if known is not None:
+            end = known.ends[kept - 1] if kept else known.head
+            view = ChatView(known.messages[:end], known.places[:end], owner=body.owner)
+            head, ends = known.head, known.ends[:kept]
+            first = known.first_index if known.first_index < kept else -1
+            state = found[0].clamp if found is not None else None
+            resume = (state, end) if state is not None else None
+        else:
+            view = self._system_view()
+            head, ends, first, resume = len(view.messages), [], -1, None
+        first = self._view_items(view, kept, first, ends)
+        result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
+        # what the clamp changed: of the system texts, and of the items after those kept
+        new_at = ends[kept - 1] if kept else head
+        messages = known.written[:kept] + self._messages[kept:] if known else self._messages
+        system = self._system
+        out = result.request["messages"] if result.changed else view.messages
+        for i in (*range(head), *range(new_at, len(out))):
+            place = view.places[i]
+            if out[i] is not view.messages[i] and place is not None:
+                messages, system = _written(place, out[i].get("content"), messages, system)
+        if apply:
+            self.messages, self.system = messages, system
+        known_real = known.real if known is not None else {}
+        real: dict[int, tuple[Segment, Segment]] = {}
+        segments = [_real_segment(s, view.places, known_real, real) for s in result.segments]
+        if body.conversation is not None:
+            body.conversation.view = _Viewed(
+                system_raw, view.messages, view.places, ends, first, head, messages, real
+            )
+        return segments
+
+    def _system_view(self) -> ChatView:
         view = ChatView(owner=self._body.owner)
         if isinstance(self.system, str):
             view.system(self.system, ("system", -1))
         elif isinstance(self.system, list):
             for i, part in _text_blocks(self.system):
                 view.system(part, ("system", -1, i))
-        first_user = True
-        first_index = len(self.messages)
-        for index, message in enumerate(self.messages):
+        return view
+
+    def _clamp_changed(
+        self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool
+    ) -> list[Segment]:
+        """A second pass (pruning) over what the first changed: the whole view, its own."""
+        view = self._system_view()
+        self._view_items(view, 0, -1, [])
+        segments, changes = view.clamp(clamp, caps, tools)
+        if apply:
+            for place, new in changes:
+                self.messages, self.system = _written(place, new, self.messages, self.system)
+        return segments
+
+    def _view_items(self, view: ChatView, start: int, first: int, ends: list[int]) -> int:
+        """`view` with the messages from `start` on (`first`: the first user message's index,
+        -1 while none came), each one's view messages ending where `ends` says; the first
+        user message's index, -1 for none."""
+        first_user = first < 0
+        first_index = first if first >= 0 else len(self.messages)
+        for index in range(start, len(self.messages)):
+            message = self.messages[index]
             content = message["content"]
             role = message["role"]
             if role == "user" and first_user:
@@ -141,26 +214,8 @@ class MessagesRequest(InProcessRequest):
                         view.result(part["tool_use_id"], part.get("content"), ("result", index, i))
             if role == "user" and index > first_index:  # what later calls are asked for
                 view.user([content] if isinstance(content, str) else _user_texts(content))
-        segments, changes = view.clamp(clamp, caps, tools)
-        if apply:
-            for place, new in changes:
-                self._write(place, new)
-        return segments
-
-    def _write(self, place: tuple[Any, ...], new: Any) -> None:
-        match place:
-            case ("system", _):
-                self.system = new
-            case ("system", _, int(i)):
-                self.system = set_item(self.system, i, "text", new)
-            case ("message", int(index)):
-                self.messages = set_item(self.messages, index, "content", new)
-            case ("message", int(index), int(i)):
-                self.messages = set_part(self.messages, index, i, "text", new)
-            case ("result", int(index), int(i)):
-                self.messages = set_part(self.messages, index, i, "content", new)
-            case ("user", int(index), tuple(parts)):
-                self.messages = set_texts(self.messages, index, parts, new)
+            ends.append(len(view.messages))
+        return -1 if first_user else first_index
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         if placement == "user":
@@ -187,8 +242,7 @@ class MessagesRequest(InProcessRequest):
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._system is not None:
             head.append(Block("system", self._system, self.system))
-        sent = self._body.raw_items("messages")
-        return head + paired("messages", self._messages, self.messages, sent)
+        return head + self._paired(self._messages, self.messages)
 
     def place_memory(self, index: int, text: str) -> None:
         blocks = self.blocks()
@@ -221,6 +275,85 @@ class MessagesRequest(InProcessRequest):
         return None
 
 
+def _written(
+    place: tuple[Any, ...], new: Any, messages: list[Any], system: Any
+) -> tuple[list[Any], Any]:
+    """`messages` and `system` with the text at `place` (a view message's) now `new`."""
+    match place:
+        case ("system", _):
+            system = new
+        case ("system", _, int(i)):
+            system = set_item(system, i, "text", new)
+        case ("message", int(index)):
+            messages = set_item(messages, index, "content", new)
+        case ("message", int(index), int(i)):
+            messages = set_part(messages, index, i, "text", new)
+        case ("result", int(index), int(i)):
+            messages = set_part(messages, index, i, "content", new)
+        case ("user", int(index), tuple(parts)):
+            messages = set_texts(messages, index, parts, new)
+    return messages, system
+
+
+def _real_segment(
+    segment: Segment,
+    places: list[Any],
+    known: dict[int, tuple[Segment, Segment]],
+    real: dict[int, tuple[Segment, Segment]],
+) -> Segment:
+    """`segment` (of a view message) at its real message's index, kept in `real`; the same
+    object for the same segment every turn (`known`, last request's: an entry keeps the view
+    segment, so its id names no other while it lives)."""
+    found = known.get(id(segment))
+    if found is None or found[0] is not segment:
+        index = segment.message_index
+        place = places[index] if 0 <= index < len(places) else None
+        found = (segment, evolve(segment, message_index=int(place[1]) if place else -1))
+    real[id(segment)] = found
+    return found[1]
+
+
+class _Viewed:
+    """A Messages request's chat-shaped view, per item, as `Conversation.view` keeps it."""
+
+    __slots__ = (
+        "system_raw",
+        "messages",
+        "places",
+        "ends",
+        "first_index",
+        "head",
+        "written",
+        "real",
+    )
+
+    def __init__(
+        self,
+        system_raw: Any,
+        messages: list[Any],
+        places: list[Any],
+        ends: list[int],
+        first_index: int,
+        head: int,
+        written: list[Any],
+        real: dict[int, tuple[Segment, Segment]],
+    ) -> None:
+        self.system_raw = system_raw
+        """The `system` field as sent: the view's first messages are made of it."""
+        self.messages = messages
+        self.places = places
+        self.ends = ends
+        """How many view messages up to and including each item's."""
+        self.first_index = first_index
+        """The first user message's index; -1 for none."""
+        self.head = head
+        """The view messages of `system`, before any item's."""
+        self.written = written
+        """The messages as the clamp's changes left them (whether or not applied)."""
+        self.real = real
+        """Each view segment's segment at its real index, by the view segment's identity."""
+
+
 class AnthropicMessages:
     """The Anthropic Messages format (`WireFormat`); `counting` for `/count_tokens`."""
 
@@ -231,8 +364,16 @@ class AnthropicMessages:
         self.generates = not counting
         self._endpoint = "/messages/count_tokens" if counting else "/messages"
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> MessagesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed=("messages", "system"), owner=owner)
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> MessagesRequest:
+        body = parse_object(
+            raw,
+            example=_EXAMPLE,
+            parsed=("messages", "system"),
+            owner=owner,
+            conversations=conversations,
+        )
         messages = body.get("messages")
         if messages is None:
             raise BadRequest("'messages' is required: a list of messages", param="messages")
@@ -241,7 +382,13 @@ class AnthropicMessages:
                 f"'messages' must be a list of messages, got {type_name(messages)}",
                 param="messages",
             )
-        _check_messages(messages)
+        # the items the conversation's last request had passed: only the new ones are checked
+        found, start, calls = body.extended("messages"), 0, None
+        if found is not None and isinstance(found[0].checked, _Checked):
+            start, calls = found[0].checked.at(found[1])
+        checked = _check_messages(messages, start, calls)
+        if body.conversation is not None:
+            body.conversation.checked = checked
         system = body.get("system")
         if system is not None and not (
             isinstance(system, str)
@@ -342,11 +489,34 @@ async def _message_stream(message: dict[str, Any], text: str) -> AsyncIterator[b
     yield event("message_stop", {"type": "message_stop"})
 
 
-def _check_messages(messages: list[Any]) -> None:
+class _Checked:
+    """How far `_check_messages` went, and where each `tool_use` id was first seen."""
+
+    __slots__ = ("count", "firsts")
+
+    def __init__(self, count: int, firsts: list[tuple[int, str]]) -> None:
+        self.count = count
+        self.firsts = firsts
+        """(message index, id) of each id's first `tool_use`, in order."""
+
+    def at(self, kept: int) -> tuple[int, list[tuple[int, str]] | None]:
+        """Where a request that repeats the first `kept` messages starts checking, and the ids
+        seen before it (from the start, with none, past what was checked)."""
+        if kept > self.count:
+            return 0, None
+        return kept, self.firsts[: bisect_left(self.firsts, (kept, ""))]
+
+
+def _check_messages(
+    messages: list[Any], start: int = 0, seen: list[tuple[int, str]] | None = None
+) -> _Checked:
     """400 for what would make the clamp misread the request: shapes, and results that
-    answer no earlier `tool_use`."""
-    calls: set[str] = set()
-    for index, message in enumerate(messages):
+    answer no earlier `tool_use`. `start`: the messages before it passed already, with the
+    `tool_use` ids `seen` in them (`_Checked.firsts`)."""
+    firsts = list(seen or ())
+    calls = set(map(itemgetter(1), firsts))
+    for index in range(start, len(messages)):
+        message = messages[index]
         where = f"messages[{index}]"
         if not isinstance(message, dict):
             raise BadRequest(f"'{where}' must be an object, got {type_name(message)}", param=where)
@@ -370,7 +540,9 @@ def _check_messages(messages: list[Any]) -> None:
                 check_text_part(part, f"{where}.content[{i}]", _TEXT_KINDS)
             kind = part.get("type")
             if kind == "tool_use" and isinstance(part.get("id"), str):
-                calls.add(part["id"])
+                if part["id"] not in calls:
+                    calls.add(part["id"])
+                    firsts.append((index, part["id"]))
             elif kind == "tool_result" and not isinstance(part.get("tool_use_id"), str):
                 raise BadRequest(
                     f"'{where}.content[{i}].tool_use_id' must be a string (the id of the "
@@ -388,6 +560,7 @@ def _check_messages(messages: list[Any]) -> None:
                 for j, inner in enumerate(result):
                     if isinstance(inner, dict) and not isinstance(inner.get("text"), str):
                         check_text_part(inner, f"{where}.content[{i}].content[{j}]", _TEXT_KINDS)
+    return _Checked(len(messages), firsts)
 
 
 def _text_blocks(blocks: list[Any]) -> list[tuple[int, str]]:

@@ -47,8 +47,16 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.chat import openai_headers
-from ctxbudget.proxy.wire.types import Asker, InProcessRequest, Reply, WireFormat, WireRequest
-from ctxbudget.proxy.wire.view import ChatView, paired, set_item, set_part, set_texts, with_text
+from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
+from ctxbudget.proxy.wire.types import (
+    Asker,
+    InProcessRequest,
+    Reply,
+    WireFormat,
+    WireRequest,
+    resumed,
+)
+from ctxbudget.proxy.wire.view import ChatView, set_item, set_part, set_texts, with_text
 
 _EXAMPLE = '{"model": ..., "input": ...}'
 _SYSTEM_ROLES = ("system", "developer")
@@ -128,6 +136,8 @@ class ResponseOwners:
 
 class ResponsesRequest(InProcessRequest):
     """A parsed Responses request (`WireRequest`)."""
+
+    _list_key = "input"
 
     def __init__(self, body: JsonBody, owner: str, names: CallNames) -> None:
         self.raw = body.raw
@@ -226,7 +236,24 @@ class ResponsesRequest(InProcessRequest):
                     view.calls([(item["call_id"], name, args)])
             elif kind == "function_call_output":
                 view.result(item["call_id"], item.get("output"), ("output", index))
-        segments, changes = view.clamp(clamp, caps, tools)
+        body = self._body
+        if self.input is self._input and self.instructions is self._instructions:
+            # the view messages are found by what they are made of (`view._VIEWS`): those of
+            # the items the conversation's last request had are the very objects, so the
+            # clamp resumes after them (`Conversation.clamp`)
+            extended = body.extended("input")
+            resume = None
+            if extended is not None and extended[0].clamp is not None:
+                last = extended[0].view
+                if isinstance(last, list):
+                    same = same_prefix(view.messages, last, len(view.messages))
+                    resume = (extended[0].clamp, same)
+            result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
+            if body.conversation is not None:
+                body.conversation.view = view.messages
+            segments, changes = view.outcome(result)
+        else:  # a second pass (pruning): its own
+            segments, changes = view.clamp(clamp, caps, tools)
         if remembered:
             ids = {call_id for call_id, _, _ in remembered}
             named = "tool named by the earlier reply that called it"
@@ -301,8 +328,7 @@ class ResponsesRequest(InProcessRequest):
         if self._instructions is not None:
             head.append(Block("instructions", self._instructions, self.instructions))
         if isinstance(self._input, list) and isinstance(self.input, list):
-            sent = self._body.raw_items("input")
-            return head + paired("input", self._input, self.input, sent)
+            return head + self._paired(self._input, self.input)
         return [*head, Block("input", self._input, self.input)]
 
     def place_memory(self, index: int, text: str) -> None:
@@ -346,8 +372,16 @@ class OpenAIResponses:
         self.names = names if names is not None else CallNames()
         self.owners = ResponseOwners()
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> ResponsesRequest:
-        body = parse_object(raw, example=_EXAMPLE, parsed=("input", "instructions"), owner=owner)
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> ResponsesRequest:
+        body = parse_object(
+            raw,
+            example=_EXAMPLE,
+            parsed=("input", "instructions"),
+            owner=owner,
+            conversations=conversations,
+        )
         value = body.get("input")
         if value is None and "input" in body:
             raise BadRequest("'input' must be a string or a list of items, got null", param="input")

@@ -19,13 +19,26 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps import (
+    Caps,
+    Clamp,
+    ClampResult,
+    ClampState,
+    Segment,
+    ToolNames,
+)
+from ctxbudget.caps._kept import ChangedInPlace, footprint
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
+from ctxbudget.proxy.wire.body import JsonBody
+from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
+from ctxbudget.proxy.wire.view import paired
 
 Asker = Callable[[str], Any]
 """A question by key, answered by a value that pickles (or None)."""
@@ -91,6 +104,12 @@ class WireRequest(Protocol):
         item), each block as the client sent it and as it would be forwarded now."""
         ...
 
+    def client_prefix(self, owner: str) -> ClientPrefix:
+        """`ClientPrefix(blocks(), owner)`, asked before anything changed the body: the
+        blocks of the items the conversation's last request had are taken as serialised and
+        hashed then (`Conversation.client`)."""
+        ...
+
     def place_memory(self, index: int, text: str) -> None:
         """Append a memory block's `text` to block `index` of `blocks()` (placing a block
         again where an earlier request of the session had it)."""
@@ -122,8 +141,31 @@ class InProcessRequest:
     process.
     """
 
+    _body: JsonBody
+    _list_key = "messages"
+    """The body's growing list (`Conversation.key`)."""
+
     def blocks(self) -> list[Block]:
         raise NotImplementedError
+
+    def client_prefix(self, owner: str) -> ClientPrefix:
+        blocks = self.blocks()
+        body = self._body
+        items = body.get(self._list_key)
+        head = len(blocks) - len(items) if isinstance(items, list) else -1
+        found = body.extended(self._list_key)
+        prefix = None
+        if found is not None and found[0].client is not None and head >= 0:
+            (known, known_head), kept = found[0].client, found[1]
+            if known_head == head and head + kept <= len(known.blocks):
+                prefix = ClientPrefix(blocks, owner, reuse=(known, head, head + kept))
+                if RESENT.check and prefix.digests != ClientPrefix(blocks, owner).digests:
+                    raise ChangedInPlace("a conversation's client blocks differ from last time")
+        if prefix is None:
+            prefix = ClientPrefix(blocks, owner)
+        if body.conversation is not None and head >= 0:
+            body.conversation.client = (prefix, head)
+        return prefix
 
     def _blocks_of(self, sources: tuple[Any, ...], make: Callable[[], list[Block]]) -> list[Block]:
         """`make()`, made again only when one of `sources` (what the blocks show) is another
@@ -136,6 +178,23 @@ class InProcessRequest:
         self._known_blocks = (sources, blocks)
         return list(blocks)
 
+    def _paired(self, client: list[Any], forwarded: list[Any]) -> list[Block]:
+        """`paired` of the body's growing list: the blocks of the items the conversation's
+        last request had, showing the very objects these do, taken as made then."""
+        body, key = self._body, self._list_key
+        found = body.extended(key)
+        as_sent = forwarded is client
+        known = None
+        if found is not None:
+            last = found[0].blocks.get(as_sent)
+            if last is not None and len(client) == len(forwarded):
+                same = same_prefix(forwarded, last[0], min(found[1], len(last[1])))
+                known = (last[1], same)
+        blocks = paired(key, client, forwarded, body.raw_items(key), known=known)
+        if body.conversation is not None:
+            body.conversation.blocks[as_sent] = (forwarded, blocks)
+        return blocks
+
     def inline_tools(self) -> InlineTools | None:
         return None
 
@@ -147,6 +206,47 @@ class InProcessRequest:
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
         raise NotImplementedError
+
+
+def resumed(
+    clamp: Clamp,
+    body: JsonBody,
+    messages: list[Any],
+    caps: Caps,
+    tools: ToolNames,
+    *,
+    resume: tuple[ClampState, int] | None,
+) -> ClampResult:
+    """`clamp` of chat `messages` (`body`'s, or its view), resumed from `resume`: the clamp
+    state of the conversation's last request (`Conversation.clamp`) and how many of
+    `messages` are the very objects its first ones were; its decisions kept for the next."""
+    state = None if resume is None else resume[0].upto(resume[1])
+    if state is None:
+        result = clamp({"messages": messages}, caps, tools=tools)
+    else:
+        result = clamp({"messages": messages}, caps, tools=tools, resume=state)
+        if RESENT.check:  # what was resumed must be what a whole clamp gives
+            whole = clamp({"messages": messages}, caps, tools=tools)
+            if (whole.segments, whole.request, whole.changed) != (
+                result.segments,
+                result.request,
+                result.changed,
+            ):
+                raise ChangedInPlace("a conversation's clamp resumed to another result")
+    conversation = body.conversation
+    if conversation is not None and result.state is not None and body.conversations is not None:
+        conversation.clamp = result.state
+        # what it holds beyond the items: the messages it cut, and their segments' texts
+        start = len(state) if state is not None else 0
+        out = result.state.out
+        grew = sum(
+            2 * (footprint(out[i]) or 0)
+            for i in range(start, len(out))
+            if out[i] is not messages[i]
+        )
+        if grew:
+            body.conversations.grew(body.owner, conversation, grew)
+    return result
 
 
 class ReplyWatcher(Protocol):
@@ -172,9 +272,13 @@ class WireFormat(Protocol):
     """The request asks for a model's answer. False for token counting: such requests are
     clamped and injected like the real one, but not recorded and never a chat command."""
 
-    def parse(self, raw: bytes, *, owner: str = "default") -> WireRequest:
+    def parse(
+        self, raw: bytes, *, owner: str = "default", conversations: Conversations | None = None
+    ) -> WireRequest:
         """Check and parse a body; `BadRequest` that says what to fix. `owner`: whom the
-        request acts for (state a format keeps across requests is kept per owner)."""
+        request acts for (state a format keeps across requests is kept per owner);
+        `conversations`, the app's: a body that extends one of the owner's is read as its
+        extension, and what is decided for it kept there."""
         ...
 
     def upstream_url(self, settings: Settings, path: str, query: str) -> str:

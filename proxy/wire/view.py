@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import orjson
 
-from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps import Caps, Clamp, ClampResult, Segment, ToolNames
 from ctxbudget.caps._kept import OfObjects
 from ctxbudget.caps.types import evolve
 from ctxbudget.proxy.cache.blocks import Block
@@ -86,7 +86,10 @@ class ChatView:
     ) -> tuple[list[Segment], list[tuple[Place, Any]]]:
         """The segments found (indexed by real message), and `(place, new content)` for every
         text the clamp changed."""
-        result = clamp({"messages": self.messages}, caps, tools=tools)
+        return self.outcome(clamp({"messages": self.messages}, caps, tools=tools))
+
+    def outcome(self, result: ClampResult) -> tuple[list[Segment], list[tuple[Place, Any]]]:
+        """`clamp`'s answer from the clamp's `result` of `messages` (a resumed one)."""
         segments = [
             evolve(s, message_index=self._real_index(s.message_index)) for s in result.segments
         ]
@@ -165,7 +168,7 @@ def set_item(items: list[Any], index: int, key: str, value: Any) -> list[Any]:
 def _copy(item: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """`{**item, key: value}`, kept by the identity of both: an agent resends the same item
     and the clamps give the same value every turn, so the copy is the same object too, and
-    its JSON is written once (`body._DUMPED`, `sessions._SERIAL_KEPT`)."""
+    its JSON is written once (`Conversation.spliced`, `sessions._SERIAL_KEPT`)."""
     return _COPIES.get((item, value), (key,), _with, item, key, value)
 
 
@@ -219,18 +222,31 @@ def with_text(items: list[Any], index: int, text: str, part_type: str) -> list[A
 
 
 def paired(
-    label: str, client: list[Any], forwarded: list[Any], sent: Sequence[Any] | None = None
+    label: str,
+    client: list[Any],
+    forwarded: list[Any],
+    sent: Sequence[Any] | None = None,
+    *,
+    known: tuple[list[Block], int] | None = None,
 ) -> list[Block]:
     """One block per item, as sent and as forwarded (`label[i]`); `sent`, each client item's
-    bytes as the client sent them (`JsonBody.raw_items`), when known."""
+    bytes as the client sent them (`JsonBody.raw_items`), when known; `known`, blocks made
+    for an earlier request and how many of their first ones show the very client and
+    forwarded objects these do (a conversation's: `Conversation.blocks`), taken as they are."""
     if sent is None or len(sent) != len(client):
         sent = [None] * len(client)
     labels = _labels(label, len(client))
     if len(client) != len(forwarded):  # nothing adds or removes items; be safe if it does
         items = zip(labels, client, sent, strict=False)
         return [Block(name, c, c, s) for name, c, s in items]
-    items4 = zip(labels, client, forwarded, sent, strict=False)
-    return [Block(name, c, f, s) for name, c, f, s in items4]
+    start = 0
+    out: list[Block] = []
+    if known is not None:
+        start = known[1]
+        out = known[0][:start]
+    items4 = zip(labels[start:], client[start:], forwarded[start:], sent[start:], strict=False)
+    out += [Block(name, c, f, s) for name, c, f, s in items4]
+    return out
 
 
 def _labels(label: str, n: int) -> list[str]:

@@ -65,8 +65,8 @@ def test_the_worker_past_its_bound_empties_every_registered_module_level_kept_ca
     """`clear_kept` (the offload worker past `WORKER_RSS`) finds the proxy's module-level
     caches of the `ctxbudget.caps._kept` types through this registry: with `caps` keeping
     none, nothing else lists them."""
+    import ctxbudget.proxy.cache.blocks
     import ctxbudget.proxy.cache.tools
-    import ctxbudget.proxy.wire.body
     from ctxbudget.caps._kept import ByIdentity, Generations
     from ctxbudget.proxy.cache.registry import clear_kept
 
@@ -79,10 +79,10 @@ def test_the_worker_past_its_bound_empties_every_registered_module_level_kept_ca
         found = getattr(getattr(module, name, None), "kept", getattr(module, name, None))
         if isinstance(found, Generations | ByIdentity):
             kept.append(found)
-    assert ctxbudget.proxy.wire.body._DUMPED in kept
+    assert ctxbudget.proxy.cache.blocks._SERIAL_KEPT in kept
     assert ctxbudget.proxy.cache.tools._inline.kept in kept  # type: ignore[attr-defined]
     item = {"text": "x" * 4096}
-    ctxbudget.proxy.wire.body._DUMPED.get(lambda o: b"y" * 4096, item)
-    assert ctxbudget.proxy.wire.body._DUMPED.weight > 0
+    ctxbudget.proxy.cache.blocks._SERIAL_KEPT.get(lambda o: b"y" * 4096, item)
+    assert ctxbudget.proxy.cache.blocks._SERIAL_KEPT.weight > 0
     clear_kept()
     assert all(k.weight == 0 for k in kept)

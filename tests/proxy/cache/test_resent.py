@@ -213,8 +213,8 @@ def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> N
     """What the parse and the clamps kept is handed out again (the very objects) until the
     worker lets it go; then the same request is parsed and clamped afresh, to equal values."""
     from ctxbudget.caps import clamp_request
+    from ctxbudget.proxy.pipeline.jobs import conversations
     from ctxbudget.proxy.pipeline.worker import _clear_caps_caches, memo
-    from ctxbudget.proxy.wire.history import HISTORIES
 
     raw = json.dumps(openclaw_request(version="9.x", size_bytes=60_000)).encode()
     caps = Caps(tool_output_max_chars=500, web_fetch_max_chars=500, owner="worker-owner")
@@ -226,22 +226,23 @@ def test_the_offload_worker_past_its_memory_bound_lets_everything_kept_go() -> N
         texts = [c["content"] for c, m in zip(changed, messages, strict=True) if c is not m]
         return done.segments, texts
 
-    first = parse_chat_body(raw, "worker-owner").messages
+    first = parse_chat_body(raw, "worker-owner", conversations()).messages
     segments, texts = clamped(first)
     assert texts and "clamped" in [s.action for s in segments]
-    # kept by the objects: the same messages parsed again, their segments made once
-    again = parse_chat_body(raw, "worker-owner").messages
+    # kept by the objects: the same messages parsed again (what the clamp decided for them
+    # is the conversation's, `Conversation.clamp`, not the memo's)
+    again = parse_chat_body(raw, "worker-owner", conversations()).messages
     assert any(a is f for a, f in zip(again, first, strict=True))
-    assert all(a is s for a, s in zip(clamped(first)[0], segments, strict=True))
+    assert clamped(first)[0] == segments
     # kept by value: other objects with the same texts get the very clamped texts
     assert all(c is t for c, t in zip(clamped(copy.deepcopy(first))[1], texts, strict=True))
-    assert HISTORIES.find(raw, "worker-owner") is not None
+    assert conversations().find(raw, "worker-owner") is not None
 
     assert memo().weight > 0
     _clear_caps_caches()
     assert memo().weight == 0
-    assert HISTORIES.find(raw, "worker-owner") is None
-    after = parse_chat_body(raw, "worker-owner").messages
+    assert conversations().find(raw, "worker-owner") is None
+    after = parse_chat_body(raw, "worker-owner", conversations()).messages
     assert after == first and not any(a is f for a, f in zip(after, first, strict=True))
     remade, _ = clamped(first)
     assert remade == segments and not any(r is s for r, s in zip(remade, segments, strict=True))

@@ -15,11 +15,13 @@ import ctxbudget.proxy.wire.history
 import ctxbudget.proxy.wire.scan
 from ctxbudget.proxy.errors import BadRequest
 from ctxbudget.proxy.wire.body import parse_object
-from ctxbudget.proxy.wire.history import HISTORIES
+from ctxbudget.proxy.wire.conversations import Conversations
 from tests.held import SLACK, bound_of, held
 from tests.openclaw import openclaw_request, tool_call
 
 _FRESH = itertools.count()
+CONVERSATIONS = Conversations()
+"""As an app keeps them (`ProxyState.conversations`)."""
 
 
 def test_doctests() -> None:
@@ -30,8 +32,8 @@ def test_doctests() -> None:
 def _read(raw: bytes, owner: str) -> dict[str, Any]:
     """What the proxy takes from `raw`: each field's bytes, the items' bytes and objects, the
     `{` and `[` count, and the body written back with the messages changed."""
-    structure = HISTORIES.structure(raw, owner)
-    body = parse_object(raw, example="{}", owner=owner)
+    structure = CONVERSATIONS.structure(raw, owner)
+    body = parse_object(raw, example="{}", owner=owner, conversations=CONVERSATIONS)
     messages = body.get("messages")
     items = body.raw_items("messages")
     return {
@@ -67,7 +69,7 @@ def test_a_growing_session_is_read_as_a_full_scan_reads_it(size: int) -> None:
     owner = f"grows-{size}"
     found = []
     for raw in _session(size):
-        found.append(HISTORIES.find(raw, owner) is not None)
+        found.append(CONVERSATIONS.find(raw, owner) is not None)
         assert _read(raw, owner) == _fresh(raw)
     assert found == [False, True, True, True, True, True]  # each extends the one before
 
@@ -108,17 +110,17 @@ def test_a_bad_body_that_starts_like_the_history_gets_the_full_scans_error() -> 
     _read(first, owner)
     cut = second[: len(second) - 200]  # the new items cut off: not JSON
     with pytest.raises(BadRequest) as ours:
-        parse_object(cut, example="{}", owner=owner)
+        parse_object(cut, example="{}", owner=owner, conversations=CONVERSATIONS)
     with pytest.raises(BadRequest) as fresh:
-        parse_object(cut, example="{}", owner="never-seen")
+        parse_object(cut, example="{}", owner="never-seen", conversations=CONVERSATIONS)
     assert str(ours.value) == str(fresh.value)
 
 
 def test_one_owners_history_is_never_read_for_another() -> None:
     first, second = _session()[:2]
     _read(first, "alice")
-    assert HISTORIES.find(second, "alice") is not None
-    assert HISTORIES.find(second, "mallory") is None
+    assert CONVERSATIONS.find(second, "alice") is not None
+    assert CONVERSATIONS.find(second, "mallory") is None
 
 
 def test_an_item_sent_again_in_the_new_part_is_an_object_of_its_own() -> None:
@@ -129,7 +131,9 @@ def test_an_item_sent_again_in_the_new_part_is_an_object_of_its_own() -> None:
     _read(first, owner)
     again = {**body, "messages": [*body["messages"], body["messages"][-2]]}
     raw = json.dumps(again, separators=(",", ":")).encode()
-    messages = parse_object(raw, example="{}", owner=owner).get("messages")
+    messages = parse_object(raw, example="{}", owner=owner, conversations=CONVERSATIONS).get(
+        "messages"
+    )
     assert messages == again["messages"]
     assert len({id(m) for m in messages}) == len(messages)
 
@@ -147,7 +151,9 @@ def test_what_the_history_keeps_is_its_bodies_and_nothing_they_were_cut_from() -
         for turn in range(1, 101):
             messages.append({"role": "assistant", "content": f"turn {turn}"})
             raw = json.dumps({"tools": "h" * 100_000, "messages": messages}).encode()
-            parse_object(raw, example="{}", owner=owner).get("messages")
+            parse_object(raw, example="{}", owner=owner, conversations=CONVERSATIONS).get(
+                "messages"
+            )
         gc.collect()
         alive = sum(
             stat.size
@@ -156,7 +162,7 @@ def test_what_the_history_keeps_is_its_bodies_and_nothing_they_were_cut_from() -
         )
     finally:
         tracemalloc.stop()
-    assert HISTORIES.find(raw, owner) is not None
+    assert CONVERSATIONS.find(raw, owner) is not None
     assert alive < 1_000_000  # the last stand-in at most (it was ~10 MB after 100 turns)
 
 
@@ -202,7 +208,8 @@ def test_the_view_caches_weigh_what_they_keep_and_keep_calls_per_owner() -> None
 
 def test_a_requests_blocks_do_not_outlive_it() -> None:
     # a module-level cache of the last request's blocks held its lists (in the offload
-    # worker: a 30 MB body's) until the next request came
+    # worker: a 30 MB body's) until the next request came; now only the owner's conversation
+    # holds them (`Conversation.blocks`, within its bound), and without one nothing does
     import gc
 
     from ctxbudget.proxy.wire.chat import ChatCompletions
@@ -226,7 +233,7 @@ def test_invalid_utf8_in_a_body_that_extends_the_history_gets_the_full_scans_err
     owner = f"utf8-{where}"
     first, second = (r.replace(b"turn", "tür".encode()) for r in _session(120_000)[:2])
     _read(first, owner)
-    found = HISTORIES.find(second, owner)
+    found = CONVERSATIONS.find(second, owner)
     assert found is not None and found.tail  # the tools, 50 KB, are the tail it knows
     if where == "new item":
         raw = second.replace(b'"[context] t\xc3\xbcr 1"', b'"[context] \xff 1"')

@@ -1,0 +1,263 @@
+"""What ctxbudget knows of each conversation's previous request: one object, one owner, one
+bound (issue 34).
+
+An agent's request N+1 is request N plus a turn or two. `Conversation` holds what was read and
+decided for request N — its bytes, where each item of its growing list ends, the objects they
+parsed to, and per item what the later stages made of them: the clamp's decisions
+(`caps.ClampState`), the client blocks' serial bytes and digests (`ClientPrefix`), how far
+the wire's checks got. Request N+1 is compared with it byte for byte (`find`: memcmp), and its
+first k items are then the very objects request N had: every stage takes what it decided for
+those k from here and works only the items after them.
+
+`Conversations` is the one cache of them: built in `create_app` (`ProxyState.conversations`),
+cleared when the app closes; the offload worker has its own. Each owner's few newest
+conversations (an agent may run a subagent's beside its own on one key), found only by that
+owner; at most `keep_bytes` in all, the owner holding the most giving way first, so one
+tenant's long sessions never push out another's.
+
+A state is never changed once its request is read: a later request copies what it extends
+(two requests may extend one conversation, a subagent's and its parent's).
+"""
+
+from __future__ import annotations
+
+from itertools import compress, count, islice
+from operator import is_not
+from typing import Any
+
+from ctxbudget.caps import ClampState
+from ctxbudget.caps._kept import footprint
+from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.wire.history import Found, extends, kept_items, locate
+from ctxbudget.proxy.wire.scan import TAILS, structure
+
+STATE_BYTES_AN_ITEM = 400
+"""What a conversation's state holds for each item beyond its object (list slots, the clamp's
+per-item entries, serial digests): counted toward the bound, with the body and the objects."""
+
+
+class Conversation:
+    """One conversation's previous request: its growing list as read, and what each stage
+    decided for its items."""
+
+    __slots__ = (
+        "raw",
+        "key",
+        "start",
+        "starts",
+        "ends",
+        "structure",
+        "parsed",
+        "clamp",
+        "client",
+        "checked",
+        "view",
+        "blocks",
+        "spliced",
+        "weights",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        raw: bytes,
+        key: str,
+        start: int,
+        starts: list[int],
+        ends: list[int],
+        counts: list[int],
+        parsed: list[Any],
+        weights: list[int],
+    ) -> None:
+        self.raw = raw
+        """The body it came in (nothing else of it is kept: no item holds another buffer)."""
+        self.key = key
+        """The list's field: `messages` or `input`."""
+        self.start = start
+        """Where its list's items start in `raw` (after the `[`)."""
+        self.starts = starts
+        """Where each item starts in `raw`."""
+        self.ends = ends
+        """Where each item ends."""
+        self.structure = counts
+        """`structure` from `start` to each item's end."""
+        self.parsed = parsed
+        """The items' objects (`proxy/cache/resent.py`), shared by the owner's requests."""
+        self.clamp: ClampState | None = None
+        """The clamp's decisions for the request's messages, as the clamp saw them (chat's
+        messages, or the view's: `view`)."""
+        self.client: tuple[ClientPrefix, int] | None = None
+        """The request's blocks as the client sent them, serialised and hashed, and how many
+        blocks came before the list's (tools, system)."""
+        self.checked: Any = None
+        """How far the wire's checks of the items went, and what they carry from one item to
+        the next (Messages: the `tool_use` ids seen); the format's own."""
+        self.view: Any = None
+        """The format's chat-shaped view of the items (Messages, Responses), per item."""
+        self.blocks: dict[bool, tuple[list[Any], list[Any]]] = {}
+        """The items' blocks (`paired`) as last made, with the forwarded items they show: as
+        sent (True), and as changed (False)."""
+        self.spliced: tuple[list[Any], bytes, list[int], dict[int, int]] | None = None
+        """The list as last written back (`JsonBody.encode`): its items, its JSON, where each
+        item's JSON ends in it, and the index of each client item by its id."""
+        self.weights = weights
+        """What the state holds for the items up to each one: its object (`footprint`) and
+        `STATE_BYTES_AN_ITEM`."""
+        self.weight = len(raw) + (weights[-1] if weights else 0)
+        """What it holds: the body, and `weights` of all its items."""
+
+
+def same_prefix(new: list[Any], old: list[Any], limit: int) -> int:
+    """How many of the first `limit` items of `new` are the very objects of `old` (a C scan:
+    ~20 ns an item, no Python per item)."""
+    limit = min(limit, len(new), len(old))
+    return next(compress(count(), islice(map(is_not, new, old), limit)), limit)
+
+
+class Conversations:
+    """The conversations each owner sent last (`find`, `remember`), bounded by bytes."""
+
+    def __init__(
+        self, *, keep_bytes: int = 48 << 20, min_size: int = 8192, per_owner: int = 4
+    ) -> None:
+        self._by_owner: dict[str, list[Conversation]] = {}
+        """Each owner's conversations, newest first."""
+        self._weights: dict[str, int] = {}
+        self.keep_bytes = keep_bytes
+        self._total = 0
+        self._min = min_size
+        """Shorter lists are scanned again: it costs little."""
+        self._per_owner = per_owner
+        self._last: tuple[bytes, str, Found | None] | None = None
+        """The last `find` (the offload check and the parse ask about the same body)."""
+
+    @property
+    def weight(self) -> int:
+        """What it holds (bytes and `STATE_BYTES_AN_ITEM` an item): at most `keep_bytes`."""
+        return self._total
+
+    def clear(self) -> None:
+        """Let everything go (the app closes; the worker is past its memory bound)."""
+        self._by_owner.clear()
+        self._weights.clear()
+        self._total = 0
+        self._last = None
+
+    def new_bytes(self, raw: bytes, owner: str = "") -> int:
+        """The bytes of `raw` after the first items of a list `owner` sent before, where
+        `raw` is those same bytes up to them; all of them when it extends none. Only compared
+        (memcmp, a few times), nothing scanned: what the offload decides by before reading."""
+        found = len(raw)
+        for conversation in self._by_owner.get(owner, ()):
+            kept = kept_items(raw, conversation)
+            if kept:
+                found = min(found, len(raw) - conversation.ends[kept - 1])
+        return found
+
+    def drop(self, raw: bytes) -> None:
+        """Forget the last `find`, of `raw`: a body read elsewhere (the offload worker's),
+        which `remember` will not see, so nothing here holds it (up to 30 MB) after."""
+        if self._last is not None and self._last[0] is raw:
+            self._last = None
+
+    def structure(self, raw: bytes, owner: str = "") -> int:
+        """`structure(raw)`: its `{` and `[`, those of the old items counted once (and the
+        tools: `Tails`)."""
+        found = self.find(raw, owner) if owner in self._by_owner else None
+        if found is None:
+            return TAILS.structure(raw, owner)
+        h, kept = found.history, len(found.parsed)
+        end = h.ends[kept - 1]
+        head = structure(raw, 0, h.start)
+        if found.tail is None:
+            return head + h.structure[kept - 1] + TAILS.structure(raw, owner, start=end)
+        size, tail = found.tail  # read with it: the tail's bytes were compared then
+        return head + h.structure[kept - 1] + structure(raw, end, len(raw) - size) + tail
+
+    def find(self, raw: bytes, owner: str = "") -> Found | None:
+        """`raw` read as an extension of a list `owner` sent before; None when it is not one."""
+        last = self._last
+        if last is not None and last[0] is raw and last[1] == owner:
+            return last[2]
+        found = None
+        for conversation in self._by_owner.get(owner, ()):
+            found = extends(raw, conversation, owner)
+            if found is not None:
+                break
+        self._last = (raw, owner, found)
+        return found
+
+    def remember(
+        self, raw: bytes, owner: str, key: str, value: Any, items: list[Any], parsed: list[Any]
+    ) -> Conversation | None:
+        """Remember `raw`'s list `key` (its raw `value`, `items` and their objects) as one
+        `owner` sent, and return its state for the stages to fill; None for a short list (not
+        kept)."""
+        last = self._last
+        found = last[2] if last is not None and last[0] is raw and last[1] == owner else None
+        if last is not None and last[0] is raw:
+            self._last = None  # read: the body (up to 1 MiB, 30 in the worker) is not kept
+        if len(value) < self._min or not items:
+            return None
+        if found is not None and found.key == key:
+            # the same head: the list starts where it did, its old items end where they did
+            h, kept = found.history, len(found.parsed)
+            start, starts, ends = h.start, h.starts[:kept], h.ends[:kept]
+            counts, weights = h.structure[:kept], h.weights[:kept]
+        else:
+            data = bytes(value)
+            at = raw.find(data)
+            if at < 0 or raw.find(data, at + 1) >= 0:
+                return None  # not found once and only once: where it is stays unknown
+            start, starts, ends, counts, weights = at + 1, [], [], [], []
+        if not locate(raw, start, items, starts, ends, counts):
+            return None
+        total = weights[-1] if weights else 0
+        for n in range(len(weights), len(parsed)):  # the new items' objects, weighed once
+            found_weight = footprint(parsed[n])
+            total += STATE_BYTES_AN_ITEM + (
+                found_weight if found_weight is not None else 8 * len(items[n])
+            )
+            weights.append(total)
+        new = Conversation(raw, key, start, starts, ends, counts, list(parsed), weights)
+        if new.weight > self.keep_bytes:
+            return None
+        replaced = found.history if found is not None else None
+        before = self._by_owner.get(owner, [])
+        newest = [new, *(c for c in before if c is not replaced)][: self._per_owner]
+        weight = sum(c.weight for c in newest)
+        self._total += weight - self._weights.get(owner, 0)
+        self._by_owner[owner] = newest
+        self._weights[owner] = weight
+        while self._total > self.keep_bytes:
+            self._evict(owner)
+        return new if any(c is new for c in self._by_owner.get(owner, ())) else None
+
+    def grew(self, owner: str, conversation: Conversation, weight: int) -> None:
+        """`conversation` (`owner`'s) holds `weight` more: what a stage decided for its new
+        items (the clamp's copies of the messages it cut, their segments)."""
+        if not any(c is conversation for c in self._by_owner.get(owner, ())):
+            return  # let go already: what it holds goes with it
+        conversation.weight += weight
+        self._weights[owner] += weight
+        self._total += weight
+        while self._total > self.keep_bytes:
+            self._evict(owner)
+
+    def _evict(self, owner: str) -> None:
+        """The oldest conversation of the owner holding the most goes (on a tie, `owner`'s,
+        whose new one went over)."""
+        most = max(self._weights, key=self._weights.__getitem__)
+        if self._weights.get(owner, 0) >= self._weights[most]:
+            most = owner
+        conversations = self._by_owner[most]
+        gone = conversations.pop()
+        self._total -= gone.weight
+        self._weights[most] -= gone.weight
+        if not conversations:
+            del self._by_owner[most]
+            del self._weights[most]
+
+    def owners(self) -> int:
+        """Owners with a conversation kept."""
+        return len(self._by_owner)

@@ -1,0 +1,244 @@
+"""A conversation's state is one object with one owner (issue 34 item 1,
+`proxy/wire/conversations.py`): request N+1 of a conversation has only its new items worked,
+forwards the same bytes as with nothing kept, and one owner's state serves no other."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxbudget.caps import question
+from ctxbudget.proxy.cache import prefix
+from ctxbudget.proxy.cache.resent import RESENT
+from ctxbudget.proxy.wire import body, chat, messages
+from ctxbudget.proxy.wire.body import parse_object
+from ctxbudget.proxy.wire.conversations import Conversations
+from tests.fakes import FakeUpstream, chat_completion
+from tests.held import SLACK, bound_of, held
+from tests.inproc import InProcess, config_for, proxy_app, state_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from bench._growing import BUILDERS  # noqa: E402
+
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
+def _config(tmp_path: Path, **more: Any) -> dict[str, Any]:
+    """Clamps that cut (small caps, the `query` strategy), no memory placed: what is forwarded
+    depends on the request alone."""
+    budget = {
+        "enabled": True,
+        "webFetchMaxChars": 1200,
+        "toolOutputMaxChars": 900,
+        "bootstrapMaxChars": 1500,
+    }
+    return config_for(
+        tmp_path,
+        agents={"defaults": {"contextBudget": budget}},
+        memory={"inject": {"enabled": False}},
+        **more,
+    )
+
+
+def _answer(fake: FakeUpstream, wire: str) -> None:
+    if wire == "chat":
+        fake.answer_json(chat_completion(model="gpt-4o"))
+    else:
+        fake.answer_json(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5",
+                "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 10, "output_tokens": 2},
+            }
+        )
+
+
+def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes, **kw: Any) -> str:
+    _answer(fake, wire)
+    r = client.post(PATHS[wire], content=raw, **kw)
+    assert r.status_code == 200, r.text
+    return r.headers["x-context-budget-request-id"]
+
+
+def _segments(client: InProcess, request_id: str) -> Any:
+    state_of(client).reports.flush()
+    found = state_of(client).reports.request(request_id)
+    assert found is not None
+    return found["segments"]
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_a_grown_conversation_forwards_the_same_bytes_with_its_state_as_without(
+    tmp_path: Path, wire: str
+) -> None:
+    """One app, which keeps the conversation's state, against a fresh app for each request,
+    which keeps nothing: every body forwarded and every report segment is the same."""
+    bodies = BUILDERS[wire][1](36)
+    kept_bodies, kept_segments = [], []
+    (tmp_path / "kept").mkdir()
+    with proxy_app(tmp_path / "kept", _config(tmp_path / "kept")) as (client, fake):
+        for raw in bodies:
+            request_id = _send(client, fake, wire, raw)
+            kept_bodies.append(fake.last.body)
+            kept_segments.append(_segments(client, request_id))
+        assert state_of(client).conversations.weight > 0  # it was kept, and used
+    for n, raw in enumerate(bodies):
+        folder = tmp_path / f"fresh-{n}"
+        folder.mkdir()
+        with proxy_app(folder, _config(folder)) as (client, fake):
+            request_id = _send(client, fake, wire, raw)
+            assert fake.last.body == kept_bodies[n], f"request {n}"
+            assert _segments(client, request_id) == kept_segments[n], f"request {n}"
+    assert any(b"skipped chars" in b or b"truncated" in b for b in kept_bodies)  # it clamped
+
+
+class _Counted:
+    """Calls of the functions that read one message (or block) each, by name."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self.checked = 0
+        self._patch = monkeypatch
+
+    def count(self, owner: Any, name: str) -> None:
+        real = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        self._patch.setattr(owner, name, counted)
+
+    def check(self, owner: Any, name: str) -> None:
+        """The messages a wire's check visits (those from its `start`)."""
+        real = getattr(owner, name)
+
+        def counted(items: list[Any], start: int = 0, *rest: Any) -> Any:
+            self.checked += len(items) - start
+            return real(items, start, *rest) if start else real(items)
+
+        self._patch.setattr(owner, name, counted)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.checked = 0
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
+    found = _Counted(monkeypatch)
+    # as in production: the test suite's re-check of every reuse works the whole list again
+    monkeypatch.setattr(RESENT, "check", False)
+    found.count(prefix, "_client_serial")  # a client block serialised and hashed
+    found.count(question, "user_texts")  # a user message read for the clamps' question
+    found.count(body, "_dumps")  # a changed item written as JSON (the list written back)
+    found.check(chat, "_check_texts")
+    found.check(messages, "_check_messages")
+    yield found
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Counted) -> None:
+    """Request N+1 is request N plus a turn: the clamp, the checks and the client blocks'
+    serials touch only the items after those request N had, however long the history."""
+    bodies = BUILDERS[wire][1](58)  # a tool turn (every tenth, the user asks again)
+    with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        found = state_of(client).conversations.find(bodies[-1], "default")
+        assert found is not None
+        counted.reset()
+        _send(client, fake, wire, bodies[-1])
+    items = len(json.loads(bodies[-1])["messages"])
+    # Messages: OpenClaw moves its marker off the last request's newest result, so the items
+    # from that one on are other bytes; chat: the context message alone
+    assert items > 100 and len(found.parsed) >= items - 4
+    # the new turn: a call, its result (every tenth turn, the answer and the user's next
+    # question too) and OpenClaw's context message (dropped from the next request)
+    assert counted.checked <= 6, counted.checked
+    assert counted.calls.get("_client_serial", 0) <= 6, counted.calls
+    assert counted.calls.get("user_texts", 0) <= 4, counted.calls
+    # and the changed fields' names, Messages' `system` (written whole: two blocks)
+    assert counted.calls.get("_dumps", 0) <= 12, counted.calls
+
+
+def test_two_owners_with_the_same_conversation_share_no_state(
+    tmp_path: Path, counted: _Counted
+) -> None:
+    """Byte-identical conversations of two keys: each has its own state, and the second
+    owner's first request is read whole, as if the first owner had sent nothing."""
+    config = _config(tmp_path)
+    config["proxy"]["keysEnv"] = "KEYS"
+    env = {"KEYS": "alice=ka-1,bob=kb-2"}
+    bodies = BUILDERS["chat"][1](30)
+    items = len(json.loads(bodies[-2])["messages"])
+    with proxy_app(tmp_path, config, env=env) as (client, fake):
+        alice = {"authorization": "Bearer ka-1"}
+        bob = {"authorization": "Bearer kb-2"}
+        for raw in bodies[:-1]:
+            _send(client, fake, "chat", raw, headers=alice)
+        kept = state_of(client).conversations
+        assert kept.find(bodies[-1], "alice") is not None
+        assert kept.find(bodies[-1], "bob") is None
+        counted.reset()
+        _send(client, fake, "chat", bodies[-2], headers=bob)
+        assert counted.checked == items  # nothing of alice's served bob
+        counted.reset()
+        _send(client, fake, "chat", bodies[-1], headers=bob)
+        assert counted.checked <= 6  # bob's own, from here on
+        assert kept.owners() == 2
+        mine, theirs = kept.find(bodies[-1], "alice"), kept.find(bodies[-1], "bob")
+        assert mine is not None and theirs is not None
+        assert mine.history is not theirs.history
+        assert mine.history.clamp is not theirs.history.clamp
+        assert not set(map(id, mine.parsed)) & set(map(id, theirs.parsed))
+
+
+def _body(n: int, size: int) -> bytes:
+    text = f"{n} " + "x" * size
+    return json.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "go on"},
+            ],
+        }
+    ).encode()  # a body the size of its bytes, as one read from a socket
+
+
+def _read(kept: Conversations, raw: bytes, owner: str) -> None:
+    parse_object(raw, example="{}", owner=owner, conversations=kept).get("messages")
+
+
+def test_what_the_conversations_hold_stays_within_their_bound() -> None:
+    """70 MB of conversations from 70 owners: what stays alive is the documented bound."""
+    kept = Conversations()
+    bound = bound_of("proxy/state.py:conversations")
+    assert kept.keep_bytes == bound
+    with held() as found:
+        for n in range(70):
+            _read(kept, _body(n, 1 << 20), f"owner-{n}")
+        RESENT.clear()  # its items have a bound of their own: what stays is the conversations'
+    assert kept.weight <= bound
+    assert found.bytes <= bound + SLACK
+
+
+def test_the_owner_holding_the_most_gives_way_first() -> None:
+    kept = Conversations(keep_bytes=8 << 20)
+    _read(kept, _body(0, 100_000), "small")
+    flood: Callable[[int], bytes] = lambda n: _body(n, 1 << 20)  # noqa: E731
+    for n in range(12):  # past the bound: the flooding owner's oldest go, not the other's
+        _read(kept, flood(n), f"big-{n % 2}")
+    assert kept.find(_body(0, 100_000), "small") is not None
+    assert kept.weight <= 8 << 20

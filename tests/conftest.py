@@ -44,6 +44,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+_LITELLM_FIRST: list[str] = []
+"""The test after which litellm was first found imported."""
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if not _LITELLM_FIRST and "litellm" in sys.modules:
+        _LITELLM_FIRST.append(nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The in-process layer never imports litellm: it costs a run ~5 s of CPU (on a thread
+    the rest of the run shares the GIL with, when an app with a route preloads it) and
+    ~165 MB. Routes through litellm are the e2e layer's; a run with no e2e test fails here,
+    naming the test that imported it."""
+    if not _LITELLM_FIRST or any(item.get_closest_marker("e2e") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"litellm was imported by the in-process layer, first by {_LITELLM_FIRST[0]} "
+            "(~5 s, ~165 MB): leave routes through it to tests/e2e/",
+            red=True,
+        )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_offloads() -> Iterator[None]:
     """Stop the run's shared offload workers (`tests.inproc.shared_offload`) at its end."""

@@ -152,3 +152,16 @@ def test_the_memory_bound_is_the_caches_requests_and_worker_and_grows_with_owner
     four = rss_bound(settings_for(cfg, {}), cfg.proxy.limits, worker_rss=0, connections=4)
     assert four.requests == 4 * 2 * 32 * MB
     assert str(one).startswith(f"{one.total // MB:,} MB at most")
+
+
+def test_the_architecture_doc_states_the_default_configs_bound() -> None:
+    from ctxbudget.proxy.cache.registry import MB, rss_bound
+    from ctxbudget.proxy.config.schema import Config
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.pipeline.worker import WORKER_RSS
+
+    cfg = Config()
+    bound = rss_bound(settings_for(cfg, {}), cfg.proxy.limits, worker_rss=WORKER_RSS)
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert f"| **in all** | **{bound.total // MB:,} MB** |" in doc
+    assert f"| {bound.caches // MB} MB |" in doc

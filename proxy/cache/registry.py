@@ -337,9 +337,10 @@ MB = 1 << 20
 """A bound's "MB" (the caches weigh with `16 << 20` and the like)."""
 
 BASELINE = 120 * MB
-"""RSS of a `serve` process once started and past its first clamped request: imports (Starlette,
-uvicorn, aiohttp, pydantic, tiktoken's encodings) and what start-up builds (measured by
-`bench/rss_bound.py`: 112-118 MB; docs/benchmarks.md)."""
+"""RSS of a `serve` process once started and past its first clamped requests, its caches aside:
+imports (Starlette, uvicorn, aiohttp, pydantic, tiktoken's encodings) and what start-up builds
+(measured: 62 MB before the first request, `bench/rss_bound.py`; 112 MB at rest after the
+soak's clamped requests, `bench/soak.py`; docs/benchmarks.md)."""
 LITELLM = 165 * MB
 """What importing litellm adds (a `proxy.routes` route or `memory.rewrite` configured)."""
 REQUEST_BODIES = 2
@@ -435,7 +436,10 @@ ENTRIES: dict[str, Entries] = {
         why="a conversation id and a call id, the client's: any size (agents': ~30 chars)",
     ),
     "proxy/report/prices.py:_model_map": Entries(
-        count=1, each=24 * MB, why="litellm's offline price map, parsed (a ~1.5 MB JSON file)"
+        count=1,
+        each=12 * MB,
+        why="litellm's offline price map, parsed (4,242 models: 8.8 MB by `footprint`, 4.8 MB "
+        "of RSS)",
     ),
     "proxy/report/prices.py:input_price": Entries(
         count=512, each=300, why="a model name and a price"

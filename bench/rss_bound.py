@@ -161,6 +161,9 @@ def start(workdir: Path, upstream: str, owners: int, connections: int) -> tuple[
             "PATH": "/usr/bin:/bin",
             "HOME": str(workdir),
             "CTXBUDGET_PROXY_KEYS": keys,
+            # this checkout's code in the offload worker too: it takes the parent's sys.path,
+            # where `python -c`'s "" would not name this directory
+            "PYTHONPATH": str(ROOT),
             "BENCH_ANTHROPIC_KEY": "sk-ant-bench",
         },
     )
@@ -260,6 +263,9 @@ def main() -> None:
                 )
             finally:
                 stop(proxy)
+                log = (Path(d) / "serve.log").read_text()
+                if "Traceback" in log:  # the server's own failure, for whoever reads the run
+                    print(log[log.index("Traceback") :][:3000])
     finally:
         stop(standin)
 

@@ -9,8 +9,8 @@ and Anthropic Messages alternating, until the byte-bounded caches are full: what
 A few bodies over 1 MiB take the offload worker. Reports the proxy's and its worker's peak
 RSS (VmHWM) against the bound, and RSS at each round's end (flat once the caches are full).
 
-    .venv/bin/python bench/rss_bound.py               # 32 owners × 8 conversations × 12 turns, twice
-    .venv/bin/python bench/rss_bound.py --rounds 3       # what docs/benchmarks.md shows
+    .venv/bin/python bench/rss_bound.py             # 32 owners × 8 conversations × 12 turns, twice
+    .venv/bin/python bench/rss_bound.py --rounds 3  # what docs/benchmarks.md shows
 """
 
 from __future__ import annotations

@@ -261,6 +261,7 @@ def _serve(args: argparse.Namespace) -> None:
         budget,
         source.path or "built-in defaults",
     )
+    log.info("memory: %s (docs/architecture.md, Memory)", _memory_bound(cfg, args.workers))
     # uvicorn calls the protocol factory as it would its own class
     http = cast("type[asyncio.Protocol]", GuardedHTTP(cfg.proxy.limits))
     # /metrics adds up every worker's figures (prometheus_client's multiprocess mode)
@@ -278,6 +279,17 @@ def _serve(args: argparse.Namespace) -> None:
             timeout_keep_alive=cfg.proxy.limits.keep_alive_timeout_seconds,
             ws=Refusal,  # every WebSocket handshake gets the app's 426, malformed ones too
         )
+
+
+def _memory_bound(cfg: Any, workers: int) -> str:
+    """What `serve` holds at most, by the cache registry and this config: an operator sizes
+    the machine (or the container's limit) by it."""
+    from ctxbudget.proxy.cache.registry import rss_bound
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.pipeline.worker import WORKER_RSS
+
+    bound = rss_bound(settings_for(cfg, os.environ), cfg.proxy.limits, worker_rss=WORKER_RSS)
+    return str(bound) if workers == 1 else f"{bound}; each of {workers} workers"
 
 
 def _demo(args: argparse.Namespace) -> None:

@@ -21,11 +21,28 @@ import os  # noqa: E402
 os.environ["CTXBUDGET_CHECK_RESENT"] = "1"
 
 import gc  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+def _in_memory_tmp(root: str = "/dev/shm", room: int = 1 << 30) -> None:
+    """Tests' temporary files (`tmp_path`, `tempfile`) in memory where the machine has a tmpfs
+    with room: an in-process app opens two SQLite files and writes the report's schema, whose
+    every commit waits for the disk (~60 ms of each app's ~120 ms on a loaded machine, and
+    hundreds of tests make one). A TMPDIR the caller set is kept, as is the disk where the
+    tmpfs is small (a container's 64 MB /dev/shm)."""
+    if os.environ.get("TMPDIR") or not os.access(root, os.W_OK):
+        return
+    disk = os.statvfs(root)
+    if disk.f_bavail * disk.f_frsize >= room:
+        tempfile.tempdir = root
+
+
+_in_memory_tmp()
 
 from ctxbudget.memory import MemoryLimits, MemoryStore, SQLiteMemoryStore  # noqa: E402
 from tests.inproc import close_offloads  # noqa: E402
@@ -42,6 +59,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     import hypothesis  # noqa: F401
 
     gc.freeze()
+
+
+_LITELLM_FIRST: list[str] = []
+"""The test after which litellm was first found imported."""
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if not _LITELLM_FIRST and "litellm" in sys.modules:
+        _LITELLM_FIRST.append(nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The in-process layer never imports litellm: it costs a run ~5 s of CPU (on a thread
+    the rest of the run shares the GIL with, when an app with a route preloads it) and
+    ~165 MB. Routes through litellm are the e2e layer's; a run with no e2e test fails here,
+    naming the test that imported it."""
+    if not _LITELLM_FIRST or any(item.get_closest_marker("e2e") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"litellm was imported by the in-process layer, first by {_LITELLM_FIRST[0]} "
+            "(~5 s, ~165 MB): leave routes through it to tests/e2e/",
+            red=True,
+        )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

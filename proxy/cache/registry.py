@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ctxbudget.caps._kept import ByIdentity, ByValue, Generations, OfObjects
+
+if TYPE_CHECKING:
+    from ctxbudget.proxy.config.schema import LimitsConfig
+    from ctxbudget.proxy.config.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,3 +326,205 @@ def clear_kept() -> None:
         found = getattr(found, "kept", found)  # a `weighed` function: its `Generations`
         if isinstance(found, Generations | ByIdentity | ByValue | OfObjects):
             found.clear()
+
+
+# -- the process's memory bound ---------------------------------------------------------------
+
+MB = 1 << 20
+"""A bound's "MB" (the caches weigh with `16 << 20` and the like)."""
+
+BASELINE = 120 * MB
+"""RSS of a `serve` process once started and past its first clamped requests, its caches aside:
+imports (Starlette, uvicorn, aiohttp, pydantic, tiktoken's encodings) and what start-up builds
+(measured: 62 MB before the first request, `bench/rss_bound.py`; 112 MB at rest after the
+soak's clamped requests, `bench/soak.py`; docs/benchmarks.md)."""
+LITELLM = 165 * MB
+"""What importing litellm adds (a `proxy.routes` route or `memory.rewrite` configured)."""
+REQUEST_BODIES = 2
+"""Copies of a request's body one request holds at most on the event loop: the bytes read, and
+the spliced body sent upstream (a body over 1 MiB is parsed in the offload worker; one under it
+is parsed here, its objects a few times its size, still under the two copies of a large one)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entries:
+    """A cache bounded by a count of entries: what one entry holds at most."""
+
+    count: int
+    """Entries at most (of each owner, with `per_owner`)."""
+    each: int
+    """Bytes one entry keeps alive at most: key, value and the container's share."""
+    per_owner: bool = False
+    """`count` is per owner (the bound then grows with the owners the proxy keys name)."""
+    capped: bool = True
+    """False: the code does not cap an entry's size; `each` is what real clients send
+    (`why` says whose strings they are), a bound only as long as they do."""
+    why: str
+    """What an entry holds and why `each` covers it."""
+
+
+ENTRIES: dict[str, Entries] = {
+    "proxy/wire/scan.py:_by_end": Entries(
+        count=32,
+        each=3 * MB,
+        why="a tail of a body parsed here (under 1 MiB: `LARGE_BODY`), its objects and its "
+        "last 32 bytes",
+    ),
+    "proxy/wire/scan.py:_VALID": Entries(
+        count=256, each=300, why="an owner name, a 16-byte digest, True"
+    ),
+    "proxy/wire/view.py:_LABELS": Entries(
+        count=2 * 4096,
+        each=80,
+        why="`messages[i]`, `input[i]`: two names, 4,096 short strings each",
+    ),
+    "proxy/wire/responses.py:_calls": Entries(
+        count=10_000,
+        each=4096,
+        capped=False,
+        why="a call id, its tool name and its arguments, as the upstream's reply gave them: "
+        "any size (an agent's calls: ~0.1-2 KB)",
+    ),
+    "proxy/wire/responses.py:_owners": Entries(
+        count=50_000,
+        each=300,
+        why="a response id (the upstream's, ~50 chars) and an owner name",
+    ),
+    "proxy/cache/prefix.py:_SHARED_KNOWN": Entries(
+        count=1024, each=400, why="an owner name and two 16-byte digests"
+    ),
+    "proxy/cache/sessions.py:_STABLE_KNOWN": Entries(
+        count=1024, each=400, why="an owner, a model name, a digest and a session key"
+    ),
+    "proxy/tokens.py:_cache": Entries(
+        count=4096, each=300, why="an owner, an encoding name, two ints and a count"
+    ),
+    "proxy/pipeline/jobs.py:_tokens": Entries(
+        count=0, each=0, why="in the offload worker, not this process (`WORKER_RSS`)"
+    ),
+    "proxy/upstream/rewrite.py:_cache": Entries(
+        count=512,
+        each=16 * 1024,
+        why="an owner, a model, the user's query (recall's excerpt: 4,000 chars at most) and "
+        "its search words",
+    ),
+    "proxy/report/arms.py:conversations": Entries(
+        count=4096,
+        each=400,
+        per_owner=True,
+        why="a conversation id (a digest's hex) and its arm",
+    ),
+    "proxy/report/ledger.py:_held": Entries(
+        count=1,
+        each=4 * 32 * MB,
+        why="32 M chars of decision texts in all (`HELD_CHARS`), up to 4 bytes a char",
+    ),
+    "proxy/pipeline/summaries.py:_owners": Entries(
+        count=1024,
+        each=2048,
+        why="an owner's running summaries (4 at most) and its cooldown; its tried results "
+        "are the next row",
+    ),
+    "proxy/pipeline/summaries.py:tried": Entries(
+        count=10_000,
+        each=200,
+        per_owner=True,
+        capped=False,
+        why="a conversation id and a call id, the client's: any size (agents': ~30 chars)",
+    ),
+    "proxy/report/prices.py:_model_map": Entries(
+        count=1,
+        each=12 * MB,
+        why="litellm's offline price map, parsed (4,242 models: 8.8 MB by `footprint`, 4.8 MB "
+        "of RSS)",
+    ),
+    "proxy/report/prices.py:input_price": Entries(
+        count=512, each=300, why="a model name and a price"
+    ),
+    "proxy/report/prices.py:prices": Entries(count=512, each=600, why="a model name, its prices"),
+    "proxy/config/schema.py:is_loopback": Entries(
+        count=256, each=300, why="a host name (a Host header's, under 64 KB of headers: 431)"
+    ),
+    "proxy/stores.py:_empty": Entries(count=4096, each=300, why="an owner name and a time"),
+}
+"""The caches not bounded in bytes, each with what one entry holds at most (a cache whose
+`bound` starts with "N MB" needs no row)."""
+
+_HELD_ELSEWHERE = ("one `caps.Memo`", "one `Conversations`")
+"""Bounds that are other rows: an app's memo is the `caps/memo.py` caches, the worker's memo
+and conversations are in the worker (`WORKER_RSS`)."""
+
+
+def cache_bytes(cache: Cache, *, owners: int = 1) -> int:
+    """At most what `cache` keeps alive, in bytes, with `owners` owners; `KeyError` for a
+    cache bounded by a count of entries and missing from `ENTRIES`.
+
+    >>> cache_bytes(Cache(where="a.py:x", key="owner", bound="16 MB", invariant="-")) // MB
+    16
+    """
+    head = cache.bound.split(" ", 2)
+    if len(head) >= 2 and head[1] == "MB" and head[0].isdigit():
+        return int(head[0]) * MB
+    if cache.bound.startswith(_HELD_ELSEWHERE):
+        return 0
+    entries = ENTRIES[cache.where]
+    return entries.count * entries.each * (owners if entries.per_owner else 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RssBound:
+    """The most a `serve` process holds, in bytes, and its parts (`rss_bound`)."""
+
+    baseline: int
+    """`BASELINE`, and `LITELLM` when it is imported."""
+    caches: int
+    """Every registered cache at its bound."""
+    requests: int
+    """The bodies of the requests one client may have open at once."""
+    worker: int
+    """The offload worker's process: its own bound, plus the body of the job past it."""
+
+    @property
+    def proxy(self) -> int:
+        """The `serve` process alone."""
+        return self.baseline + self.caches + self.requests
+
+    @property
+    def total(self) -> int:
+        """The process and its offload worker."""
+        return self.proxy + self.worker
+
+    def __str__(self) -> str:
+        return (
+            f"{self.total // MB:,} MB at most: this process {self.proxy // MB:,} MB (at start "
+            f"{self.baseline // MB} MB, caches {self.caches // MB} MB, open requests "
+            f"{self.requests // MB:,} MB), its offload worker {self.worker // MB:,} MB"
+        )
+
+
+def rss_bound(
+    settings: Settings,
+    limits: LimitsConfig,
+    *,
+    worker_rss: int,
+    connections: int | None = None,
+) -> RssBound:
+    """The one number memory is bounded by: the process after start-up (+ litellm when a
+    route or deep recall's rewrite imports it), every cache of `CACHES` at its bound, a
+    request's bodies (`REQUEST_BODIES` × `proxy.maxBodyBytes`) for each connection one client
+    may hold (`proxy.limits.maxConnectionsPerClient`; `connections` when uncapped, or to ask
+    about another count), and the offload worker (`worker_rss`, the bound past which it empties
+    its caches, plus the body of the job that took it there).
+
+    Owners are the names the proxy keys give (one without keys): per-owner caches grow with
+    them."""
+    owners = max(1, len(set(settings.proxy_keys.values())))
+    litellm = bool(settings.routes) or settings.rewrite is not None
+    if connections is None:
+        connections = limits.max_connections_per_client or 1
+    return RssBound(
+        baseline=BASELINE + (LITELLM if litellm else 0),
+        caches=sum(cache_bytes(c, owners=owners) for c in CACHES),
+        requests=connections * REQUEST_BODIES * settings.max_body_bytes,
+        worker=worker_rss + REQUEST_BODIES * settings.max_body_bytes,
+    )

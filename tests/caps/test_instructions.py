@@ -131,9 +131,10 @@ def test_a_header_line_of_any_length_is_read_in_linear_time() -> None:
 
     line = "\n\nContents of " + " (" * 200_000 + "):\n"
     text = PREAMBLE[:-1] + line * 3 + "\n</system-reminder>"
-    started = time.perf_counter()
+    # this thread's CPU time, not the wall clock's: the cost, whatever else the machine runs
+    started = time.thread_time()
     out, segments = clamp_instructions(text, 10)
-    assert time.perf_counter() - started < 2
+    assert time.thread_time() - started < 2
     assert len(segments) == 3 and out == text  # empty bodies
 
 

@@ -44,9 +44,10 @@ def test_a_100_kb_page_is_picked_in_a_few_milliseconds() -> None:
     page = _page()
     times = []
     for _ in range(9):
-        start = time.perf_counter()
+        # this thread's CPU time, not the wall clock's: the cost, whatever else the machine runs
+        start = time.thread_time()
         pick(page, 7000, "parking prices near the castles in season 7?", how="x")
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
     # the target is 5 ms (bench/evidence.py measures ~2-3 ms); room for a busy machine
     assert statistics.median(times) < 0.025
 
@@ -73,9 +74,10 @@ def test_a_crafted_text_or_question_is_picked_in_a_few_milliseconds(case: str) -
     text, asked, errors = CRAFTED[case]
     times = []
     for _ in range(5):
-        start = time.perf_counter()
+        # this thread's CPU time, not the wall clock's: the cost, whatever else the machine runs
+        start = time.thread_time()
         pick(text, 8000, ctxbudget.caps.question.question((asked,), None), how="x", errors=errors)
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
     assert statistics.median(times) < 0.025, f"{statistics.median(times) * 1000:.0f} ms"
 
 

@@ -201,6 +201,14 @@ def test_serve_names_its_config_on_stderr_and_in_the_banner(
     assert (code, out, err) == (0, "", using(config))
     assert started and started[0]["port"] == 0
     assert f"contextBudget OFF (reporting would-clamp), config {config}" in caplog.text
+    # the one number memory is bounded by, from the cache registry and this config
+    from ctxbudget.proxy.cache.registry import MB, rss_bound
+    from ctxbudget.proxy.config.settings import settings_for
+    from ctxbudget.proxy.pipeline.worker import WORKER_RSS
+
+    cfg = load_config(config, env={}, overrides={})
+    bound = rss_bound(settings_for(cfg, {}), cfg.proxy.limits, worker_rss=WORKER_RSS)
+    assert f"memory: {bound.total // MB:,} MB at most: this process" in caplog.text
 
 
 # -- config init | show | check ----------------------------------------------------------

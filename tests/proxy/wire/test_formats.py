@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.upstream import litellm as litellm_route
 from tests.inproc import config_for, proxy_app, state_of
 from tests.openclaw import INTERNAL_CONTEXT, system_prompt, web_fetch_result
 
@@ -212,7 +214,11 @@ def test_the_command_is_answered_in_each_format_and_nothing_goes_upstream(tmp_pa
         assert fake.sent == []
 
 
-def test_errors_are_in_the_clients_format(tmp_path: Path) -> None:
+def test_errors_are_in_the_clients_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A route makes the app import litellm on a thread at start (~5 s of CPU and ~165 MB,
+    # which the rest of the run would share the GIL with); the route is refused before it is
+    # needed (routes through litellm are the e2e layer's: tests/e2e/test_litellm_route.py).
+    monkeypatch.setattr(litellm_route, "preload_litellm", lambda: None)
     with proxy_app(
         tmp_path, config(tmp_path, routes={"claude-x": {"model": "anthropic/claude-x"}})
     ) as (client, fake):

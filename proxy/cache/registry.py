@@ -151,7 +151,7 @@ CACHES: tuple[Cache, ...] = (
     Cache(
         where="proxy/wire/responses.py:_calls",
         key="owner, call id",
-        bound="10,000 entries",
+        bound="8 MB (and 10,000 entries), each call weighed by its ids, name and arguments",
         invariant="a relayed call's name, for a continuation",
     ),
     Cache(
@@ -258,7 +258,7 @@ CACHES: tuple[Cache, ...] = (
     ),
     Cache(
         where="proxy/pipeline/summaries.py:tried",
-        key="owner (one per owner), conversation, call id",
+        key="owner (one per owner), a digest of the conversation and call id",
         bound="10,000 results an owner",
         invariant="a result asked for once is never asked again, whatever came of it",
     ),
@@ -378,13 +378,6 @@ ENTRIES: dict[str, Entries] = {
         each=80,
         why="`messages[i]`, `input[i]`: two names, 4,096 short strings each",
     ),
-    "proxy/wire/responses.py:_calls": Entries(
-        count=10_000,
-        each=4096,
-        capped=False,
-        why="a call id, its tool name and its arguments, as the upstream's reply gave them: "
-        "any size (an agent's calls: ~0.1-2 KB)",
-    ),
     "proxy/wire/responses.py:_owners": Entries(
         count=50_000,
         each=300,
@@ -429,8 +422,8 @@ ENTRIES: dict[str, Entries] = {
         count=10_000,
         each=200,
         per_owner=True,
-        capped=False,
-        why="a conversation id and a call id, the client's: any size (agents': ~30 chars)",
+        why="a 16-byte digest of the conversation and call id (`_tried_key`), whatever their "
+        "size, and the LRU's links",
     ),
     "proxy/report/prices.py:_model_map": Entries(
         count=1,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import secrets
@@ -84,7 +85,16 @@ def summary_text(summary: str, segment: Segment, source: str | None = None) -> s
     return text if utf16_len(text) < segment.before else None
 
 
-_Tried = LRUCache[tuple[str, str], bool]
+_Tried = LRUCache[bytes, bool]
+
+
+def _tried_key(conversation: str, call_id: str) -> bytes:
+    """What `_Owner.tried` keeps of a result: 16 bytes, whatever the size of the client's
+    conversation and call ids (10,000 of them an owner, of any size, had no byte bound)."""
+    return hashlib.blake2b(
+        f"{len(conversation)}:{conversation}{call_id}".encode(errors="surrogatepass"),
+        digest_size=16,
+    ).digest()
 
 
 @dataclass
@@ -94,7 +104,7 @@ class _Owner:
     running: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     """(conversation, call id) → the task asking for its summary."""
     tried: _Tried = field(default_factory=lambda: LRUCache(TRIED_PER_OWNER))
-    """The results asked for, whatever came of it: never asked again."""
+    """The results asked for (`_tried_key`), whatever came of it: never asked again."""
     failed_at: float | None = None
     """When the owner's last summary failed (`COOLDOWN_SECONDS`)."""
 
@@ -152,11 +162,12 @@ class Summarizer:
             ):
                 continue
             key = (conversation, s.call_id)
-            if key in state.tried:
+            tried = _tried_key(conversation, s.call_id)
+            if tried in state.tried:
                 continue
             if len(state.running) >= MAX_RUNNING:
                 break
-            state.tried[key] = True
+            state.tried[tried] = True
             task = loop.create_task(self._summarise(s, owner, conversation, session, settings))
             state.running[key] = task
             self._tasks.add(task)

@@ -63,22 +63,38 @@ _SYSTEM_ROLES = ("system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
+_CALL_WEIGHT = 300
+"""What a kept call holds beside its strings' characters: the tuples, the strings' headers,
+the LRU's links."""
+
+
 class CallNames:
     """`call_id` → (tool name, arguments) of the function calls relayed replies made, per
     owner, the `limit` most recently used kept: what a continuation's
     `function_call_output` answers."""
 
-    def __init__(self, limit: int = 10_000) -> None:
-        self._calls: LRUCache[tuple[str, str], tuple[str, str]] = LRUCache(maxsize=limit)
+    def __init__(self, limit: int = 10_000, max_bytes: int = 8 << 20) -> None:
+        # weighed by what each call holds: the upstream's arguments are any size, so a count
+        # of entries alone bounded nothing (10,000 calls of 1 MB arguments: 10 GB)
+        self._calls: LRUCache[tuple[str, str], tuple[str, str, int]] = LRUCache(
+            maxsize=max_bytes, getsizeof=lambda found: found[2]
+        )
+        self._limit = limit
         self._lock = threading.Lock()
 
     def remember(self, owner: str, call_id: str, name: str, arguments: str) -> None:
+        weight = _CALL_WEIGHT + len(owner) + len(call_id) + len(name) + len(arguments)
+        if weight > self._calls.maxsize:
+            return  # larger than all of it: a continuation of it goes without its name
         with self._lock:
-            self._calls[(owner, call_id)] = (name, arguments)
+            self._calls[(owner, call_id)] = (name, arguments, weight)
+            while len(self._calls) > self._limit:
+                self._calls.popitem()
 
     def get(self, owner: str, call_id: str) -> tuple[str, str] | None:
         with self._lock:
-            return self._calls.get((owner, call_id))
+            found = self._calls.get((owner, call_id))
+        return None if found is None else (found[0], found[1])
 
     def __len__(self) -> int:
         return len(self._calls)

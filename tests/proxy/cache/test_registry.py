@@ -107,6 +107,8 @@ def test_every_cache_is_bounded_in_bytes_or_by_entries_of_a_known_size() -> None
 
 
 def test_the_entry_counts_are_the_ones_the_code_keeps() -> None:
+    import inspect
+
     from ctxbudget.proxy.cache.registry import ENTRIES
     from ctxbudget.proxy.pipeline import summaries
     from ctxbudget.proxy.report import arms, ledger
@@ -117,7 +119,8 @@ def test_the_entry_counts_are_the_ones_the_code_keeps() -> None:
     assert ENTRIES["proxy/pipeline/summaries.py:_owners"].count == summaries.MAX_OWNERS
     assert ENTRIES["proxy/report/ledger.py:_held"].each == 4 * ledger.HELD_CHARS
     assert ENTRIES["proxy/wire/scan.py:_VALID"].count == scan._VALID.maxsize
-    assert ENTRIES["proxy/wire/responses.py:_calls"].count == len_limit(responses.CallNames)
+    calls = inspect.signature(responses.CallNames).parameters["max_bytes"].default
+    assert f"{calls >> 20} MB" in next(c.bound for c in CACHES if c.where.endswith(":_calls"))
     assert ENTRIES["proxy/wire/responses.py:_owners"].count == len_limit(responses.ResponseOwners)
 
 

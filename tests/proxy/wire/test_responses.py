@@ -186,6 +186,20 @@ def test_a_json_reply_is_read_for_calls_too_and_the_memory_is_bounded() -> None:
     assert names.get("default", "c0") is None and names.get("default", "c4") is not None
 
 
+def test_the_call_names_are_bounded_in_bytes_whatever_the_arguments_size() -> None:
+    """An upstream's reply names calls with arguments of any size: 10,000 of them kept by
+    count alone could hold gigabytes. They are weighed, and the oldest go."""
+    names = CallNames(max_bytes=4 << 20)
+    wire = OpenAIResponses(names)
+    watcher = wire.watch_reply(wire.parse(b'{"model": "m", "input": "go"}'), "default")
+    big = {"text": "x" * (1 << 20)}
+    reply = {"id": "resp_3", "output": [call(f"c{i}", "memory_get", big) for i in range(12)]}
+    watcher.feed(orjson.dumps(reply))
+    watcher.close()
+    assert 1 <= len(names) <= 4  # ~1 MB each in a 4 MB bound
+    assert names.get("default", "c11") is not None and names.get("default", "c0") is None
+
+
 def test_memories_go_to_the_last_user_message() -> None:
     body = request()
     parsed = OpenAIResponses().parse(orjson.dumps(body))

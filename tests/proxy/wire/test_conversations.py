@@ -242,3 +242,27 @@ def test_the_owner_holding_the_most_gives_way_first() -> None:
         _read(kept, flood(n), f"big-{n % 2}")
     assert kept.find(_body(0, 100_000), "small") is not None
     assert kept.weight <= 8 << 20
+
+
+def test_a_turn_resumes_its_own_conversation_beside_a_subagent_sharing_its_start(
+    tmp_path: Path, counted: _Counted
+) -> None:
+    """A subagent's request on the same key starts with its parent's system message, and is
+    newer: the parent's next turn still resumes from the parent's own state (the one it
+    extends furthest), not from the subagent's one shared item with everything after it
+    read again (the whole history on the event loop, each turn the subagent ran)."""
+    bodies = BUILDERS["chat"][1](40)
+    parent = json.loads(bodies[-2])
+    task = {"role": "user", "content": "a subtask"}
+    subagent = {**parent, "messages": [parent["messages"][0], task]}
+    sub = json.dumps(subagent, ensure_ascii=False, separators=(",", ":")).encode()
+    with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, "chat", raw)
+        _send(client, fake, "chat", sub)
+        kept = state_of(client).conversations
+        found = kept.find(bodies[-1], "default")
+        assert found is not None and len(found.parsed) > 20, "resumed from the subagent's"
+        counted.reset()
+        _send(client, fake, "chat", bodies[-1])
+        assert counted.checked <= 6, counted.checked

@@ -266,3 +266,28 @@ def test_a_turn_resumes_its_own_conversation_beside_a_subagent_sharing_its_start
         counted.reset()
         _send(client, fake, "chat", bodies[-1])
         assert counted.checked <= 6, counted.checked
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_a_config_reload_between_turns_forwards_what_a_fresh_app_would(
+    tmp_path: Path, wire: str
+) -> None:
+    """The caps change between two turns of a conversation (the config file edited): the next
+    turn's old items are clamped by the new caps, as a fresh app with that config clamps
+    them, not forwarded as the old caps had written them."""
+    bodies = BUILDERS[wire][1](24)
+    looser = _config(tmp_path / "b")
+    looser["agents"]["defaults"]["contextBudget"]["toolOutputMaxChars"] = 4000
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with proxy_app(tmp_path / "a", _config(tmp_path / "a")) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        edited = _config(tmp_path / "a")
+        edited["agents"]["defaults"]["contextBudget"]["toolOutputMaxChars"] = 4000
+        (tmp_path / "a" / "ctxbudget.json").write_text(json.dumps(edited, indent=1))
+        _send(client, fake, wire, bodies[-1])
+        sent = fake.last.body
+    with proxy_app(tmp_path / "b", looser) as (client, fake):
+        _send(client, fake, wire, bodies[-1])
+        assert sent == fake.last.body

@@ -17,6 +17,7 @@ is written in it, so each route reads, and is tested, in its own module.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -220,10 +221,12 @@ class Lifespan:
             if self.owns_offload:
                 await pipeline.offload.close()
             state.stores.close()
+            # off the loop: a stream's record whose pricing thread is still running is queued
+            # by a callback on this loop (`Recorder.finish`), so waiting here would wait it out
+            # and close the store before it came (the record was lost)
+            await asyncio.to_thread(state.reports.flush)
             if self.owns_reports:
                 state.reports.close()
-            else:
-                state.reports.flush()
             if self.telemetry is not None:
                 self.telemetry.shutdown()
             state.memo.clear()

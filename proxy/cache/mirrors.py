@@ -567,6 +567,10 @@ class _Kept:
     def put(self, owner: str, session: str, mirror: SessionMirror) -> None:
         weight = mirror.weight
         if weight > self._keep:  # one mirror larger than them all: not kept
+            # nor left at its old weight, when it was kept small and grew in place
+            if session in self._owners.get(owner, {}):
+                self._owners[owner].move_to_end(session, last=False)
+                self._evict(owner)
             return
         mirrors = self._owners.setdefault(owner, OrderedDict())
         old = mirrors.pop(session, None)

@@ -101,7 +101,12 @@ class Offload(Worker):
         # buffer costs ~40 page faults; count takes ~70 µs there
         if conversations is None:
             return len(raw) > self.threshold or TAILS.structure(raw, owner) > self.objects
-        taken = len(raw) > self.threshold and conversations.new_bytes(raw, owner) > self.threshold
+        taken = len(raw) > self.threshold and (
+            conversations.new_bytes(raw, owner) > self.threshold
+            # the same bytes up to the old items, but the rest not their list's extension (a
+            # key given again, not JSON): it would be read whole, here
+            or conversations.find(raw, owner) is None
+        )
         taken = taken or conversations.structure(raw, owner) > self.objects
         if taken:
             conversations.drop(raw)  # parsed in the worker: not kept here

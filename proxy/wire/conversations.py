@@ -147,12 +147,21 @@ class Conversations:
         """The bytes of `raw` after the first items of a list `owner` sent before, where
         `raw` is those same bytes up to them; all of them when it extends none. Only compared
         (memcmp, a few times), nothing scanned: what the offload decides by before reading."""
-        found = len(raw)
+        furthest = self._furthest(raw, owner)
+        return len(raw) if furthest is None else len(raw) - furthest[0].ends[furthest[1] - 1]
+
+    def _furthest(self, raw: bytes, owner: str) -> tuple[Conversation, int] | None:
+        """The conversation of `owner`'s that `raw` repeats the most bytes of, and how many of
+        its items; None when it repeats none. A subagent's request shares its parent's first
+        items and is often the newer: the parent's next turn must resume from the parent's,
+        not from that one shared item with all the rest read again (on the event loop, as
+        the offload was decided by `new_bytes`)."""
+        best: tuple[Conversation, int] | None = None
         for conversation in self._by_owner.get(owner, ()):
             kept = kept_items(raw, conversation)
-            if kept:
-                found = min(found, len(raw) - conversation.ends[kept - 1])
-        return found
+            if kept and (best is None or conversation.ends[kept - 1] > best[0].ends[best[1] - 1]):
+                best = (conversation, kept)
+        return best
 
     def drop(self, raw: bytes) -> None:
         """Forget the last `find`, of `raw`: a body read elsewhere (the offload worker's),
@@ -179,11 +188,9 @@ class Conversations:
         last = self._last
         if last is not None and last[0] is raw and last[1] == owner:
             return last[2]
-        found = None
-        for conversation in self._by_owner.get(owner, ()):
-            found = extends(raw, conversation, owner)
-            if found is not None:
-                break
+        furthest = self._furthest(raw, owner)
+        # only the one `new_bytes` named: another would leave more to read than it said
+        found = None if furthest is None else extends(raw, *furthest, owner)
         self._last = (raw, owner, found)
         return found
 
@@ -222,7 +229,11 @@ class Conversations:
         new = Conversation(raw, key, start, starts, ends, counts, list(parsed), weights)
         if new.weight > self.keep_bytes:
             return None
-        replaced = found.history if found is not None else None
+        # the next turn of the conversation it extends takes its place; a request that only
+        # starts the same (a subagent's, with its parent's system prompt) is one of its own
+        replaced = None
+        if found is not None and 2 * len(found.parsed) >= len(found.history.ends):
+            replaced = found.history
         before = self._by_owner.get(owner, [])
         newest = [new, *(c for c in before if c is not replaced)][: self._per_owner]
         weight = sum(c.weight for c in newest)

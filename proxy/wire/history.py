@@ -100,9 +100,8 @@ def locate(
 _BETWEEN = (b",", b" ", b"\n", b"\r", b"\t")
 
 
-def extends(raw: bytes, history: Conversation, owner: str) -> Found | None:
-    """`raw` read as the first items of `history` and more, or None."""
-    kept = kept_items(raw, history)
+def extends(raw: bytes, history: Conversation, kept: int, owner: str) -> Found | None:
+    """`raw` read as the first `kept` items of `history` (`kept_items`) and more, or None."""
     if kept == 0:
         return None
     start, end = history.start, history.ends[kept - 1]

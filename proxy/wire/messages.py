@@ -118,7 +118,11 @@ class MessagesRequest(InProcessRequest):
         known: _Viewed | None = None
         if found is not None and isinstance(found[0].view, _Viewed):
             known = found[0].view
-            if known.system_raw != system_raw or found[1] > len(known.ends):
+            if (
+                known.system_raw != system_raw
+                or found[1] > len(known.ends)
+                or known.caps != (caps, tools)
+            ):
                 known = None
         kept = found[1] if found is not None and known is not None else 0
         if known is not None:
@@ -149,7 +153,15 @@ class MessagesRequest(InProcessRequest):
         segments = [_real_segment(s, view.places, known_real, real) for s in result.segments]
         if body.conversation is not None:
             body.conversation.view = _Viewed(
-                system_raw, view.messages, view.places, ends, first, head, messages, real
+                system_raw,
+                view.messages,
+                view.places,
+                ends,
+                first,
+                head,
+                messages,
+                real,
+                (caps, tools),
             )
         return segments
 
@@ -325,6 +337,7 @@ class _Viewed:
         "head",
         "written",
         "real",
+        "caps",
     )
 
     def __init__(
@@ -337,6 +350,7 @@ class _Viewed:
         head: int,
         written: list[Any],
         real: dict[int, tuple[Segment, Segment]],
+        caps: tuple[Caps, ToolNames],
     ) -> None:
         self.system_raw = system_raw
         """The `system` field as sent: the view's first messages are made of it."""
@@ -352,6 +366,9 @@ class _Viewed:
         """The messages as the clamp's changes left them (whether or not applied)."""
         self.real = real
         """Each view segment's segment at its real index, by the view segment's identity."""
+        self.caps = caps
+        """The caps and tool names `written` and `real` were clamped with: under others (the
+        config reloaded) the old items are clamped again."""
 
 
 class AnthropicMessages:

@@ -266,3 +266,17 @@ def test_one_owners_flood_of_sessions_pushes_out_its_own_mirrors_not_anothers() 
     assert mirrors.get("alice", "mine") is not None
     assert mirrors.get("bob", "s1999") is not None
     assert mirrors.get("bob", "s0") is None  # bob's own oldest went
+
+
+def test_a_mirror_grown_past_the_whole_bound_is_let_go() -> None:
+    # A mirror larger than the bound on its own is not kept; one kept while it was small and
+    # grown past the bound by its session's next request stayed, counted at its old weight,
+    # and grew on with every request, past the bound it was counted within.
+    mirrors = Mirrors(keep_bytes=200_000)
+    mirrors.observe("bob", "s", "openai", _request(0), now=0.0, model="gpt-4o")
+    assert mirrors.get("bob", "s") is not None
+    big = {"role": "user", "content": "x" * 300_000}
+    grown = [*_request(0), Block("messages[1]", big, big)]
+    mirrors.observe("bob", "s", "openai", grown, now=1.0, model="gpt-4o")
+    found = mirrors.get("bob", "s")
+    assert found is None or found.weight <= 200_000, found.weight

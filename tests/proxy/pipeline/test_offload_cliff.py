@@ -165,3 +165,35 @@ def test_a_conversation_growing_past_large_body_stays_in_process(tmp_path: Path,
         expected, _ = _send(base, bare, path, big, reply)
         assert sent == expected
         assert offload.jobs > jobs
+
+
+@pytest.mark.parametrize(
+    ("tail", "status"),
+    [
+        (b',"messages":[{"role":"user","content":"hi"}]}', 200),  # the key given again
+        (b', "x": NaN}', 400),  # not JSON after the old items: the stdlib parser's turn
+    ],
+)
+def test_a_body_repeating_a_known_conversation_that_does_not_extend_it_goes_to_the_worker(
+    tmp_path: Path, tail: bytes, status: int
+) -> None:
+    """The offload asks only how many bytes follow the owner's old items (a memcmp), but a
+    body whose rest is not the list's extension is read whole: a large one must be read in
+    the worker then, not scanned (or, when msgspec refuses it, parsed by the stdlib) on the
+    event loop."""
+    path, first, grow, reply = FORMATS["chat"]
+    bodies = _conversation(first(), grow, 4)
+    offload = shared_offload()
+    with proxy_app(tmp_path, config_for(tmp_path), offload=offload) as (client, fake):
+        for body in bodies:
+            _send(client, fake, path, body, reply)
+        raw = orjson.dumps(bodies[-1])
+        assert len(raw) > LARGE_BODY
+        odd = raw[:-1] + tail  # the same bytes up to past every item, then another ending
+        jobs = offload.jobs
+        fake.answer_json(reply(len(odd)))
+        r = client.post(path, content=odd)
+        assert r.status_code == status, r.text
+        if status == 400:
+            assert r.json()["error"]["type"] == "invalid_request_error"
+        assert offload.jobs > jobs, "a large body not read as an extension was read here"

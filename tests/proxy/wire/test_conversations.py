@@ -242,3 +242,52 @@ def test_the_owner_holding_the_most_gives_way_first() -> None:
         _read(kept, flood(n), f"big-{n % 2}")
     assert kept.find(_body(0, 100_000), "small") is not None
     assert kept.weight <= 8 << 20
+
+
+def test_a_turn_resumes_its_own_conversation_beside_a_subagent_sharing_its_start(
+    tmp_path: Path, counted: _Counted
+) -> None:
+    """A subagent's request on the same key starts with its parent's system message, and is
+    newer: the parent's next turn still resumes from the parent's own state (the one it
+    extends furthest), not from the subagent's one shared item with everything after it
+    read again (the whole history on the event loop, each turn the subagent ran)."""
+    bodies = BUILDERS["chat"][1](40)
+    parent = json.loads(bodies[-2])
+    task = {"role": "user", "content": "a subtask"}
+    subagent = {**parent, "messages": [parent["messages"][0], task]}
+    sub = json.dumps(subagent, ensure_ascii=False, separators=(",", ":")).encode()
+    with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, "chat", raw)
+        _send(client, fake, "chat", sub)
+        kept = state_of(client).conversations
+        found = kept.find(bodies[-1], "default")
+        assert found is not None and len(found.parsed) > 20, "resumed from the subagent's"
+        counted.reset()
+        _send(client, fake, "chat", bodies[-1])
+        assert counted.checked <= 6, counted.checked
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_a_config_reload_between_turns_forwards_what_a_fresh_app_would(
+    tmp_path: Path, wire: str
+) -> None:
+    """The caps change between two turns of a conversation (the config file edited): the next
+    turn's old items are clamped by the new caps, as a fresh app with that config clamps
+    them, not forwarded as the old caps had written them."""
+    bodies = BUILDERS[wire][1](24)
+    looser = _config(tmp_path / "b")
+    looser["agents"]["defaults"]["contextBudget"]["toolOutputMaxChars"] = 4000
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with proxy_app(tmp_path / "a", _config(tmp_path / "a")) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        edited = _config(tmp_path / "a")
+        edited["agents"]["defaults"]["contextBudget"]["toolOutputMaxChars"] = 4000
+        (tmp_path / "a" / "ctxbudget.json").write_text(json.dumps(edited, indent=1))
+        _send(client, fake, wire, bodies[-1])
+        sent = fake.last.body
+    with proxy_app(tmp_path / "b", looser) as (client, fake):
+        _send(client, fake, wire, bodies[-1])
+        assert sent == fake.last.body

@@ -130,6 +130,9 @@ class Conversations:
         self._per_owner = per_owner
         self._last: tuple[bytes, str, Found | None] | None = None
         """The last `find` (the offload check and the parse ask about the same body)."""
+        self._kept: tuple[bytes, str, list[tuple[Conversation, int]]] | None = None
+        """The last `new_bytes`' `kept_items` of each of the owner's conversations, which
+        `find` asks again of the same body (each a compare of up to the whole body)."""
 
     @property
     def weight(self) -> int:
@@ -142,16 +145,19 @@ class Conversations:
         self._weights.clear()
         self._total = 0
         self._last = None
+        self._kept = None
 
     def new_bytes(self, raw: bytes, owner: str = "") -> int:
         """The bytes of `raw` after the first items of a list `owner` sent before, where
         `raw` is those same bytes up to them; all of them when it extends none. Only compared
         (memcmp, a few times), nothing scanned: what the offload decides by before reading."""
         found = len(raw)
-        for conversation in self._by_owner.get(owner, ()):
-            kept = kept_items(raw, conversation)
+        conversations = self._by_owner.get(owner, ())
+        kepts = [kept_items(raw, conversation) for conversation in conversations]
+        for conversation, kept in zip(conversations, kepts, strict=True):
             if kept:
                 found = min(found, len(raw) - conversation.ends[kept - 1])
+        self._kept = (raw, owner, list(zip(conversations, kepts, strict=True)))
         return found
 
     def drop(self, raw: bytes) -> None:
@@ -159,6 +165,8 @@ class Conversations:
         which `remember` will not see, so nothing here holds it (up to 30 MB) after."""
         if self._last is not None and self._last[0] is raw:
             self._last = None
+        if self._kept is not None and self._kept[0] is raw:
+            self._kept = None
 
     def structure(self, raw: bytes, owner: str = "") -> int:
         """`structure(raw)`: its `{` and `[`, those of the old items counted once (and the
@@ -180,8 +188,12 @@ class Conversations:
         if last is not None and last[0] is raw and last[1] == owner:
             return last[2]
         found = None
+        asked, self._kept = self._kept, None
+        known = asked[2] if asked is not None and asked[0] is raw and asked[1] == owner else ()
         for conversation in self._by_owner.get(owner, ()):
-            found = extends(raw, conversation, owner)
+            # what `new_bytes` found for the same conversation (a state never changes)
+            kept = next((k for c, k in known if c is conversation), None)
+            found = extends(raw, conversation, owner, kept)
             if found is not None:
                 break
         self._last = (raw, owner, found)

@@ -100,9 +100,11 @@ def locate(
 _BETWEEN = (b",", b" ", b"\n", b"\r", b"\t")
 
 
-def extends(raw: bytes, history: Conversation, owner: str) -> Found | None:
-    """`raw` read as the first items of `history` and more, or None."""
-    kept = kept_items(raw, history)
+def extends(raw: bytes, history: Conversation, owner: str, kept: int | None = None) -> Found | None:
+    """`raw` read as the first items of `history` and more, or None (`kept`: `kept_items`,
+    when it is known)."""
+    if kept is None:
+        kept = kept_items(raw, history)
     if kept == 0:
         return None
     start, end = history.start, history.ends[kept - 1]
@@ -134,13 +136,26 @@ def extends(raw: bytes, history: Conversation, owner: str) -> Found | None:
 
 def kept_items(raw: bytes, history: Conversation) -> int:
     """How many of `history`'s first items `raw` has, the same bytes from its start, each
-    followed by `,` or `]` (all, all but the last, or found by halving)."""
+    followed by `,` or `]` (all, all but the last, or found by halving).
+
+    Each comparison starts where the bytes are known to be the same (and none is made past
+    where they are known to differ): the body is compared about once, not once a try (a
+    Messages body whose marker moved, ~1 MB at turn 300, was compared ~12 times over)."""
     old = memoryview(history.raw)
     ends = history.ends
+    same, differs = 0, len(old) + 1  # the bytes up to `same` are equal; up to `differs` not
 
     def has(n: int) -> bool:
+        nonlocal same, differs
         end = ends[n - 1]
-        return raw.startswith(old[:end]) and raw[end : end + 1] in (b",", b"]")
+        if end >= differs:
+            return False
+        if end > same:
+            if not raw.startswith(old[same:end], same):
+                differs = end
+                return False
+            same = end
+        return raw[end : end + 1] in (b",", b"]")
 
     n = len(ends)
     if has(n):

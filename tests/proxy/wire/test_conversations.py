@@ -245,3 +245,31 @@ def test_the_owner_holding_the_most_gives_way_first() -> None:
         _read(kept, flood(n), f"big-{n % 2}")
     assert kept.find(_body(0, 100_000), "small") is not None
     assert kept.weight <= 8 << 20
+
+
+class _Compared(bytes):
+    """A body that counts the bytes compared with it (`startswith`)."""
+
+    compared = 0
+
+    def startswith(self, prefix: Any, *rest: Any) -> bool:  # type: ignore[override]
+        if not isinstance(prefix, tuple):
+            _Compared.compared += len(prefix)
+        return super().startswith(prefix, *rest)
+
+
+def test_a_body_is_compared_with_its_conversation_a_few_times_not_once_a_try() -> None:
+    """OpenClaw's Messages body moves its marker off the last request's newest result, so
+    its last items differ: finding how many of the old items it kept compares at most three
+    body lengths of bytes (the whole try, all but the last, then the halving from where the
+    bytes are known the same), once a request (it compared ~18 lengths: from the start on
+    every try, and again in the parse after the offload's check)."""
+    kept = Conversations()
+    bodies = BUILDERS["messages"][1](119)  # a tool turn: the user asks again on the next
+    _read(kept, bodies[-2], "default")
+    raw = _Compared(bodies[-1])
+    _Compared.compared = 0
+    kept.new_bytes(raw, "default")  # the offload's check, then the parse: the same body
+    found = kept.find(raw, "default")
+    assert found is not None and len(found.parsed) >= len(json.loads(raw)["messages"]) - 4
+    assert _Compared.compared <= 3 * len(raw), _Compared.compared / len(raw)

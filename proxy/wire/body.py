@@ -215,7 +215,7 @@ class JsonBody:
             kept = found[1]
             start = same_prefix(new, last, kept)
             if start:
-                parts = [data[: last_ends[start - 1]]]
+                parts = [memoryview(data)[: last_ends[start - 1]]]  # copied once: by join
                 ends = last_ends[:start]
             where = dict(last_where) if len(last_where) <= 2 * len(old) + 64 else None
         else:

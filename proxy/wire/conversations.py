@@ -21,6 +21,7 @@ A state is never changed once its request is read: a later request copies what i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import compress, count, islice
 from operator import is_not
 from typing import Any
@@ -200,7 +201,7 @@ class Conversations:
         return found
 
     def remember(
-        self, raw: bytes, owner: str, key: str, value: Any, items: list[Any], parsed: list[Any]
+        self, raw: bytes, owner: str, key: str, value: Any, items: Sequence[Any], parsed: list[Any]
     ) -> Conversation | None:
         """Remember `raw`'s list `key` (its raw `value`, `items` and their objects) as one
         `owner` sent, and return its state for the stages to fill; None for a short list (not

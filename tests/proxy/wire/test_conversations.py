@@ -15,7 +15,7 @@ import pytest
 from ctxbudget.caps import question
 from ctxbudget.proxy.cache import prefix, sessions
 from ctxbudget.proxy.cache.resent import RESENT
-from ctxbudget.proxy.wire import body, chat, messages
+from ctxbudget.proxy.wire import body, chat, history, messages
 from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.conversations import Conversations
 from tests.fakes import FakeUpstream, chat_completion
@@ -142,6 +142,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
     found.count(question, "user_texts")  # a user message read for the clamps' question
     found.count(body, "_dumps")  # a changed item written as JSON (the list written back)
     found.count(sessions, "size_of")  # a block compared with the session's last request
+    found.count(history.Items, "__getitem__")  # an item's bytes (or a slice of them) taken
     found.check(chat, "_check_texts")
     found.check(messages, "_check_messages")
     yield found
@@ -172,6 +173,8 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.calls.get("_dumps", 0) <= 12, counted.calls
     # the session's comparison: the new items and the blocks before the list (tools, system)
     assert counted.calls.get("size_of", 0) <= 8, counted.calls
+    # the list's items as sent: the new ones read, the old ones not sliced from the body
+    assert counted.calls.get("__getitem__", 0) <= 12, counted.calls
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(

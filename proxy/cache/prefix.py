@@ -10,7 +10,7 @@ instance.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 
@@ -84,6 +84,26 @@ _SERIALS: LRUCache[tuple[str, bytes], tuple[bytes, bytes]] = LRUCache(
 16 MB (with what Python keeps for each entry, ~400 bytes, counted)."""
 
 
+class Observed(NamedTuple):
+    """A request's blocks as `SessionTracker.observe` compared them: the next request of the
+    conversation takes these for its leading blocks whose client bytes and forwarded objects
+    are the very ones these were made from (an agent resends its history: a 300-turn
+    conversation's 600 blocks were serialised, hashed and compared again every request)."""
+
+    client_data: list[bytes | Digested]
+    """`ClientPrefix.data`, the objects the rest was made from."""
+    forwarded_objects: list[Any]
+    """Each block's `forwarded` value."""
+    forwarded_data: list[bytes | Digested]
+    """Its serial bytes as forwarded."""
+    forwarded: list[bytes]
+    """Their digests."""
+    changed: list[int]
+    """The blocks forwarded other than the client sent them (digests differ), in order."""
+    sizes: list[int]
+    """`size_of` each forwarded block."""
+
+
 class ClientPrefix:
     """A request's blocks as the client sent them, serialised and hashed once."""
 
@@ -99,9 +119,18 @@ class ClientPrefix:
         taken as serialised and hashed then."""
         self.blocks = list(blocks)
         self.owner = owner
+        self.observed: Observed | None = None
+        """What `SessionTracker.observe` made of these blocks as forwarded (set by it)."""
+        self.before: tuple[Observed, int] | None = None
+        """The `observed` of the request these blocks' client objects were taken from
+        (`reuse`), and where the list's blocks start: observe works only the blocks after
+        those it finds the same (dropped once used: a prefix never holds a chain of earlier
+        requests)."""
         start = stop = len(self.blocks)
         if reuse is not None:
             start, stop = reuse[1], reuse[2]
+            if reuse[0].observed is not None:
+                self.before = (reuse[0].observed, start)
         found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]

@@ -64,7 +64,9 @@ class Resent:
         """Each of `items` (the client's bytes of each) parsed with `loads`, or as kept; never
         an object of `taken` (the items before them in the same list)."""
         out: list[Any] = []
-        used: set[int] | None = {id(v) for v in taken} if taken else None
+        # the ids of the objects already in the list, made at the first kept value found (a
+        # conversation's new items are mostly new bytes: its 600 old ones not gone over)
+        used: set[int] | None = None
         for item in items:
             view = memoryview(item)
             if len(view) < self.min_item:
@@ -78,7 +80,9 @@ class Resent:
             else:
                 # the same bytes twice in one request: two objects, as a whole parse gives
                 # (the kept one stays kept)
-                used = used if used is not None else {id(v) for v in out}
+                if used is None:
+                    used = {id(v) for v in taken}
+                    used.update(map(id, out))
                 if id(value) in used:
                     value = loads(view)
                 elif self.check:

@@ -42,10 +42,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import compress, count, islice
+from operator import is_not
 from typing import Any
 
 import orjson
@@ -61,7 +64,8 @@ from ctxbudget.proxy.cache.blocks import (
     shared_digest,
     size_of,
 )
-from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.prefix import ClientPrefix, Observed
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 
 HEADER = "x-context-budget-session"
 CLIENT_HEADERS = ("x-claude-code-session-id", "session-id")
@@ -305,14 +309,8 @@ class SessionTracker:
         client = prefix.digests
         if len(forwarded_blocks) != len(client):  # no stage adds blocks; be safe if one does
             forwarded_blocks = prefix.blocks
-        forwarded_bytes = [
-            data if b.forwarded is b.client else _data(b.forwarded)
-            for b, data in zip(forwarded_blocks, prefix.data, strict=True)
-        ]
-        forwarded = [
-            digest if b.forwarded is b.client else _hash(data)
-            for b, digest, data in zip(forwarded_blocks, client, forwarded_bytes, strict=True)
-        ]
+        seen = _observed(prefix, forwarded_blocks)
+        forwarded_bytes, forwarded = seen.forwarded_data, seen.forwarded
         memory = memory or {}
         previous = self._get(owner, session)
         state = _Session(
@@ -340,6 +338,9 @@ class SessionTracker:
                 had_memory = i in memory or client[i] in state.memory
                 why = "prune" if i in pruned else "memory" if had_memory else "clamp"
                 bust = f"{prefix.blocks[i].label} {why}"
+        # the blocks forwarded other than sent, and those cached on one side only: found
+        # from `changed` and the two shared counts, not by comparing every block's digests
+        low, high = sorted((shared_client, shared_forwarded))
         moved = tuple(
             Moved(
                 label=prefix.blocks[i].label,
@@ -349,8 +350,7 @@ class SessionTracker:
                 forwarded_cached=i < shared_forwarded,
                 index=i,
             )
-            for i in range(len(client))
-            if client[i] != forwarded[i] or (i < shared_client) != (i < shared_forwarded)
+            for i in sorted({*seen.changed, *range(low, min(high, len(client)))})
         )
         return PrefixChange(
             session=session,
@@ -365,8 +365,73 @@ class SessionTracker:
             and shared_client < len(previous.client) // DIGEST - 1,
             bust=bust,
             moved=moved,
-            sizes=tuple(size_of(d) for d in forwarded_bytes),
+            sizes=tuple(seen.sizes),
         )
+
+
+def _observed(prefix: ClientPrefix, blocks: Sequence[Block]) -> Observed:
+    """`prefix`'s blocks as forwarded (`blocks`): their bytes, digests, sizes and which differ
+    from the client's, taken from the conversation's previous request (`prefix.before`) for
+    the list's leading items made from the very same objects, made for the rest (the few
+    blocks before the list, tools and system, are made again: cheap, and not always the same
+    objects). Kept on `prefix` for the next request."""
+    before, prefix.before = prefix.before, None
+    seen = _made(prefix.data, prefix.digests, blocks, before)
+    if RESENT.check and before is not None:
+        if _made(prefix.data, prefix.digests, blocks, None)[2:] != seen[2:]:
+            raise ChangedInPlace("a session's forwarded blocks differ from last time")
+    prefix.observed = seen
+    return seen
+
+
+def _made(
+    client_data: list[bytes | Digested],
+    digests: list[bytes],
+    blocks: Sequence[Block],
+    before: tuple[Observed, int] | None,
+) -> Observed:
+    """`_observed` of blocks with these client bytes and digests, after `before`."""
+    objects = [b.forwarded for b in blocks]
+    data: list[bytes | Digested] = []
+    forwarded: list[bytes] = []
+    changed: list[int] = []
+    sizes: list[int] = []
+
+    def make(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            b, client = blocks[i], client_data[i]
+            if b.forwarded is b.client:
+                data.append(client)
+                forwarded.append(digests[i])
+            else:
+                found = _data(b.forwarded)
+                data.append(found)
+                forwarded.append(_hash(found))
+                if forwarded[i] != digests[i]:
+                    changed.append(i)
+            sizes.append(size_of(data[i]))
+
+    head = kept = 0
+    if before is not None:
+        old, head = before
+        head = min(head, len(blocks))
+        make(0, head)
+        # the same objects: the same bytes (nothing changes one in place)
+        kept = head + min(
+            _same(client_data, old.client_data, head), _same(objects, old.forwarded_objects, head)
+        )
+        data += old.forwarded_data[head:kept]
+        forwarded += old.forwarded[head:kept]
+        changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
+        sizes += old.sizes[head:kept]
+    make(kept, len(blocks))
+    return Observed(list(client_data), objects, data, forwarded, changed, sizes)
+
+
+def _same(new: list[Any], old: list[Any], start: int) -> int:
+    """How many items of `new` from `start` on are the very objects of `old` (a C scan)."""
+    limit = max(min(len(new), len(old)) - start, 0)
+    return next(compress(count(), islice(map(is_not, new[start:], old[start:]), limit)), limit)
 
 
 def _common(a: bytes, b: bytes) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -141,7 +141,7 @@ class JsonBody:
             found = self._raw[key] = bytes(self._fields[key])
         return found
 
-    def raw_items(self, key: str) -> list[msgspec.Raw] | None:
+    def raw_items(self, key: str) -> Sequence[Any] | None:
         """The items of a top-level list field as the client sent them (each a slice of its
         body), scanned once for every reader (the session stage hashes them, `encode` keeps
         the unchanged ones); None when absent, not a list, or on the fallback path."""
@@ -215,7 +215,7 @@ class JsonBody:
             kept = found[1]
             start = same_prefix(new, last, kept)
             if start:
-                parts = [data[: last_ends[start - 1]]]
+                parts = [memoryview(data)[: last_ends[start - 1]]]  # copied once: by join
                 ends = last_ends[:start]
             where = dict(last_where) if len(last_where) <= 2 * len(old) + 64 else None
         else:
@@ -367,7 +367,7 @@ def _finite(text: str) -> float:
 
 
 def _splice(
-    new: Any, old: Any, raw: bytes | msgspec.Raw, items: list[msgspec.Raw] | None = None
+    new: Any, old: Any, raw: bytes | msgspec.Raw, items: Sequence[Any] | None = None
 ) -> list[Any]:
     """`new` as JSON, in pieces to join (the body is joined once: a 186 KB body's messages
     were copied four times), where `old` is the value parsed from the client's bytes `raw`:

@@ -21,6 +21,7 @@ A state is never changed once its request is read: a later request copies what i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import compress, count, islice
 from operator import is_not
 from typing import Any
@@ -130,6 +131,10 @@ class Conversations:
         self._per_owner = per_owner
         self._last: tuple[bytes, str, Found | None] | None = None
         """The last `find` (the offload check and the parse ask about the same body)."""
+        self._kept: tuple[bytes, str, tuple[Conversation, int] | None] | None = None
+        """The last `_furthest`: the conversation a body repeats the most of, which `find`
+        asks again of the body `new_bytes` asked about (each a compare of up to the whole
+        body)."""
 
     @property
     def weight(self) -> int:
@@ -142,6 +147,7 @@ class Conversations:
         self._weights.clear()
         self._total = 0
         self._last = None
+        self._kept = None
 
     def new_bytes(self, raw: bytes, owner: str = "") -> int:
         """The bytes of `raw` after the first items of a list `owner` sent before, where
@@ -155,12 +161,17 @@ class Conversations:
         its items; None when it repeats none. A subagent's request shares its parent's first
         items and is often the newer: the parent's next turn must resume from the parent's,
         not from that one shared item with all the rest read again (on the event loop, as
-        the offload was decided by `new_bytes`)."""
+        the offload was decided by `new_bytes`). Asked twice of one body (the offload's
+        check, then the parse), it is compared once (`_kept`: a state never changes)."""
+        asked = self._kept
+        if asked is not None and asked[0] is raw and asked[1] == owner:
+            return asked[2]
         best: tuple[Conversation, int] | None = None
         for conversation in self._by_owner.get(owner, ()):
             kept = kept_items(raw, conversation)
             if kept and (best is None or conversation.ends[kept - 1] > best[0].ends[best[1] - 1]):
                 best = (conversation, kept)
+        self._kept = (raw, owner, best)
         return best
 
     def drop(self, raw: bytes) -> None:
@@ -168,6 +179,8 @@ class Conversations:
         which `remember` will not see, so nothing here holds it (up to 30 MB) after."""
         if self._last is not None and self._last[0] is raw:
             self._last = None
+        if self._kept is not None and self._kept[0] is raw:
+            self._kept = None
 
     def structure(self, raw: bytes, owner: str = "") -> int:
         """`structure(raw)`: its `{` and `[`, those of the old items counted once (and the
@@ -189,13 +202,14 @@ class Conversations:
         if last is not None and last[0] is raw and last[1] == owner:
             return last[2]
         furthest = self._furthest(raw, owner)
+        self._kept = None  # found: `remember` or `drop` follows, with this body's answer
         # only the one `new_bytes` named: another would leave more to read than it said
         found = None if furthest is None else extends(raw, *furthest, owner)
         self._last = (raw, owner, found)
         return found
 
     def remember(
-        self, raw: bytes, owner: str, key: str, value: Any, items: list[Any], parsed: list[Any]
+        self, raw: bytes, owner: str, key: str, value: Any, items: Sequence[Any], parsed: list[Any]
     ) -> Conversation | None:
         """Remember `raw`'s list `key` (its raw `value`, `items` and their objects) as one
         `owner` sent, and return its state for the stages to fill; None for a short list (not

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import msgspec
 
@@ -58,7 +58,7 @@ class Found(NamedTuple):
     key: str
     fields: dict[str, Any]
     """The body's top-level fields, as a full scan gives them."""
-    items: list[Any]
+    items: Items
     """The list's items as sent (the old ones from the body they came in)."""
     parsed: list[Any]
     """The old items' objects: the first `len(parsed)` of the list."""
@@ -124,22 +124,72 @@ def extends(raw: bytes, history: Conversation, kept: int, owner: str) -> Found |
         return None  # the full scan says what is wrong
     fields: dict[str, Any] = dict(found_fields)
     fields[history.key] = view[start - 1 : end + len(value) - len(_OPEN)]
-    # the old items as slices of this body (the same bytes where they were in the last)
-    # in C: no bytecode per item (a 300-turn conversation's 600 slices, every request)
-    items: list[Any] = list(map(view.__getitem__, map(slice, history.starts, history.ends[:kept])))
-    items += new
+    items = Items(view, history.starts, history.ends, kept, new)
     return Found(history.key, fields, items, history.parsed[:kept], history, tail)
+
+
+class Items(Sequence[Any]):
+    """A body's list items as the client sent them: the old ones (where they were in the
+    last body, the same bytes) sliced from it when one is asked for, the new ones as
+    scanned. The stages take what they made of the old items from the conversation and
+    hardly read one: slicing them all cost ~0.3 ms a request for a 300-turn conversation's
+    670 items, ~0.4 µs a memoryview."""
+
+    __slots__ = ("_view", "_starts", "_ends", "_kept", "_new")
+
+    def __init__(
+        self, view: memoryview, starts: list[int], ends: list[int], kept: int, new: list[Any]
+    ) -> None:
+        self._view, self._starts, self._ends = view, starts, ends
+        self._kept, self._new = kept, new
+
+    def __len__(self) -> int:
+        return self._kept + len(self._new)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            old = [self[i] for i in range(start, min(stop, self._kept))]
+            return old + self._new[max(start - self._kept, 0) : max(stop - self._kept, 0)]
+        if index < 0:
+            index += len(self)
+        if 0 <= index < self._kept:
+            return self._view[self._starts[index] : self._ends[index]]
+        if index < 0:
+            raise IndexError(index)
+        return self._new[index - self._kept]
 
 
 def kept_items(raw: bytes, history: Conversation) -> int:
     """How many of `history`'s first items `raw` has, the same bytes from its start, each
-    followed by `,` or `]` (all, all but the last, or found by halving)."""
+    followed by `,` or `]` (all, all but the last, or found by halving).
+
+    Each comparison starts where the bytes are known to be the same (and none is made past
+    where they are known to differ): the body is compared about once, not once a try (a
+    Messages body whose marker moved, ~1 MB at turn 300, was compared ~12 times over)."""
     old = memoryview(history.raw)
     ends = history.ends
+    same, differs = 0, len(old) + 1  # the bytes up to `same` are equal; up to `differs` not
 
     def has(n: int) -> bool:
+        nonlocal same, differs
         end = ends[n - 1]
-        return raw.startswith(old[:end]) and raw[end : end + 1] in (b",", b"]")
+        if end >= differs:
+            return False
+        if end > same:
+            if not raw.startswith(old[same:end], same):
+                differs = end
+                return False
+            same = end
+        return raw[end : end + 1] in (b",", b"]")
 
     n = len(ends)
     if has(n):

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from ctxbudget.caps import question
-from ctxbudget.proxy.cache import prefix
+from ctxbudget.proxy.cache import prefix, sessions
 from ctxbudget.proxy.cache.resent import RESENT
-from ctxbudget.proxy.wire import body, chat, messages
+from ctxbudget.proxy.wire import body, chat, history, messages
 from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.conversations import Conversations
 from tests.fakes import FakeUpstream, chat_completion
@@ -141,6 +141,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
     found.count(prefix, "_client_serial")  # a client block serialised and hashed
     found.count(question, "user_texts")  # a user message read for the clamps' question
     found.count(body, "_dumps")  # a changed item written as JSON (the list written back)
+    found.count(sessions, "size_of")  # a block compared with the session's last request
+    found.count(history.Items, "__getitem__")  # an item's bytes (or a slice of them) taken
     found.check(chat, "_check_texts")
     found.check(messages, "_check_messages")
     yield found
@@ -169,6 +171,10 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.calls.get("user_texts", 0) <= 4, counted.calls
     # and the changed fields' names, Messages' `system` (written whole: two blocks)
     assert counted.calls.get("_dumps", 0) <= 12, counted.calls
+    # the session's comparison: the new items and the blocks before the list (tools, system)
+    assert counted.calls.get("size_of", 0) <= 8, counted.calls
+    # the list's items as sent: the new ones read, the old ones not sliced from the body
+    assert counted.calls.get("__getitem__", 0) <= 12, counted.calls
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(
@@ -291,3 +297,31 @@ def test_a_config_reload_between_turns_forwards_what_a_fresh_app_would(
     with proxy_app(tmp_path / "b", looser) as (client, fake):
         _send(client, fake, wire, bodies[-1])
         assert sent == fake.last.body
+
+
+class _Compared(bytes):
+    """A body that counts the bytes compared with it (`startswith`)."""
+
+    compared = 0
+
+    def startswith(self, prefix: Any, *rest: Any) -> bool:  # type: ignore[override]
+        if not isinstance(prefix, tuple):
+            _Compared.compared += len(prefix)
+        return super().startswith(prefix, *rest)
+
+
+def test_a_body_is_compared_with_its_conversation_a_few_times_not_once_a_try() -> None:
+    """OpenClaw's Messages body moves its marker off the last request's newest result, so
+    its last items differ: finding how many of the old items it kept compares at most three
+    body lengths of bytes (the whole try, all but the last, then the halving from where the
+    bytes are known the same), once a request (it compared ~18 lengths: from the start on
+    every try, and again in the parse after the offload's check)."""
+    kept = Conversations()
+    bodies = BUILDERS["messages"][1](119)  # a tool turn: the user asks again on the next
+    _read(kept, bodies[-2], "default")
+    raw = _Compared(bodies[-1])
+    _Compared.compared = 0
+    kept.new_bytes(raw, "default")  # the offload's check, then the parse: the same body
+    found = kept.find(raw, "default")
+    assert found is not None and len(found.parsed) >= len(json.loads(raw)["messages"]) - 4
+    assert _Compared.compared <= 3 * len(raw), _Compared.compared / len(raw)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxbudget.caps import prune, question
 from ctxbudget.caps._text import utf16_len
-from ctxbudget.caps.toolresults import _Call, _clamp_message_at, _message_calls
+from ctxbudget.caps.toolresults import _Call, _clamp_message_at, _message_calls, message_key
 from ctxbudget.caps.types import Caps, PrunePolicy, Segment, ToolNames, evolve
 
 if TYPE_CHECKING:
@@ -240,18 +240,9 @@ def _tool(
 ) -> Any:
     """One tool message through `toolresults`' clamp, as `clamp_tool_results` does it."""
     call_id = message.get("tool_call_id")
-    call = calls.get(call_id) if isinstance(call_id, str) else None
-    if call is None and isinstance(call_id, str):
+    if isinstance(call_id, str) and call_id not in calls:
         unanswered.add(call_id)
-    name, args, asked, arguments = call if call is not None else (None, {}, None, None)
-    url = args.get("url") if isinstance(args, dict) else None
-    key = (
-        name,
-        call_id if isinstance(call_id, str) else None,
-        url if isinstance(url, str) else None,
-        asked,
-        arguments,
-    )
+    key = message_key(message, calls)
     new, found = _clamp_message_at(memo, message, key, caps, tools, index)
     state.tool_segments.extend(found)
     return new

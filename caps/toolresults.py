@@ -46,17 +46,7 @@ def clamp_tool_results(
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") != "tool":
             continue
-        call_id = message.get("tool_call_id")
-        call = calls.get(call_id) if isinstance(call_id, str) else None
-        name, args, asked, arguments = call if call is not None else (None, {}, None, None)
-        url = args.get("url") if isinstance(args, dict) else None
-        key = (
-            name,
-            call_id if isinstance(call_id, str) else None,
-            url if isinstance(url, str) else None,
-            asked,
-            arguments,
-        )
+        key = message_key(message, calls)
         new_message, found = _clamp_message_at(memo, message, key, caps, tools, index)
         segments.extend(found)
         if new_message is not message:
@@ -101,6 +91,21 @@ _Key = tuple[str | None, str | None, str | None, tuple[str, ...] | None, str | N
 arguments as sent): what a result's clamp depends on besides its text. The last two make the
 question of the `query` strategy (`caps.question`): bytes that precede the result, so the
 same every turn."""
+
+
+def message_key(message: Message, calls: dict[str, _Call]) -> _Key:
+    """A tool message's `_Key`, from the calls seen before it (`_calls`)."""
+    call_id = message.get("tool_call_id")
+    call = calls.get(call_id) if isinstance(call_id, str) else None
+    name, args, asked, arguments = call if call is not None else (None, {}, None, None)
+    url = args.get("url") if isinstance(args, dict) else None
+    return (
+        name,
+        call_id if isinstance(call_id, str) else None,
+        url if isinstance(url, str) else None,
+        asked,
+        arguments,
+    )
 
 
 def _clamp_one(

@@ -35,7 +35,7 @@ def _grow_chat(body: dict[str, Any], turn: int, size: int = RESULT) -> dict[str,
     call = f"call{turn}"
     messages = [
         *history,
-        tool_call(call, "read", {"path": f"/work/src/module_{turn}.py"}),
+        tool_call(call, "read", {"path": f"/home/agent/src/module_{turn}.py"}),
         {"role": "tool", "tool_call_id": call, "content": _result(turn, size)},
         context,
     ]

@@ -58,7 +58,8 @@ KEEP_REQUESTS = 2000
 KEEP_CONVERSATIONS = 20_000
 """Session rows and holdout conversation rows (`arms`) kept per owner, the newest; older ones
 are pruned (a key that names a new session on every request grew both without end, within
-`keepDays`). A conversation pruned and seen again draws the same arm (`arms.draw`)."""
+`keepDays`); arms by when they were drawn. A conversation pruned and seen again draws the same
+arm (`arms.draw`)."""
 RETRY_SECONDS = 1.0
 """While the database does not answer, the records kept are tried again this often."""
 PENDING_BYTES = 64 * 1024 * 1024
@@ -66,8 +67,6 @@ PENDING_BYTES = 64 * 1024 * 1024
 request with 20 clamped tool results, so ~12,000 such requests); past it the oldest are
 dropped and counted as lost."""
 KEEP_DAYS = 90.0
-_ARM_SEEN = "(CASE WHEN last > drawn THEN last ELSE drawn END)"
-"""When an arm's conversation was last seen: drawn, or its newest request recorded."""
 """Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
 _SUMS = (
     "seen, clamped, would_clamp, chars_before, chars_after, saved_chars, saved_tokens,"
@@ -847,7 +846,8 @@ class ReportStore:
                 " WHERE owner = ? ORDER BY ts DESC LIMIT 1 OFFSET ?)",
                 (owner, owner, self._keep),
             )
-            for table, seen in (("sessions", "last"), ("arms", _ARM_SEEN)):
+            # each by its index (`sessions_last`, `arms_drawn`): this runs every 200 writes
+            for table, seen in (("sessions", "last"), ("arms", "drawn")):
                 conn.execute(
                     f"DELETE FROM {table} WHERE owner = ? AND {seen} < (SELECT {seen} FROM"
                     f" {table} WHERE owner = ? ORDER BY {seen} DESC LIMIT 1 OFFSET ?)",

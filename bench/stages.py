@@ -150,6 +150,8 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.user_turn"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._prepare"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._change"),
+    ("ctxbudget.proxy.pipeline.holdout", "HoldoutStage.draw"),
+    ("ctxbudget.proxy.wire.types", "InProcessRequest.client_prefix"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._clamp"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.blocks"),
     ("ctxbudget.proxy.cache.prefix", "ClientPrefix.__init__"),
@@ -158,11 +160,14 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._recall"),
     ("ctxbudget.proxy.pipeline.recall", "RecallStage.inject"),
     ("ctxbudget.proxy.cache.sessions", "SessionTracker.observe"),
-    ("ctxbudget.proxy.wire.types", "InProcessRequest.saved_tokens"),
+    ("ctxbudget.proxy.cache.mirrors", "Mirrors.observe"),
+    ("ctxbudget.proxy.pipeline.work", "Here.saved_tokens"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._send"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.encode"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletions.upstream_headers"),
+    ("ctxbudget.proxy.pipeline.stages", "Pipeline._forward"),
     ("ctxbudget.proxy.pipeline.relay", "read_whole"),
+    ("ctxbudget.proxy.pipeline.relay", "Recorder.finish_priced"),
 )
 """What --functions times (module, attribute path), in the order of a request."""
 

@@ -1,0 +1,132 @@
+"""Where a growing conversation's cost goes: the pipeline's own CPU per request around turn
+30 and turn 300, split by where it is spent.
+
+One OpenClaw conversation (`bench/_growing.py`) is grown to 310 requests in one process, each
+request sent to ctxbudget and then to the floor (`bench/stages.py`'s bare relay), and for the
+requests of two windows (turns 20–40 and 285–305) prints the medians of:
+
+- ours, the floor, and the difference (the pipeline's own CPU; the writer thread included);
+- the report's writer thread CPU, and garbage collection (wall time of the collections that
+  ran during our request, mean);
+- each stage function's CPU (`bench/stages.py`'s `STAGE_FUNCTIONS`, children included, so
+  nested ones are counted in their callers too).
+
+A function whose cost grows from the first window to the second is one that still works the
+whole history each turn (issue 34: turn 300 within 1.3× of turn 30). The wrapping costs ~1 µs
+a call; `bench/stages.py --grow` measures without it.
+
+    .venv/bin/python bench/growth.py chat        # ~40 s
+    .venv/bin/python bench/growth.py messages
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import bench.stages as stages  # noqa: E402
+
+WINDOWS = ((20, 40), (285, 305))
+
+
+class Collections:
+    """Wall time spent in the garbage collector (`gc.callbacks`), in ns."""
+
+    def __init__(self) -> None:
+        self.spent = 0
+        self._started = 0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self.spent += time.perf_counter_ns() - self._started
+
+
+async def grow(fmt: str, turns: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
+    config = {
+        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
+        "memory": {"store": {"path": str(tmp / "memory.db")}},
+        "report": {"path": str(tmp / "report.db")},
+    }
+    (tmp / "ctxbudget.json").write_text(json.dumps(config))
+    ours_up, floor_up = stages.FakeUpstream(), stages.FakeUpstream()
+    app = stages.create_app(
+        stages.ConfigSource(tmp / "ctxbudget.json", {}, {}), upstream=ours_up, env={}, run="bench"
+    )
+    floor = stages.floor_app(floor_up)
+    spent: dict[str, int] = {}
+    stages.time_functions(spent)
+    collections = Collections()
+    route, build = stages.BUILDERS[fmt]
+    base = "http://127.0.0.1"
+    async with app.router.lifespan_context(app):
+        for encoding in ("o200k_base", "cl100k_base"):  # loaded once a process (~0.6 s)
+            app.state.proxy.tokens.count("warm", encoding)
+        async with (
+            stages.httpx.AsyncClient(
+                transport=stages.httpx.ASGITransport(app=app), base_url=base
+            ) as ours,
+            stages.httpx.AsyncClient(
+                transport=stages.httpx.ASGITransport(app=floor), base_url=base
+            ) as bare,
+        ):
+            seen: dict[str, list[float]] = {}
+            for turn, body in enumerate(build(turns), 1):
+                window = next((w for w in WINDOWS if w[0] <= turn <= w[1]), None)
+                reply = stages.sized_reply(route, len(body))
+                if window is not None and turn == window[0]:
+                    seen = {"ours": [], "floor": [], "writer": [], "gc": []}
+                    spent.update(dict.fromkeys(spent, 0))
+                writer, collected = stages.writer_cpu(), collections.spent
+                start = time.process_time()
+                await stages.post_one(ours, ours_up, route, body, reply)
+                stages.flush(app)
+                middle = time.process_time()
+                gc_ns = collections.spent - collected
+                await stages.post_one(bare, floor_up, route, body, reply)
+                if window is None:
+                    continue
+                seen["ours"].append(middle - start)
+                seen["floor"].append(time.process_time() - middle)
+                seen["writer"].append(stages.writer_cpu() - writer)
+                seen["gc"].append(gc_ns / 1e9)
+                if turn == window[1]:
+                    show(window, len(body), seen, spent)
+
+
+def show(window: tuple[int, int], size: int, seen: dict[str, list[float]], spent: dict) -> None:
+    n = window[1] - window[0] + 1
+    mid = {k: statistics.median(v) * 1e3 for k, v in seen.items()}
+    print(
+        f"turns {window[0]}–{window[1]} ({size // 1000} KB): own {mid['ours'] - mid['floor']:.3f} "
+        f"ms (ours {mid['ours']:.3f}, floor {mid['floor']:.3f}); writer thread "
+        f"{mid['writer']:.3f}; GC {statistics.mean(seen['gc']) * 1e3:.3f} (mean)"
+    )
+    for path, ns in spent.items():
+        print(f"  {ns / n / 1e6:7.3f} ms  {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("format", choices=sorted(stages.BUILDERS))
+    parser.add_argument("--turns", type=int, default=310)
+    args = parser.parse_args()
+    asyncio.run(grow(args.format, args.turns))
+
+
+if __name__ == "__main__":
+    main()

@@ -168,6 +168,15 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._forward"),
     ("ctxbudget.proxy.pipeline.relay", "read_whole"),
     ("ctxbudget.proxy.pipeline.relay", "Recorder.finish_priced"),
+    ("ctxbudget.proxy.pipeline.headers", "budget_headers"),
+    ("ctxbudget.proxy.pipeline.headers", "money_headers"),
+    # the report's writer thread (its CPU is the writer's, not the request path's)
+    ("ctxbudget.proxy.report.store", "ReportStore._take"),
+    ("ctxbudget.proxy.report.record", "entry_and_text"),
+    ("ctxbudget.proxy.report.metrics", "Metrics.record"),
+    ("ctxbudget.proxy.report.store", "ReportStore._store"),
+    ("ctxbudget.proxy.report.store", "ReportStore._add_totals"),
+    ("ctxbudget.proxy.report.store", "ReportStore._add_sessions"),
 )
 """What --functions times (module, attribute path), in the order of a request."""
 

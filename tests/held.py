@@ -4,7 +4,7 @@ gone, measured with tracemalloc, against the bound `proxy/cache/registry.py` doc
     with held() as kept:
         for i in range(100):
             clamp(a_new_1_mb_text(i))  # each result dropped at once
-    assert kept.bytes <= bound_of("proxy/report/record.py:_SEGMENTS") + SLACK
+    assert kept.bytes <= bound_of("caps/memo.py:bodies") + SLACK
 
 A test that reads a cache's private weight checks the cache's own arithmetic; this checks what
 an operator relies on, the process's memory, and survives the cache being rebuilt.

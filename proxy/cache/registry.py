@@ -106,7 +106,8 @@ CACHES: tuple[Cache, ...] = (
             "a conversation's last request (its body, weighed with 400 bytes an item; 4 an"
             " owner; past the bound the owner holding the most gives way): its items' offsets"
             " and objects, and what each stage decided for them (the clamp's `ClampState`, the"
-            " client blocks' serials and digests, the checks passed); used only for a body"
+            " client blocks' serials and digests, the checks passed, the report's tally of"
+            " its segments: 512 bytes a segment); used only for a body"
             " with the same bytes up to those items, of the same owner; cleared when the app"
             " closes"
         ),
@@ -261,12 +262,6 @@ CACHES: tuple[Cache, ...] = (
         key="owner (one per owner), a digest of the conversation and call id",
         bound="10,000 results an owner",
         invariant="a result asked for once is never asked again, whatever came of it",
-    ),
-    Cache(
-        where="proxy/report/record.py:_SEGMENTS",
-        key="the segment object, tokens, price",
-        bound="8 MB",
-        invariant=f"its report entry; {_ID} (segments come from the per-owner clamp caches)",
     ),
     Cache(
         where="proxy/report/prices.py:_model_map",

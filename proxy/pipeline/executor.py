@@ -57,7 +57,7 @@ class Executor:
         conversations = self.conversations
         if not self.offload.takes(raw, owner, conversations):
             body = wire.parse(raw, owner=owner, conversations=conversations)
-            return Here(body), body.user_turn()
+            return Here(body, conversations), body.user_turn()
         # it may wait behind other large bodies: a client that gives up meanwhile costs no
         # job (a job not yet started is dropped with the cancelled wait)
         early = DisconnectWatch(request)

@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from ctxbudget.caps import Segment
 from ctxbudget.memory.budget import TIERS, Complexity
 from ctxbudget.memory.profiles import REQUESTED_PROFILES, RequestedProfile
 from ctxbudget.proxy.errors import BadRequest
 from ctxbudget.proxy.report.record import usd
+from ctxbudget.proxy.report.tally import Tally
 
 PREFIX = "x-context-budget"
 _ON = ("on", "true", "1")
@@ -85,42 +85,38 @@ def choice(headers: Mapping[str, str], name: str, allowed: Sequence[_T]) -> _T |
 def budget_headers(
     request_id: str,
     enabled: bool,
-    segments: Sequence[Segment],
+    tally: Tally,
     clamp_error: str | None,
     *,
     recorded: bool = True,
 ) -> dict[str, str]:
-    """The headers every proxied answer carries (`-report` when the report keeps it)."""
-    clamped = [s for s in segments if s.action == "clamped"]
-    would = [s for s in segments if s.action == "would-clamp"]
+    """The headers every proxied answer carries (`-report` when the report keeps it), from
+    the request's segments' sums (`proxy/report/tally.py`: carried, not summed again)."""
+    clamped, saved_chars, _ = tally.acted("clamped")
     headers = {
         f"{PREFIX}-request-id": request_id,
         f"{PREFIX}-enabled": "true" if enabled else "false",
-        f"{PREFIX}-clamped": str(len(clamped)),
-        f"{PREFIX}-saved-chars": str(sum(s.saved for s in clamped)),
+        f"{PREFIX}-clamped": str(clamped),
+        f"{PREFIX}-saved-chars": str(saved_chars),
         f"{PREFIX}-memories": "0",
     }
     if recorded:
         headers[f"{PREFIX}-report"] = f"/context/budget/requests/{request_id}"
     if not enabled:
-        headers[f"{PREFIX}-would-clamp"] = str(len(would))
-        headers[f"{PREFIX}-would-save-chars"] = str(sum(s.saved for s in would))
+        would, would_chars, _ = tally.acted("would-clamp")
+        headers[f"{PREFIX}-would-clamp"] = str(would)
+        headers[f"{PREFIX}-would-save-chars"] = str(would_chars)
     if clamp_error:
         headers[f"{PREFIX}-clamp-error"] = "forwarded-untouched"
     return headers
 
 
 def money_headers(
-    headers: dict[str, str],
-    enabled: bool,
-    segments: Sequence[Segment],
-    tokens: Sequence[int],
-    price: float | None,
+    headers: dict[str, str], enabled: bool, tally: Tally, price: float | None
 ) -> None:
     """Tokens removed (or that would be), and their value at the model's input price when it
     has one: gross, before cache effects (`-gross-saved-usd`, `-gross-would-save-usd`)."""
-    action = "clamped" if enabled else "would-clamp"
-    saved = sum(n for s, n in zip(segments, tokens, strict=True) if s.action == action)
+    saved = tally.acted("clamped" if enabled else "would-clamp")[2]
     name = "saved" if enabled else "would-save"
     headers[f"{PREFIX}-{name}-tokens"] = str(saved)
     money = usd(saved, price)

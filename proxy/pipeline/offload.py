@@ -45,8 +45,9 @@ from ctxbudget.proxy.pipeline import jobs
 from ctxbudget.proxy.pipeline.jobs import Change, CountJob, FinishJob, Prepared, PrepareJob
 from ctxbudget.proxy.pipeline.work import Here, Work
 from ctxbudget.proxy.pipeline.worker import OffloadError, RemoteTraceback, Worker, ask
+from ctxbudget.proxy.report.tally import Tally, tally
 from ctxbudget.proxy.tokens import TokenCounter
-from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.conversations import Conversation, Conversations
 from ctxbudget.proxy.wire.scan import TAILS
 from ctxbudget.proxy.wire.types import WireFormat, WireRequest
 
@@ -211,15 +212,28 @@ class OffloadedRequest:
         self._encoded = None
         self._blocks = [Block(b.label, b.client, b.client) for b in self._blocks]
 
-    def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
-    ) -> tuple[int, ...]:
-        """Counted in the worker beside the clamp; a result pruned since (its text is in the
-        worker) at four chars a token."""
+    def tally(
+        self,
+        segments: Sequence[Segment],
+        tokens: TokenCounter,
+        encoding: str,
+        *,
+        owner: str,
+        price: float | None,
+        enabled: bool,
+    ) -> Tally:
+        """Its tokens counted in the worker beside the clamp; a result pruned since (its text
+        is in the worker) at four chars a token. Made whole: the worker keeps the
+        conversation (a large body is rare)."""
         counted = {
             _key(s): n for s, n in zip(self.found.segments, self.found.segment_tokens, strict=True)
         }
-        return tuple(counted.get(_key(s), max(0, s.saved) // 4) for s in segments)
+
+        def saved(s: Segment) -> int:
+            return counted.get(_key(s), max(0, s.saved) // 4)
+
+        key = (encoding, owner, price, enabled)
+        return tally(segments, key=key, enabled=enabled, price=price, saved_tokens=saved)
 
     def memory_added(self, before: Sequence[Block]) -> dict[int, str]:
         return self._added
@@ -238,6 +252,9 @@ class OffloadedRequest:
     def blocks(self) -> list[Block]:
         """The blocks as `Digested`; a change not yet settled does not show in them."""
         return list(self._blocks)
+
+    def states(self) -> tuple[Conversation | None, Conversation | None]:
+        return None, None  # the worker keeps its conversations: its segments come counted
 
     def client_prefix(self, owner: str) -> ClientPrefix:
         return ClientPrefix(self.blocks(), owner)  # digested in the worker: nothing to reuse

@@ -229,11 +229,16 @@ def summary_line(r: RequestRecord) -> str:
     """One log line per request: id, format, model, status, clamps, saved chars, time — never
     content. The model name is the client's: control characters are escaped."""
     model = _plain(r.model or "-")[:100]
-    acted = [s for s in r.segments if s.action in ("clamped", "would-clamp")]
+    if r.tally is not None:  # its sums, carried: no walk over the segments
+        clamped, would = r.tally.acted("clamped"), r.tally.acted("would-clamp")
+        acted, chars = clamped[0] + would[0], clamped[1] + would[1]
+    else:
+        found = [s for s in r.segments if s.action in ("clamped", "would-clamp")]
+        acted, chars = len(found), sum(s.saved for s in found)
     verb = "saved" if r.enabled else "would save"
     return (
-        f"{r.id} {r.wire} {model} {r.status} {len(acted)} "
-        f"{'clamped' if r.enabled else 'would clamp'}, {verb} {sum(s.saved for s in acted)} "
+        f"{r.id} {r.wire} {model} {r.status} {acted} "
+        f"{'clamped' if r.enabled else 'would clamp'}, {verb} {chars} "
         f"chars, {r.duration_ms:.0f} ms"
         + (f" ({_plain(r.upstream_error)[:200]})" if r.upstream_error else "")
     )

@@ -66,6 +66,7 @@ from ctxbudget.proxy.pipeline.work import Work
 from ctxbudget.proxy.report import RequestRecord
 from ctxbudget.proxy.report.prices import input_price, prices
 from ctxbudget.proxy.report.render import TEXT_SECTIONS, render_summary, render_text
+from ctxbudget.proxy.report.tally import EMPTY
 from ctxbudget.proxy.report.usage import UsageChunkDropper, UsageReader
 from ctxbudget.proxy.routes.report import Reporting
 from ctxbudget.proxy.state import ProxyState
@@ -212,13 +213,22 @@ class Pipeline:
         model = call.route.model if call.route else call.body.model
         encoding = call.settings.encoding_for(call.body.model)
         price = input_price(model)
-        # ~0.1 ms per 1,000 chars the first time a text is seen, a cache hit on every later
-        # turn that resends it (a large body's were counted in the offload process)
-        saved = call.work.saved_tokens(segments, self.state.tokens, encoding, owner=call.owner)
-        headers = budget_headers(
-            call.id, call.options.enabled, segments, clamp_error, recorded=call.wire.generates
+        # each segment counted (~0.1 ms per 1,000 chars) and described once, when first seen;
+        # the ones the conversation's last request had are carried (a large body's were
+        # counted in the offload process)
+        tally = call.work.tally(
+            segments,
+            self.state.tokens,
+            encoding,
+            owner=call.owner,
+            price=price,
+            enabled=call.options.enabled,
         )
-        money_headers(headers, call.options.enabled, segments, saved, price)
+        segments = tally.segments
+        headers = budget_headers(
+            call.id, call.options.enabled, tally, clamp_error, recorded=call.wire.generates
+        )
+        money_headers(headers, call.options.enabled, tally, price)
         recall.headers(headers)
         if pruned is not None and pruned.skipped is not None:
             headers[f"{PREFIX}-pruning-skipped"] = "database-unavailable"
@@ -239,7 +249,8 @@ class Pipeline:
             route=call.route.model if call.route else call.wire.provider,
             wire=call.wire.name,
             clamp_error=clamp_error,
-            segment_tokens=saved,
+            segment_tokens=tally.tokens,
+            tally=tally,
             input_price=price,
             marks=call.marks,
             worker=os.getpid(),
@@ -310,7 +321,8 @@ class Pipeline:
         return segments + pruned.segments, clamp_error, recall, pruned
 
     def _clamp(self, call: Call) -> tuple[tuple[Segment, ...], str | None]:
-        """Segments found (clamped, kept, or would-clamp with the budget off) and any error.
+        """Segments found and any error (with the budget off, `clamped` ones are what would
+        be: the tally reports them `would-clamp`, `Work.tally`).
 
         A clamp that raises forwards the request untouched (fail-open), unless
         `failClosed` is set and the budget is on.
@@ -336,8 +348,6 @@ class Pipeline:
                     f"nothing was sent upstream: {message}"
                 ) from exc
             return (), message
-        if not enabled:
-            found = [_would(s) for s in found]
         return tuple(found), None
 
     async def _recall_only(self, call: Call) -> RecallOutcome:
@@ -495,7 +505,7 @@ class Pipeline:
             )
         else:
             text = render_text(report, section) if mode == "full" else render_summary(report)
-        headers = budget_headers(call.id, call.settings.enabled, (), None, recorded=False)
+        headers = budget_headers(call.id, call.settings.enabled, EMPTY, None, recorded=False)
         headers[f"{PREFIX}-command"] = "context-budget"
         reply = call.wire.command_reply(text, call.body, request_id=call.id)
         if isinstance(reply.body, bytes):
@@ -603,7 +613,3 @@ def _query(request: Request) -> str:
     """`request.url.query` without building the URL (a fragment is not part of it)."""
     raw: bytes = request.scope.get("query_string", b"")
     return raw.decode(errors="replace").partition("#")[0]
-
-
-def _would(segment: Segment) -> Segment:
-    return evolve(segment, action="would-clamp") if segment.action == "clamped" else segment

@@ -19,9 +19,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ctxbudget.caps import Caps, Memo, Segment, ToolNames, prune_request, remembering
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.sessions import PrefixChange, memory_added
+from ctxbudget.proxy.report.tally import TALLY_BYTES_A_SEGMENT, Tally, check, tally
 from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import WireRequest
 
 
@@ -39,11 +43,20 @@ class Work(Protocol):
         it was parsed, in the offload process; one parsed here is not clamped yet)."""
         ...
 
-    def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
-    ) -> tuple[int, ...]:
-        """Tokens each of `segments` (what `clamp` returned) saved, in `encoding`, counted
-        for `owner` (`TokenCounter`)."""
+    def tally(
+        self,
+        segments: Sequence[Segment],
+        tokens: TokenCounter,
+        encoding: str,
+        *,
+        owner: str,
+        price: float | None,
+        enabled: bool,
+    ) -> Tally:
+        """What `segments` (the stages' segments; `clamped` ones are reported `would-clamp`
+        when not `enabled`) add up to for the headers and the report: the tokens each saved
+        in `encoding`, counted for `owner` (`TokenCounter`), their entries at `price` and
+        their sums (`proxy/report/tally.py`)."""
         ...
 
     async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
@@ -88,16 +101,45 @@ class Work(Protocol):
 class Here:
     """The work of a request parsed in this process: each call is immediate."""
 
-    def __init__(self, body: WireRequest) -> None:
+    def __init__(self, body: WireRequest, conversations: Conversations | None = None) -> None:
         self.body = body
+        self._conversations = conversations
+        """The app's (`ProxyState.conversations`): the tally is weighed toward their bound."""
 
     def as_sent(self) -> None:
         return None  # clamped later, by `clamp` with `apply=False`
 
-    def saved_tokens(
-        self, segments: Sequence[Segment], tokens: TokenCounter, encoding: str, *, owner: str
-    ) -> tuple[int, ...]:
-        return tuple(tokens.saved(s, encoding, owner=owner) for s in segments)
+    def tally(
+        self,
+        segments: Sequence[Segment],
+        tokens: TokenCounter,
+        encoding: str,
+        *,
+        owner: str,
+        price: float | None,
+        enabled: bool,
+    ) -> Tally:
+        """Carried from the tally of the conversation's last request: only the segments
+        after those it repeats are counted, described and summed (a hit in the token
+        counter's cache was ~0.3 µs a segment, its entry as much again, every turn)."""
+        last, own = self.body.states()
+        previous = last.tally if last is not None else None
+
+        def saved(s: Segment) -> int:
+            return tokens.saved(s, encoding, owner=owner)
+
+        key = (encoding, owner, price, enabled)
+        made = tally(
+            segments, key=key, enabled=enabled, price=price, saved_tokens=saved, previous=previous
+        )
+        if RESENT.check and previous is not None:  # what was carried is what a whole one says
+            whole = tally(segments, key=key, enabled=enabled, price=price, saved_tokens=saved)
+            if not check(made, whole):
+                raise ChangedInPlace("a conversation's report tally differs from one made whole")
+        if own is not None and self._conversations is not None:
+            own.tally = made
+            self._conversations.grew(owner, own, TALLY_BYTES_A_SEGMENT * len(made))
+        return made
 
     async def prune(self, caps: Caps, tools: ToolNames, memo: Memo | None = None) -> list[Segment]:
         clamp = prune_request if memo is None else remembering(prune_request, memo)

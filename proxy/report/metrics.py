@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from ctxbudget.caps import SEGMENT_KINDS
 from ctxbudget.memory.profiles import RetrievalProfileName
+from ctxbudget.proxy.report.tally import COUNT, SAVED, TOKENS, USD
 
 if TYPE_CHECKING:
     from ctxbudget.proxy.report.record import RequestRecord
@@ -203,26 +204,22 @@ class Metrics:
                     counter.labels(kind, action)
 
     def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
-        """Count one finished request; `body` is its report entry (on the writer thread).
-        The counters move when the batch is done (`batch_done`)."""
+        """Count one finished request; `body` is its report entry (on the writer thread), and
+        its segments' sums are its tally's (`r.tally`, which the store makes when the
+        request path did not). The counters move when the batch is done (`batch_done`)."""
         pending = self._pending
         wire = r.wire if r.wire in FORMATS else "other"
         model = self._model(r.model)
         key: Any = (self.requests, (model, wire, f"{r.status // 100}xx"))
         pending[key] = pending.get(key, 0) + 1
         action = "clamped" if r.enabled else "would-clamp"
-        by_kind: dict[str, list[int]] = {}  # kind: segments, chars, tokens, usd
-        for s in body["segments"]:
-            if s["action"] == action and s["kind"] in SEGMENT_KINDS:
-                sums = by_kind.get(s["kind"])
-                if sums is None:
-                    sums = by_kind[s["kind"]] = [0, 0, 0, 0]
-                sums[0] += 1
-                sums[1] += s["saved"]
-                sums[2] += s["savedTokens"]
-                sums[3] += s["savedUsd"] or 0
         priced = r.input_price is not None
-        for kind, (count, chars, tokens, usd) in by_kind.items():
+        # each kind's sums, carried from the conversation's last request (`Tally`)
+        by_kind = r.tally.by_kind(action) if r.tally is not None else {}
+        for kind, sums in by_kind.items():
+            if kind not in SEGMENT_KINDS:
+                continue
+            count, chars, tokens, usd = sums[COUNT], sums[SAVED], sums[TOKENS], sums[USD]
             labels = (kind, action)
             for metric, amount in (
                 (self.segments, count),

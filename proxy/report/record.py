@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import orjson
 
 from ctxbudget.caps import Segment
-from ctxbudget.caps._kept import ByIdentity
 from ctxbudget.proxy.cache.blocks import block_tokens, held
 from ctxbudget.proxy.cache.mirror import Predicted, TokenClass
 from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
@@ -25,8 +24,9 @@ from ctxbudget.proxy.cache.sessions import PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices
+from ctxbudget.proxy.report.tally import Tally, tally
 from ctxbudget.proxy.report.usage import Usage
-from ctxbudget.proxy.tokens import TokenCounter, segment_size
+from ctxbudget.proxy.tokens import TokenCounter
 
 _T = TypeVar("_T")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -108,6 +108,11 @@ class RequestRecord:
     billed: dict[str, Any] | None = None
     """`billing(self)`, when the request path already priced it (a JSON answer, for its
     `x-context-budget-saved-usd` header); None: the writer prices it."""
+
+    tally: Tally | None = None
+    """What `segments` add up to, each one's entry made (`proxy/report/tally.py`): carried
+    from the conversation's last request by the pipeline; None: the writer makes it whole
+    (`tally_of`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,36 +197,47 @@ def usd(tokens: int, price: float | None) -> float | None:
 
 def report_entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     """The report's JSON entry for `r` (counting saved tokens the request path did not), its
-    client strings `storable`."""
-    return entry_and_text(r, tokens)[0]
+    client strings `storable`, as `/context/budget/requests/{id}` reads it back."""
+    result: dict[str, Any] = loads_entry(entry_and_text(r, tokens)[1])
+    return result
+
+
+def tally_of(r: RequestRecord, tokens: TokenCounter) -> Tally:
+    """`r.tally`, or made whole from `r.segments` (as reported) and the tokens the request
+    path counted (`segment_tokens`), the rest counted here."""
+    if r.tally is not None:
+        return r.tally
+    counted = r.segment_tokens
+    index = {id(s): i for i, s in enumerate(r.segments)}
+
+    def saved(s: Segment) -> int:
+        i = index[id(s)]
+        return counted[i] if i < len(counted) else tokens.saved(s, r.encoding, owner=r.owner)
+
+    key = (r.encoding, r.owner, r.input_price, True)
+    return tally(r.segments, key=key, enabled=True, price=r.input_price, saved_tokens=saved)
 
 
 def entry_and_text(r: RequestRecord, tokens: TokenCounter) -> tuple[dict[str, Any], str]:
-    """`report_entry(r)` and its text (`dumps_entry`), serialised once: the text is what
-    tells whether anything needs `storable`."""
-    body = _entry(r, tokens)
+    """The report's entry for `r` and its text (`dumps_entry`), serialised once: the text is
+    what tells whether anything needs `storable`. The entry's `segments` is their JSON as
+    the tally keeps it (`orjson.Fragment`): read it back from the text."""
+    made = tally_of(r, tokens)
+    body = _entry(r, tokens, made)
     try:
         data = orjson.dumps(body)
     except TypeError:
         data = b"\\u0000"  # a lone surrogate, or a number orjson refuses: the long way
     if b"\\u0000" in data:
+        body["segments"] = orjson.loads(made.json())  # what the stdlib can write too
         body = storable(body)
         return body, dumps_entry(body)
     return body, data.decode()
 
 
-def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
-    segments: list[dict[str, Any]] = []
-    for i, s in enumerate(r.segments):
-        if i < len(r.segment_tokens):
-            saved_tokens = r.segment_tokens[i]
-        else:
-            saved_tokens = tokens.saved(s, r.encoding, owner=r.owner)
-        segments.append(_SEGMENTS.get(_segment_entry, s, saved_tokens, r.input_price))
-    acted = [s for s in segments if s["action"] == "clamped"]
-    would = [s for s in segments if s["action"] == "would-clamp"]
-    saved_tokens = sum(s["savedTokens"] for s in acted)
-    would_tokens = sum(s["savedTokens"] for s in would)
+def _entry(r: RequestRecord, tokens: TokenCounter, made: Tally) -> dict[str, Any]:
+    clamped, saved_chars, saved_tokens = made.acted("clamped")
+    would, would_chars, would_tokens = made.acted("would-clamp")
     body = {
         "id": r.id,
         "at": r.ts,
@@ -241,17 +257,18 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         "pruneSkipped": r.prune_skipped,
         "clampError": r.clamp_error,
         "upstreamError": r.upstream_error,
-        "segmentsSeen": len(segments),
-        "clamped": len(acted),
-        "wouldClamp": len(would),
-        "savedChars": sum(s["saved"] for s in acted),
+        "segmentsSeen": len(made),
+        "clamped": clamped,
+        "wouldClamp": would,
+        "savedChars": saved_chars,
         "savedTokens": saved_tokens,
-        "wouldSaveChars": sum(s["saved"] for s in would),
+        "wouldSaveChars": would_chars,
         "wouldSaveTokens": would_tokens,
         "inputPricePerMTok": None if r.input_price is None else round(r.input_price * 1e6, 6),
         "savedUsd": usd(saved_tokens, r.input_price),
         "wouldSaveUsd": usd(would_tokens, r.input_price),
-        "segments": segments,
+        # each segment's entry made once, when first seen, and carried (`Tally.fragments`)
+        "segments": orjson.Fragment(made.json()),
         "worker": r.worker,
         "owner": r.owner,
         "memory": r.memory,
@@ -262,34 +279,6 @@ def _entry(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
         **(r.billed if r.billed is not None else billing(r, tokens)),
     }
     return body
-
-
-def _segment_entry(s: Segment, saved_tokens: int, price: float | None) -> dict[str, Any]:
-    return {
-        "kind": s.kind,
-        "label": s.label,
-        "before": s.before,
-        "after": s.after,
-        "saved": s.saved,
-        "savedTokens": saved_tokens,
-        "savedUsd": usd(saved_tokens, price),
-        "action": s.action,
-        "cap": s.cap,
-        "messageIndex": s.message_index,
-        "tool": s.tool,
-        "callId": s.call_id,
-        "url": s.url,
-        "note": s.note,
-        "strategy": s.strategy,
-    }
-
-
-_SEGMENTS = ByIdentity(8 << 20, lambda s, _: segment_size(s) + 1024)
-"""`_segment_entry` by the segment itself (and its tokens and price): a session's requests
-carry the very same segments turn after turn (the clamps keep them by message:
-`caps._kept`), and making their entries again was a third of a record's cost on the writer
-thread. The entries are shared between records: what reads them (sinks, the store) never
-changes one. Bounded by all the segments keep alive (`segment_size`)."""
 
 
 def _tools_inline(r: RequestRecord, tokens: TokenCounter) -> dict[str, int] | None:

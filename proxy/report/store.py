@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ctxbudget.caps import SEGMENT_KINDS
+from ctxbudget.caps.types import evolve
 from ctxbudget.memory.pg import DatabaseUnavailable, Migration, PgDatabase, migrate
 from ctxbudget.memory.sqlite import Database, connect
 from ctxbudget.proxy.report import arms as holdout_arms
@@ -43,8 +44,10 @@ from ctxbudget.proxy.report.record import (
     loads_entry,
     storable,
     storable_record,
+    tally_of,
 )
 from ctxbudget.proxy.report.summary import HOUR, read_summary
+from ctxbudget.proxy.report.tally import Tally
 from ctxbudget.proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
@@ -301,7 +304,8 @@ class Sink(Protocol):
     `batch_done()`, called after the records of each batch (metrics count then)."""
 
     def record(self, r: RequestRecord, body: dict[str, Any]) -> None:
-        """Take one request and its report entry (on the report's writer thread)."""
+        """Take one request and its report entry (on the report's writer thread). Its
+        segments' sums are `r.tally`'s (set by then); `body["segments"]` is their JSON."""
         ...
 
 
@@ -361,13 +365,18 @@ class _Entry:
     stored under (the entry is parsed again to be written: kept as dicts, records waiting
     through an outage took ~4x the memory of their text)."""
 
-    __slots__ = ("id", "owner", "at", "text", "body")
+    __slots__ = ("id", "owner", "at", "text", "body", "kinds", "prunes")
 
-    def __init__(self, body: dict[str, Any], text: str) -> None:
+    def __init__(self, body: dict[str, Any], text: str, tally: Tally) -> None:
         self.id: str = body["id"]
         self.owner: str = body["owner"]
         self.at: float = body["at"]
         self.text = text
+        self.kinds = {k: v for k, v in tally.kind_totals().items() if k in SEGMENT_KINDS}
+        """What its segments add to each kind's totals (`Tally.kind_totals`): carried from
+        the conversation's last request, not summed again from its segments."""
+        self.prunes = tally.pruned_now
+        """Results it pruned (the session's `prunes`)."""
         self.body: dict[str, Any] | None = body
         """The entry itself until its first write is tried (`_store` reads it); a record kept
         through an outage keeps only its text."""
@@ -577,8 +586,11 @@ class ReportStore:
         for record in records:
             try:
                 record = storable_record(record)
+                made = tally_of(record, self._tokens)
+                if record.tally is None:  # the sinks read it too
+                    record = evolve(record, tally=made)
                 body, text = entry_and_text(record, self._tokens)
-                entry = _Entry(body, text)
+                entry = _Entry(body, text, made)
             except Exception:
                 self._lost[storable(record.owner)] += 1
                 log.exception(
@@ -717,23 +729,30 @@ class ReportStore:
                 "ts = excluded.ts, body = excluded.body",
                 rows,
             )
-            self._add_totals(tx, bodies)
-            self._add_sessions(tx, bodies)
+            self._add_totals(tx, bodies, entries)
+            self._add_sessions(tx, bodies, entries)
             holdout_arms.add_requests(tx, bodies)
             self._writes += len(entries)
             if self._writes >= min(200, self._keep) or not self._pruned:
                 self._writes, self._pruned = 0, True
                 self._prune(tx)
 
-    def _add_totals(self, conn: Any, bodies: list[dict[str, Any]]) -> None:
-        groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
-        for body in bodies:
-            groups.setdefault((int(body["at"] // HOUR), body["owner"]), []).append(body)
-        for (hour, owner), group in groups.items():
-            self._add_group_totals(conn, hour, owner, group)
+    def _add_totals(self, conn: Any, bodies: list[dict[str, Any]], entries: list[_Entry]) -> None:
+        groups: dict[tuple[int, str], tuple[list[dict[str, Any]], list[_Entry]]] = {}
+        for body, entry in zip(bodies, entries, strict=True):
+            group = groups.setdefault((int(body["at"] // HOUR), body["owner"]), ([], []))
+            group[0].append(body)
+            group[1].append(entry)
+        for (hour, owner), (grouped, kept) in groups.items():
+            self._add_group_totals(conn, hour, owner, grouped, kept)
 
     def _add_group_totals(
-        self, conn: Any, hour: int, owner: str, bodies: list[dict[str, Any]]
+        self,
+        conn: Any,
+        hour: int,
+        owner: str,
+        bodies: list[dict[str, Any]],
+        entries: list[_Entry],
     ) -> None:
         summaries = [b for b in bodies if b.get("overhead")]
         conn.execute(
@@ -754,35 +773,18 @@ class ReportStore:
             ),
         )
         for kind in SEGMENT_KINDS:
-            segs = [s for b in bodies for s in b["segments"] if s["kind"] == kind]
-            if not segs:
+            rows = [e.kinds[kind] for e in entries if kind in e.kinds]
+            if not rows:
                 continue
-            clamped = [s for s in segs if s["action"] == "clamped"]
-            would = [s for s in segs if s["action"] == "would-clamp"]
             conn.execute(
                 f"INSERT INTO totals_by_hour (hour, owner, kind, {_SUMS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (hour, owner, kind) DO UPDATE SET "
                 + ", ".join(f"{c} = totals_by_hour.{c} + excluded.{c}" for c in _columns(_SUMS)),
-                (
-                    hour,
-                    owner,
-                    kind,
-                    len(segs),
-                    len(clamped),
-                    len(would),
-                    sum(s["before"] for s in segs),
-                    sum(s["after"] for s in segs),
-                    sum(s["saved"] for s in clamped),
-                    sum(s["savedTokens"] for s in clamped),
-                    sum(s["saved"] for s in would),
-                    sum(s["savedTokens"] for s in would),
-                    sum(s["savedUsd"] or 0 for s in clamped),
-                    sum(s["savedUsd"] or 0 for s in would),
-                ),
+                (hour, owner, kind, *(sum(column) for column in zip(*rows, strict=True))),
             )
 
-    def _add_sessions(self, conn: Any, bodies: list[dict[str, Any]]) -> None:
+    def _add_sessions(self, conn: Any, bodies: list[dict[str, Any]], entries: list[_Entry]) -> None:
         """One upsert per session a batch touched (an agent's session sends most of a batch:
         one statement a request was the writer's largest step), the same row as one a request:
         sums added, `last` and the `tools_inline` peaks the largest, `format` the last
@@ -790,10 +792,10 @@ class ReportStore:
         (`overhead`: a summary) adds to the sums only: the session stays the agent's, in its
         format and model, last seen when the agent was (pruning reads that time)."""
         rows: dict[tuple[str, str], dict[str, Any]] = {}
-        for b in bodies:
+        for b, entry in zip(bodies, entries, strict=True):
             if b.get("session") is None:
                 continue
-            sums = _session_sums(b)
+            sums = _session_sums(b, entry.prunes)
             agent = not b.get("overhead")
             inline = b.get("toolsInline") or {"count": 0, "tokens": 0}
             row = rows.get((b["owner"], b["session"]))
@@ -901,8 +903,8 @@ def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {c: a[c] + b[c] for c in _SESSION_ADDS}
 
 
-def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
-    """What one request adds to its session's row."""
+def _session_sums(b: dict[str, Any], prunes: int) -> dict[str, Any]:
+    """What one request adds to its session's row (`prunes`: the results it pruned)."""
     would = b["withoutUsage"] or {}
     return {
         **holdout_arms.billed_sums(b),
@@ -913,7 +915,7 @@ def _session_sums(b: dict[str, Any]) -> dict[str, Any]:
         "memory_tokens": b["memoryTokens"],
         "busts_client": int(b["clientCacheBust"]),
         "busts_ctxbudget": int(b["cacheBust"] is not None),
-        "prunes": sum(s["kind"] == "pruned" and s["note"] == "pruned now" for s in b["segments"]),
+        "prunes": prunes,
         "busts_planned": int((b["cacheBust"] or "").endswith(" prune")),
         "tools_inline_requests": int(b.get("toolsInline") is not None),
     }

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxbudget.caps import SEGMENT_KINDS
+from ctxbudget.proxy.report.tally import AFTER, BEFORE, COUNT, SAVED, TOKENS, USD
 
 if TYPE_CHECKING:
     from ctxbudget.proxy.config.schema import TelemetryConfig
@@ -207,18 +208,20 @@ class Telemetry:
             attrs["ctxbudget.money.saved_usd"] = body["netSavedUsd"]
         if r.clamp_error:
             attrs["ctxbudget.clamp_error"] = r.clamp_error.split(":", 1)[0]
+        # each kind's sums, carried from the conversation's last request (`Tally`)
+        sums = r.tally.sums if r.tally is not None else {}
         for kind in SEGMENT_KINDS:
-            segs = [s for s in body["segments"] if s["kind"] == kind]
-            if not segs:
+            rows = [(action, row) for (k, action), row in sums.items() if k == kind]
+            if not rows:
                 continue
-            acted = [s for s in segs if s["action"] != "kept"]
-            attrs[f"ctxbudget.{kind}.chars_before"] = sum(s["before"] for s in segs)
+            acted = [row for action, row in rows if action != "kept"]
+            attrs[f"ctxbudget.{kind}.chars_before"] = sum(row[BEFORE] for _, row in rows)
             attrs[f"ctxbudget.{kind}.chars_after"] = sum(
-                s["after"] if s["action"] == "clamped" else s["before"] for s in segs
+                row[AFTER] if action == "clamped" else row[BEFORE] for action, row in rows
             )
-            attrs[f"ctxbudget.{kind}.chars_saved"] = sum(s["saved"] for s in acted)
-            attrs[f"ctxbudget.{kind}.segments_clamped"] = len(acted)
-            attrs[f"ctxbudget.{kind}.tokens_saved"] = sum(s["savedTokens"] for s in acted)
+            attrs[f"ctxbudget.{kind}.chars_saved"] = sum(row[SAVED] for row in acted)
+            attrs[f"ctxbudget.{kind}.segments_clamped"] = sum(row[COUNT] for row in acted)
+            attrs[f"ctxbudget.{kind}.tokens_saved"] = sum(row[TOKENS] for row in acted)
         if memory:
             budget = memory.get("budget") or {}
             usage = memory.get("usage") or {}
@@ -267,16 +270,17 @@ class Telemetry:
         model = r.model or "unknown"
         self.requests.add(1, {"gen_ai.request.model": model, "http.response.status_code": r.status})
         action = "clamped" if r.enabled else "would-clamp"
+        by_kind = r.tally.by_kind(action) if r.tally is not None else {}
         for kind in SEGMENT_KINDS:
-            acted = [s for s in body["segments"] if s["kind"] == kind and s["action"] == action]
-            if not acted:
+            row = by_kind.get(kind)
+            if row is None:
                 continue
             labels = {"ctxbudget.kind": kind, "ctxbudget.action": action}
-            self.segments.add(len(acted), labels)
-            self.chars.add(sum(s["saved"] for s in acted), labels)
-            self.tokens.add(sum(s["savedTokens"] for s in acted), labels)
+            self.segments.add(row[COUNT], labels)
+            self.chars.add(row[SAVED], labels)
+            self.tokens.add(row[TOKENS], labels)
             if r.input_price is not None:
-                self.gross.add(sum(s["savedUsd"] or 0 for s in acted), labels)
+                self.gross.add(row[USD], labels)
         for by, busted in (("client", body["clientCacheBust"]), ("ctxbudget", body["cacheBust"])):
             if busted:
                 self.busts.add(1, {"ctxbudget.cache_bust.by": by})

@@ -55,6 +55,7 @@ class Conversation:
         "view",
         "blocks",
         "spliced",
+        "tally",
         "weights",
         "weight",
     )
@@ -101,6 +102,9 @@ class Conversation:
         self.spliced: tuple[list[Any], bytes, list[int], dict[int, int]] | None = None
         """The list as last written back (`JsonBody.encode`): its items, its JSON, where each
         item's JSON ends in it, and the index of each client item by its id."""
+        self.tally: Any = None
+        """The report's tally of the request's segments (`proxy/report/tally.py`): each
+        one's tokens and entry, and their sums."""
         self.weights = weights
         """What the state holds for the items up to each one: its object (`footprint`) and
         `STATE_BYTES_AN_ITEM`."""

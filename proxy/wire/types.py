@@ -37,7 +37,7 @@ from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.wire.body import JsonBody
-from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
+from ctxbudget.proxy.wire.conversations import Conversation, Conversations, same_prefix
 from ctxbudget.proxy.wire.view import paired
 
 Asker = Callable[[str], Any]
@@ -104,6 +104,12 @@ class WireRequest(Protocol):
         item), each block as the client sent it and as it would be forwarded now."""
         ...
 
+    def states(self) -> tuple[Conversation | None, Conversation | None]:
+        """The state of the conversation this request extends (its last request's), and this
+        request's own, where later stages carry what they worked (the report's tally);
+        None for either where there is none (a short list, a large body's)."""
+        ...
+
     def client_prefix(self, owner: str) -> ClientPrefix:
         """`ClientPrefix(blocks(), owner)`, asked before anything changed the body: the
         blocks of the items the conversation's last request had are taken as serialised and
@@ -147,6 +153,10 @@ class InProcessRequest:
 
     def blocks(self) -> list[Block]:
         raise NotImplementedError
+
+    def states(self) -> tuple[Conversation | None, Conversation | None]:
+        found = self._body.extended(self._list_key)
+        return (found[0] if found is not None else None), self._body.conversation
 
     def client_prefix(self, owner: str) -> ClientPrefix:
         blocks = self.blocks()

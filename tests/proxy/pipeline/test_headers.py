@@ -13,6 +13,7 @@ from ctxbudget.proxy.config.schema import Config
 from ctxbudget.proxy.config.settings import Settings, settings_for
 from ctxbudget.proxy.errors import BadRequest, Unauthorized
 from ctxbudget.proxy.pipeline.headers import RequestOptions, budget_headers, money_headers
+from ctxbudget.proxy.report.tally import Tally, tally
 
 
 def _segment(action: str, before: int, after: int) -> Segment:
@@ -57,8 +58,17 @@ def test_options_default_and_validate() -> None:
         RequestOptions.from_headers({"x-context-budget-complexity": "easy"}, default_enabled=True)
 
 
+def _tally(*segments: Segment, tokens: tuple[int, ...] = (), enabled: bool = True) -> Tally:
+    counted = iter(tokens or (0,) * len(segments))  # asked for in order, as reported
+    return tally(
+        segments, key=(), enabled=enabled, price=None, saved_tokens=lambda s: next(counted)
+    )
+
+
 def test_budget_headers_count_clamped_or_would_clamp() -> None:
-    on = budget_headers("cb-1", True, [_segment("clamped", 10, 4), _segment("kept", 3, 3)], None)
+    on = budget_headers(
+        "cb-1", True, _tally(_segment("clamped", 10, 4), _segment("kept", 3, 3)), None
+    )
     assert on == {
         "x-context-budget-request-id": "cb-1",
         "x-context-budget-enabled": "true",
@@ -67,22 +77,25 @@ def test_budget_headers_count_clamped_or_would_clamp() -> None:
         "x-context-budget-memories": "0",
         "x-context-budget-report": "/context/budget/requests/cb-1",
     }
-    off = budget_headers("cb-2", False, [_segment("would-clamp", 10, 4)], "RuntimeError: x")
+    # with the budget off, the clamp's `clamped` segments are what would be
+    off = budget_headers(
+        "cb-2", False, _tally(_segment("clamped", 10, 4), enabled=False), "RuntimeError: x"
+    )
     assert off["x-context-budget-would-clamp"] == "1"
     assert off["x-context-budget-would-save-chars"] == "6"
     assert off["x-context-budget-clamp-error"] == "forwarded-untouched"
 
 
 def test_money_headers_only_for_priced_models() -> None:
-    segments = [_segment("clamped", 10, 4)]
     priced: dict[str, str] = {}
-    money_headers(priced, True, segments, [1000], 2.5e-6)
+    money_headers(priced, True, _tally(_segment("clamped", 10, 4), tokens=(1000,)), 2.5e-6)
     assert priced == {
         "x-context-budget-saved-tokens": "1000",
         "x-context-budget-gross-saved-usd": "0.002500",
     }
     unpriced: dict[str, str] = {}
-    money_headers(unpriced, False, [_segment("would-clamp", 10, 4)], [7], None)
+    would = _tally(_segment("would-clamp", 10, 4), tokens=(7,))
+    money_headers(unpriced, False, would, None)
     assert unpriced == {"x-context-budget-would-save-tokens": "7"}
 
 

@@ -17,7 +17,7 @@ from ctxbudget.proxy.wire.types import WireRequest
 ROOT = Path(__file__).resolve().parents[3]
 HOOKS = {
     "as_sent",
-    "saved_tokens",
+    "tally",
     "prune",
     "settle",
     "memory_added",

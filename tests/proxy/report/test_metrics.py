@@ -231,16 +231,17 @@ def test_several_workers_share_a_fresh_directory_removed_after() -> None:
 _WORKER = """
 import sys
 from ctxbudget.proxy.report.metrics import Metrics
-from ctxbudget.proxy.report.record import RequestRecord
+from ctxbudget.caps import Segment
+from ctxbudget.proxy.report.record import RequestRecord, tally_of
+from ctxbudget.proxy.tokens import TokenCounter
 m = Metrics()
-segs = [{"kind": "web_fetch", "action": "clamped", "saved": 100, "savedTokens": 25,
-         "savedUsd": 0.5}]
+segs = (Segment(kind="web_fetch", label="u", before=200, after=100, action="clamped", cap=100),)
 for i in range(int(sys.argv[1])):
     r = RequestRecord(id=str(i), ts=0, model="gpt-4o", enabled=True, stream=False, status=200,
-                      duration_ms=1, segments=(), encoding="o200k_base", input_price=1.0,
-                      marks={"start": 0, "upstream_start": 2_000_000})
-    m.record(r, {"segments": segs, "costUsd": 1.0, "withoutCtxbudgetUsd": 0.75,
-                 "netSavedUsd": -0.25})
+                      duration_ms=1, segments=segs, segment_tokens=(25,), encoding="o200k_base",
+                      input_price=0.02, marks={"start": 0, "upstream_start": 2_000_000})
+    r = RequestRecord(**{**r.__dict__, "tally": tally_of(r, TokenCounter())})
+    m.record(r, {"costUsd": 1.0, "withoutCtxbudgetUsd": 0.75, "netSavedUsd": -0.25})
 m.batch_done()
 if len(sys.argv) > 2:
     sys.stdout.write(m.render("")[0].decode())

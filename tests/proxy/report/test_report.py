@@ -17,7 +17,7 @@ from ctxbudget.proxy.report import store as report_module
 from ctxbudget.proxy.report.page import render_html
 from ctxbudget.proxy.report.record import HoldoutMark
 from ctxbudget.proxy.report.usage import Usage
-from tests.held import SLACK, bound_of, held
+from tests.held import SLACK, held
 from tests.pg import postgres_cluster
 
 Where = Callable[[], Path | PgDatabase]
@@ -471,9 +471,9 @@ def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> None:
-    """The writer keeps a segment's entry by the segment (a session resends the same ones):
-    the same segment with other tokens or another price gets its own figures, and what is
-    kept for that stays within the bound the registry documents."""
+    """The same segment with other tokens or another price gets its own figures, and the
+    report's module keeps nothing of a record once it is gone: what a conversation carries
+    is on its state (`Conversation.tally`), within the conversations' bound."""
     from ctxbudget.proxy.report.record import report_entry
     from ctxbudget.proxy.tokens import TokenCounter
 
@@ -490,42 +490,18 @@ def test_a_segment_sent_again_has_the_entry_of_its_own_tokens_and_price() -> Non
         return found
 
     assert entry(100, 1e-6)["savedUsd"] == pytest.approx(1e-4)
-    assert entry(100, 1e-6) is entry(100, 1e-6)  # kept
     assert entry(120, 1e-6)["savedTokens"] == 120
     assert entry(100, 2e-6)["savedUsd"] == pytest.approx(2e-4)
     assert entry(100, None)["savedUsd"] is None
-    big = "中" * 500_000  # 1 MB of text in memory: what is kept is weighed in bytes
+    big = "中" * 500_000  # 1 MB of text in memory
     with held() as kept:
-        for i in range(100):  # 100 segments of 1 MB texts, each gone after its record
+        for i in range(64):  # segments of 1 MB texts and 1 MB URLs, each gone after its record
             entry(i, None, Segment(
                 kind="tool_output", label=f"t{i}", before=1, after=0, action="clamped", cap=0,
-                original=big + str(i), clamped="",
+                original=big + str(i), clamped="", call_id=f"call_{i}",
+                url="https://example.com/" + "a" * (1 << 20) + str(i),
             ))  # fmt: skip
-    assert kept.bytes <= bound_of("proxy/report/record.py:_SEGMENTS") + SLACK
-
-
-def test_the_segment_entries_kept_are_bounded_by_all_their_strings() -> None:
-    """An entry kept by its segment keeps the segment's strings alive, a client's long call
-    id and URL too: they count toward the bound (64 segments with a 1 MB URL held 64 MB)."""
-    from ctxbudget.proxy.report.record import report_entry
-    from ctxbudget.proxy.tokens import TokenCounter
-
-    tokens = TokenCounter()
-    with held() as kept:
-        for i in range(64):
-            segment = Segment(
-                kind="web_fetch", label=f"t{i}", before=900, after=400, action="clamped",
-                cap=400, url="https://example.com/" + "a" * (1 << 20) + str(i),
-                call_id=f"call_{i}",
-            )  # fmt: skip
-            record = RequestRecord(
-                id="r", ts=0.0, model="m", enabled=True, stream=False, status=200,
-                duration_ms=1.0, segments=(segment,), encoding="o200k_base",
-                segment_tokens=(100,), input_price=None,
-            )  # fmt: skip
-            report_entry(record, tokens)
-            del segment, record
-    assert kept.bytes <= bound_of("proxy/report/record.py:_SEGMENTS") + SLACK
+    assert kept.bytes <= SLACK
 
 
 # Each owner keeps a bounded number of session and holdout rows: a key that starts a new

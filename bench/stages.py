@@ -161,7 +161,7 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.pipeline.recall", "RecallStage.inject"),
     ("ctxbudget.proxy.cache.sessions", "SessionTracker.observe"),
     ("ctxbudget.proxy.cache.mirrors", "Mirrors.observe"),
-    ("ctxbudget.proxy.pipeline.work", "Here.saved_tokens"),
+    ("ctxbudget.proxy.pipeline.work", "Here.tally"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._send"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.encode"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletions.upstream_headers"),

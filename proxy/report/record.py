@@ -218,24 +218,27 @@ def tally_of(r: RequestRecord, tokens: TokenCounter) -> Tally:
     return tally(r.segments, key=key, enabled=True, price=r.input_price, saved_tokens=saved)
 
 
-def entry_and_text(r: RequestRecord, tokens: TokenCounter) -> tuple[dict[str, Any], str]:
+def entry_and_text(
+    r: RequestRecord, tokens: TokenCounter, *, chunked: bool = False
+) -> tuple[dict[str, Any], str]:
     """The report's entry for `r` and its text (`dumps_entry`), serialised once: the text is
     what tells whether anything needs `storable`. The entry's `segments` is their JSON as
-    the tally keeps it (`orjson.Fragment`): read it back from the text."""
+    the tally keeps it (`orjson.Fragment`): read it back from the text. `chunked`: only the
+    segments after the tally's chunks (`Tally.tail`: the store keeps the chunks apart)."""
     made = tally_of(r, tokens)
-    body = _entry(r, tokens, made)
+    body = _entry(r, tokens, made, chunked)
     try:
         data = orjson.dumps(body)
     except TypeError:
         data = b"\\u0000"  # a lone surrogate, or a number orjson refuses: the long way
-    if b"\\u0000" in data:
-        body["segments"] = orjson.loads(made.json())  # what the stdlib can write too
+    if b"\\u0000" in data:  # what the stdlib can write too
+        body["segments"] = orjson.loads(made.tail() if chunked else made.json())
         body = storable(body)
         return body, dumps_entry(body)
     return body, data.decode()
 
 
-def _entry(r: RequestRecord, tokens: TokenCounter, made: Tally) -> dict[str, Any]:
+def _entry(r: RequestRecord, tokens: TokenCounter, made: Tally, chunked: bool) -> dict[str, Any]:
     clamped, saved_chars, saved_tokens = made.acted("clamped")
     would, would_chars, would_tokens = made.acted("would-clamp")
     body = {
@@ -268,7 +271,7 @@ def _entry(r: RequestRecord, tokens: TokenCounter, made: Tally) -> dict[str, Any
         "savedUsd": usd(saved_tokens, r.input_price),
         "wouldSaveUsd": usd(would_tokens, r.input_price),
         # each segment's entry made once, when first seen, and carried (`Tally.fragments`)
-        "segments": orjson.Fragment(made.json()),
+        "segments": orjson.Fragment(made.tail() if chunked else made.json()),
         "worker": r.worker,
         "owner": r.owner,
         "memory": r.memory,

@@ -46,14 +46,15 @@ from ctxbudget.proxy.report.record import (
     storable_record,
     tally_of,
 )
-from ctxbudget.proxy.report.summary import HOUR, read_summary
+from ctxbudget.proxy.report.summary import HOUR, read_summary, with_chunks
 from ctxbudget.proxy.report.tally import Tally
 from ctxbudget.proxy.tokens import TokenCounter, trim_memory
 
 log = logging.getLogger("ctxbudget.report")
 
-SCHEMA_VERSION = 9
-"""8: pruning decisions keyed by their result's digest too; 9: the holdout's arms (`arms.py`)."""
+SCHEMA_VERSION = 10
+"""8: pruning decisions keyed by their result's digest too; 9: the holdout's arms (`arms.py`);
+10: a request's segments in chunks shared by its conversation's later requests (`_SCHEMA_10`)."""
 IDLE_SECONDS = 2.0
 """After this long without requests, the writer returns freed memory to the OS."""
 KEEP_REQUESTS = 2000
@@ -274,6 +275,18 @@ ALTER TABLE pruned ADD PRIMARY KEY (owner, conversation, call_id, digest)
 results under one call id, in two runs of one task, each keep their own). Rows from before
 get `''`, which no result digests to: never applied (`docs/pruning.md`, "Upgrading"), and
 trimmed as the others are."""
+_SCHEMA_10 = """
+CREATE TABLE IF NOT EXISTS segment_chunks (owner TEXT NOT NULL, id TEXT NOT NULL,
+    body TEXT NOT NULL, PRIMARY KEY (owner, id));
+CREATE TABLE IF NOT EXISTS request_chunks (request TEXT NOT NULL, n INTEGER NOT NULL,
+    owner TEXT NOT NULL, chunk TEXT NOT NULL, PRIMARY KEY (request, n));
+CREATE INDEX IF NOT EXISTS request_chunks_chunk ON request_chunks (owner, chunk)
+"""
+"""10: a request's first segments, `CHUNK` at a time, in `segment_chunks` (their entries' JSON,
+found by owner and digest: `Tally.chunks`), each written once and named in order by every
+request that has it (`request_chunks`); the request's row lists only the segments after them
+(`proxy/report/tally.py`). Rows from before hold all their segments and name no chunk: read
+as they are. A chunk no kept request names is pruned with them."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -294,6 +307,7 @@ MIGRATIONS = (
         holdout_arms.schema_9("REAL", "INTEGER"),
         holdout_arms.schema_9("DOUBLE PRECISION", "BIGINT"),
     ),
+    Migration(10, _SCHEMA_10, _SCHEMA_10),
 )
 """The report's schema, step by step, for both backends: SQLite files have walked every step
 since version 1; PostgreSQL starts from the baseline of version 5, then walks on."""
@@ -365,7 +379,7 @@ class _Entry:
     stored under (the entry is parsed again to be written: kept as dicts, records waiting
     through an outage took ~4x the memory of their text)."""
 
-    __slots__ = ("id", "owner", "at", "text", "body", "kinds", "prunes")
+    __slots__ = ("id", "owner", "at", "text", "body", "kinds", "prunes", "chunks")
 
     def __init__(self, body: dict[str, Any], text: str, tally: Tally) -> None:
         self.id: str = body["id"]
@@ -377,6 +391,9 @@ class _Entry:
         the conversation's last request, not summed again from its segments."""
         self.prunes = tally.pruned_now
         """Results it pruned (the session's `prunes`)."""
+        self.chunks = tally.chunks
+        """Its first segments' chunks (`Tally.chunks`), which `text` does not list: the
+        conversation's earlier requests' own (shared), written once."""
         self.body: dict[str, Any] | None = body
         """The entry itself until its first write is tried (`_store` reads it); a record kept
         through an outage keeps only its text."""
@@ -441,6 +458,9 @@ class ReportStore:
         self._keep_conversations = keep_conversations
         self.keep_days = keep_days
         self._pruned = False  # the first batch prunes what expired while no one wrote
+        self._chunks: set[tuple[str, str]] = set()
+        """The chunks (owner, digest) written since the last prune: a request names them
+        without writing them again (each prune forgets them: it may have dropped some)."""
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
         self._thread.start()
 
@@ -589,7 +609,7 @@ class ReportStore:
                 made = tally_of(record, self._tokens)
                 if record.tally is None:  # the sinks read it too
                     record = evolve(record, tally=made)
-                body, text = entry_and_text(record, self._tokens)
+                body, text = entry_and_text(record, self._tokens, chunked=True)
                 entry = _Entry(body, text, made)
             except Exception:
                 self._lost[storable(record.owner)] += 1
@@ -722,6 +742,12 @@ class ReportStore:
         for e in entries:
             e.body = None
         rows = [(e.id, self.run, e.owner, e.at, e.text) for e in entries]
+        # a conversation's chunks, each written once: its later requests only name them
+        chunks = {(e.owner, c): data for e in entries for c, data in e.chunks}
+        written = [(o, c, data.decode()) for (o, c), data in chunks.items()]
+        written = [row for row in written if (row[0], row[1]) not in self._chunks]
+        named = [(e.id, n, e.owner, c) for e in entries for n, (c, _) in enumerate(e.chunks)]
+        pruned = False
         with self._transaction(conn) as tx:
             tx.executemany(
                 "INSERT INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?) "
@@ -729,6 +755,19 @@ class ReportStore:
                 "ts = excluded.ts, body = excluded.body",
                 rows,
             )
+            if written:
+                tx.executemany(
+                    "INSERT INTO segment_chunks (owner, id, body) VALUES (?, ?, ?) "
+                    "ON CONFLICT (owner, id) DO NOTHING",
+                    written,
+                )
+            if named:
+                tx.executemany(
+                    "INSERT INTO request_chunks (request, n, owner, chunk) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (request, n) DO UPDATE SET owner = excluded.owner, "
+                    "chunk = excluded.chunk",
+                    named,
+                )
             self._add_totals(tx, bodies, entries)
             self._add_sessions(tx, bodies, entries)
             holdout_arms.add_requests(tx, bodies)
@@ -736,6 +775,9 @@ class ReportStore:
             if self._writes >= min(200, self._keep) or not self._pruned:
                 self._writes, self._pruned = 0, True
                 self._prune(tx)
+                pruned = True
+        # known written once committed; a prune may have dropped any of them
+        self._chunks = set() if pruned else self._chunks | {(o, c) for o, c, _ in written}
 
     def _add_totals(self, conn: Any, bodies: list[dict[str, Any]], entries: list[_Entry]) -> None:
         groups: dict[tuple[int, str], tuple[list[dict[str, Any]], list[_Entry]]] = {}
@@ -863,6 +905,16 @@ class ReportStore:
         conn.execute("DELETE FROM pruned WHERE at < ?", (cutoff,))
         conn.execute("DELETE FROM summaries WHERE at < ?", (cutoff,))
         conn.execute("DELETE FROM arms WHERE drawn < ? AND last < ?", (cutoff, cutoff))
+        # the chunks of segments no kept request names any more
+        conn.execute(
+            "DELETE FROM request_chunks WHERE NOT EXISTS"
+            " (SELECT 1 FROM requests WHERE requests.id = request_chunks.request)"
+        )
+        conn.execute(
+            "DELETE FROM segment_chunks WHERE NOT EXISTS (SELECT 1 FROM request_chunks"
+            " WHERE request_chunks.owner = segment_chunks.owner"
+            " AND request_chunks.chunk = segment_chunks.id)"
+        )
 
     # -- reading -------------------------------------------------------------------------
 
@@ -876,7 +928,11 @@ class ReportStore:
         if not self._migrated:
             self._ready()
         rows = self._db.fetchall(sql, args)
-        return loads_entry(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        entry: dict[str, Any] = loads_entry(rows[0][0])
+        with_chunks(self._db.fetchall, [(request_id, entry)])
+        return entry
 
     def summary(
         self, *, recent: int, owner: str | None = None, since: float | None = None

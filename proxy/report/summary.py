@@ -71,9 +71,11 @@ def read_summary(
             totals[key] += value
     recent_since = " AND ts >= ?" if since is not None else ""
     rows = read(
-        f"SELECT body FROM requests {where}{recent_since} ORDER BY ts DESC LIMIT ?",
+        f"SELECT id, body FROM requests {where}{recent_since} ORDER BY ts DESC LIMIT ?",
         [*args, *([since] if since is not None else []), recent],
     )
+    entries = [(r[0], loads_entry(r[1])) for r in rows]
+    with_chunks(read, entries)
     runs = read(
         "SELECT count(*) FROM runs" + (" WHERE started >= ?" if since else ""),
         ([since] if since else []),
@@ -85,9 +87,30 @@ def read_summary(
         "window": "since" if since is not None else "all",
         "runs": runs[0][0] if runs else 0,
         "totals": totals,
-        "recent": [loads_entry(r[0]) for r in rows],
+        "recent": [entry for _, entry in entries],
         "sessions": sessions,
     }
+
+
+def with_chunks(read: Read, entries: list[tuple[str, dict[str, Any]]]) -> None:
+    """Each of `entries` (request id, entry as stored) with its segments whole: those kept in
+    chunks its conversation shares (`segment_chunks`, schema 10: `Tally.chunks`) first, in
+    order, then the ones its row lists."""
+    if not entries:
+        return
+    ids = [request_id for request_id, _ in entries]
+    head: dict[str, list[Any]] = {}
+    for request_id, chunk in read(
+        "SELECT r.request, c.body FROM request_chunks r JOIN segment_chunks c"
+        " ON c.owner = r.owner AND c.id = r.chunk"
+        f" WHERE r.request IN ({', '.join('?' * len(ids))}) ORDER BY r.request, r.n",
+        ids,
+    ):
+        head.setdefault(request_id, []).extend(loads_entry(f"[{chunk}]"))
+    for request_id, entry in entries:
+        found = head.get(request_id)
+        if found:
+            entry["segments"] = found + entry["segments"]
 
 
 _SESSION_COLUMNS = (

@@ -10,11 +10,14 @@ segment) and works only the rest. Sums are carried by checkpoints every `STRIDE`
 a request that repeats fewer than request N had (a result pruned since, OpenClaw's dropped
 context message) adds back at most `STRIDE` old ones.
 
-Each entry is JSON already (`Tally.fragments`): the report's row joins them (C) instead of
-building and serialising a dict a segment each request. The stored row stays the entry it
-always was (no schema change): reading a request, the recent list and `ctxbudget report`
-are as before, and what still grows with the history is the row's bytes, in C (the join, and
-SQLite's write of them).
+Each entry is JSON already (`Tally.fragments`), made once. The report stores a request's
+segments in two parts (schema 10, `proxy/report/store.py`): every `CHUNK` segments from the
+first make a chunk (`Tally.chunks`: their JSON, found by its digest), written once, when the
+conversation's request that completes it is, and named by each later request that repeats
+it (`request_chunks`); the request's own row lists only the segments after its chunks. So a
+request at turn 300 writes what one at turn 30 does (a 47 KB row, and SQLite's checkpoints of
+it, had made the writer's cost grow with the history), and reading it joins the chunks back
+in order (`proxy/report/summary.py` `with_chunks`): the entry read is the entry it was.
 
 A tally is never changed once made: the next request's copies what it extends (two requests
 may extend one conversation). With `CTXBUDGET_CHECK_RESENT=1` every carried tally is made
@@ -29,9 +32,14 @@ from operator import is_not
 from typing import Any
 
 import orjson
+import xxhash
 
 from ctxbudget.caps import Segment
 from ctxbudget.caps.types import evolve
+
+CHUNK = 32
+"""Segments a stored chunk holds (`Tally.chunks`): a request's row holds fewer than this many
+of its own (~300 bytes each)."""
 
 STRIDE = 8
 """A checkpoint of the sums every this many segments (`Tally.checkpoints`): a request that
@@ -63,6 +71,7 @@ class Tally:
         "sums",
         "pruned_now",
         "checkpoints",
+        "chunks",
     )
 
     def __init__(
@@ -75,6 +84,7 @@ class Tally:
         sums: Sums,
         pruned_now: int,
         checkpoints: tuple[tuple[Sums, int], ...],
+        chunks: tuple[tuple[str, bytes], ...] = (),
     ) -> None:
         self.key = key
         """What the carried values hold for: the encoding, the owner, the input price and
@@ -92,6 +102,9 @@ class Tally:
         """Results pruned by this request (`pruned now`): the session's `prunes`."""
         self.checkpoints = checkpoints
         """`(sums, pruned_now)` of the first `j * STRIDE` segments, for each j."""
+        self.chunks = chunks
+        """Each whole `CHUNK` of the entries from the first: its digest, and its entries'
+        JSON joined by commas."""
 
     def __len__(self) -> int:
         return len(self.source)
@@ -113,6 +126,11 @@ class Tally:
     def json(self) -> bytes:
         """The segments' entries as one JSON list."""
         return b"[" + b",".join(self.fragments) + b"]"
+
+    def tail(self) -> bytes:
+        """The entries after the chunks (`chunks`) as one JSON list: what the request's
+        own row holds."""
+        return b"[" + b",".join(self.fragments[len(self.chunks) * CHUNK :]) + b"]"
 
     def kind_totals(self) -> dict[str, tuple[Any, ...]]:
         """Per kind, what the report's totals add (`totals_by_hour`): seen, clamped, would
@@ -187,7 +205,21 @@ def tally(
         pruned_now += _add(sums, s, tokens[i], price)
         if (i + 1) % STRIDE == 0:
             checkpoints.append((_copy(sums), pruned_now))
-    return Tally(key, source, segments, tokens, fragments, sums, pruned_now, tuple(checkpoints))
+    chunks = list(previous.chunks[: kept // CHUNK]) if previous is not None else []
+    for c in range(len(chunks), len(fragments) // CHUNK):  # a chunk's JSON joined once
+        data = b",".join(fragments[c * CHUNK : (c + 1) * CHUNK])
+        chunks.append((xxhash.xxh3_128_hexdigest(data), data))
+    return Tally(
+        key,
+        source,
+        segments,
+        tokens,
+        fragments,
+        sums,
+        pruned_now,
+        tuple(checkpoints),
+        tuple(chunks),
+    )
 
 
 def check(made: Tally, whole: Tally) -> bool:
@@ -199,6 +231,7 @@ def check(made: Tally, whole: Tally) -> bool:
         and made.sums == whole.sums
         and made.pruned_now == whole.pruned_now
         and made.checkpoints == whole.checkpoints
+        and made.chunks == whole.chunks
     )
 
 

@@ -4,16 +4,22 @@ what `/context/budget`, the headers and the totals say is what each request alon
 
 from __future__ import annotations
 
+import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from ctxbudget.caps import Segment
+from ctxbudget.memory.pg import PgDatabase, migrate
 from ctxbudget.proxy.cache.resent import RESENT
-from ctxbudget.proxy.report.tally import STRIDE
+from ctxbudget.proxy.report.record import RequestRecord, report_entry
+from ctxbudget.proxy.report.store import MIGRATIONS, ReportStore
+from ctxbudget.proxy.report.tally import STRIDE, tally
+from ctxbudget.proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, state_of
 
@@ -184,3 +190,160 @@ def test_turn_300_looks_only_at_its_new_segments(tmp_path: Path, wire: str, read
     # now), each counted, described and summed; and at most a checkpoint's stride of old
     # ones summed again
     assert looked <= 3 * 3 + STRIDE, looked
+
+
+def _rows(path: Path, sql: str, *args: object) -> list[Any]:
+    """Rows of the report's SQLite file, as another program reads them."""
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_turn_300_writes_what_turn_30_does(tmp_path: Path, wire: str) -> None:
+    """The stored row of request N+1 holds its newest segments only, however long the
+    history: its first ones are in the conversation's chunks, written once (a row at turn
+    300 was 47 KB, at turn 30 7 KB); reading it gives the whole entry."""
+    bodies = BUILDERS[wire][1](149)
+    with proxy_app(tmp_path, _config(tmp_path, True)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        state_of(client).reports.flush()
+        chunks = _rows(tmp_path / "report.db", "SELECT count(*) FROM segment_chunks")[0][0]
+        request_id, _ = _send(client, fake, wire, bodies[-1])
+        seen = _seen(client, request_id)
+        [(size,)] = _rows(
+            tmp_path / "report.db", "SELECT length(body) FROM requests WHERE id = ?", request_id
+        )
+        more = _rows(tmp_path / "report.db", "SELECT count(*) FROM segment_chunks")[0][0]
+    assert len(seen["segments"]) == seen["segmentsSeen"] > 100
+    assert size < 16_000, size  # the entry's fields and fewer than CHUNK segments
+    assert more - chunks <= 1  # at most the chunk it completed
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Path | PgDatabase]:
+    """Where a report store keeps its data: a SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return lambda: tmp_path / "r.db"
+    url = request.getfixturevalue("pg_url")
+    return lambda: PgDatabase(url)
+
+
+def _grown(turns: int, *, first: int = 0) -> list[RequestRecord]:
+    """One conversation's records, each resending the last one's segments and adding one,
+    their tallies carried as the pipeline carries them."""
+    segments: list[Segment] = []
+    records, previous = [], None
+    for n in range(first, first + turns):
+        segments.append(
+            Segment(
+                kind="tool_output",
+                label=f"exec call_{n}",
+                before=1000 + n,
+                after=200,
+                action="clamped",
+                cap=200,
+                message_index=2 * n,
+                tool="exec",
+                call_id=f"call_{n}",
+            )  # fmt: skip
+        )
+        made = tally(
+            segments, key=(), enabled=True, price=2.5e-6, saved_tokens=lambda s: s.saved // 4,
+            previous=previous,
+        )  # fmt: skip
+        previous = made
+        records.append(
+            RequestRecord(
+                id=f"cb-{n}",
+                ts=1_800_000_000.0 + n,
+                model="gpt-4o",
+                enabled=True,
+                stream=False,
+                status=200,
+                duration_ms=1.0,
+                segments=made.segments,
+                segment_tokens=made.tokens,
+                encoding="o200k_base",
+                input_price=2.5e-6,
+                tally=made,
+            )  # fmt: skip
+        )
+    return records
+
+
+def _whole(record: RequestRecord) -> list[dict[str, Any]]:
+    segments: list[dict[str, Any]] = report_entry(record, TokenCounter())["segments"]
+    return segments
+
+
+def test_a_grown_conversations_entries_read_back_whole(
+    where: Callable[[], Path | PgDatabase],
+) -> None:
+    """Entries whose first segments are in chunks shared by their conversation read back
+    whole, one by id and in the recent list, on either database; the chunks no kept request
+    names are pruned with the requests."""
+    records = _grown(80)
+    store = ReportStore(where(), run="r", keep_requests=30)
+    for record in records:
+        store.add(record)
+        store.flush()
+    for record in records[-30:]:
+        found = store.request(record.id)
+        assert found is not None and found["segments"] == _whole(record), record.id
+    recent = store.summary(recent=5)["recent"]
+    assert [r["segments"] for r in recent] == [_whole(r) for r in reversed(records[-5:])]
+    assert store.request(records[0].id) is None  # pruned: past the 30 kept
+    fetch = store._db.fetchall  # noqa: SLF001 - the rows at rest
+    named = {c for (c,) in fetch("SELECT chunk FROM request_chunks", [])}
+    stored = {c for (c,) in fetch("SELECT id FROM segment_chunks", [])}
+    assert stored == named and len(stored) == 2  # 80 segments: two whole chunks of 32
+    store.close()
+
+
+def _schema_9(where: Path | PgDatabase) -> None:
+    """The report's database at schema 9, with one request of the conversation written then
+    (its row holds all its segments)."""
+    old = [m for m in MIGRATIONS if m.version <= 9]
+    if isinstance(where, PgDatabase):
+        migrate(where, "report", old)
+        execute = where.execute
+    else:
+        db = sqlite3.connect(where, isolation_level=None)
+        for step in old:
+            for statement in (step.sqlite or "").split(";"):
+                if statement.strip():
+                    db.execute(statement)
+        db.execute("PRAGMA user_version=9")
+        execute = db.execute  # type: ignore[assignment]
+    [record] = _grown(40)[-1:]
+    text = orjson.dumps(report_entry(record, TokenCounter())).decode()
+    execute(
+        "INSERT INTO requests (id, run, owner, ts, body) VALUES (?, 'old', 'default', ?, ?)",
+        (record.id, record.ts, text),
+    )
+    if not isinstance(where, PgDatabase):
+        db.close()
+    else:
+        where.close()
+
+
+def test_a_schema_9_report_is_upgraded_and_reads_its_rows_as_written(
+    where: Callable[[], Path | PgDatabase],
+) -> None:
+    """A report written before chunks (schema 9) opens: its rows read back as they were, and
+    the requests written after it keep their first segments in chunks."""
+    _schema_9(where())
+    store = ReportStore(where(), run="r")
+    old = _grown(40)[-1]
+    found = store.request(old.id)
+    assert found is not None and found["segments"] == _whole(old)
+    later = _grown(30, first=100)
+    for record in later:
+        store.add(record)
+    store.flush()
+    recent = store.summary(recent=31)["recent"]
+    assert [r["segments"] for r in recent] == [_whole(r) for r in [*reversed(later), old]]
+    named = store._db.fetchall("SELECT count(*) FROM request_chunks", [])  # noqa: SLF001
+    assert named[0][0] == 0  # 30 segments: not one whole chunk yet
+    store.close()

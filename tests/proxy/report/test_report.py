@@ -158,7 +158,7 @@ def test_a_version_1_report_file_is_upgraded_and_keeps_its_totals(tmp_path: Path
     assert totals["requests"] == 8 and totals["savedUsd"] > 0
     store.close()
     version = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
-    assert version == report_module.SCHEMA_VERSION == 9
+    assert version == report_module.SCHEMA_VERSION == 10
     # rows from before owners existed are `default`'s: no proxy key's owner sees them
     reopened = ReportStore(path, run="old")
     assert reopened.summary(recent=5, owner="default")["totals"]["requests"] == 8

@@ -278,15 +278,14 @@ trimmed as the others are."""
 _SCHEMA_10 = """
 CREATE TABLE IF NOT EXISTS segment_chunks (owner TEXT NOT NULL, id TEXT NOT NULL,
     body TEXT NOT NULL, PRIMARY KEY (owner, id));
-CREATE TABLE IF NOT EXISTS request_chunks (request TEXT NOT NULL, n INTEGER NOT NULL,
-    owner TEXT NOT NULL, chunk TEXT NOT NULL, PRIMARY KEY (request, n));
-CREATE INDEX IF NOT EXISTS request_chunks_chunk ON request_chunks (owner, chunk)
+ALTER TABLE requests ADD COLUMN chunks TEXT NOT NULL DEFAULT ''
 """
 """10: a request's first segments, `CHUNK` at a time, in `segment_chunks` (their entries' JSON,
 found by owner and digest: `Tally.chunks`), each written once and named in order by every
-request that has it (`request_chunks`); the request's row lists only the segments after them
-(`proxy/report/tally.py`). Rows from before hold all their segments and name no chunk: read
-as they are. A chunk no kept request names is pruned with them."""
+request that has it (`requests.chunks`, the digests space-separated); the request's row lists
+only the segments after them (`proxy/report/tally.py`). Rows from before hold all their
+segments and name no chunk: read as they are. A chunk no kept request names is pruned with
+them."""
 MIGRATIONS = (
     Migration(1, _SCHEMA, None),
     *(Migration(v, sql, None) for v, sql in enumerate(_UPGRADES[:-1], start=2)),
@@ -741,18 +740,21 @@ class ReportStore:
         bodies = [e.body if e.body is not None else loads_entry(e.text) for e in entries]
         for e in entries:
             e.body = None
-        rows = [(e.id, self.run, e.owner, e.at, e.text) for e in entries]
+        rows = [
+            (e.id, self.run, e.owner, e.at, e.text, " ".join(c for c, _ in e.chunks))
+            for e in entries
+        ]
         # a conversation's chunks, each written once: its later requests only name them
         chunks = {(e.owner, c): data for e in entries for c, data in e.chunks}
         written = [(o, c, data.decode()) for (o, c), data in chunks.items()]
         written = [row for row in written if (row[0], row[1]) not in self._chunks]
-        named = [(e.id, n, e.owner, c) for e in entries for n, (c, _) in enumerate(e.chunks)]
         pruned = False
         with self._transaction(conn) as tx:
             tx.executemany(
-                "INSERT INTO requests (id, run, owner, ts, body) VALUES (?, ?, ?, ?, ?) "
+                "INSERT INTO requests (id, run, owner, ts, body, chunks) "
+                "VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO UPDATE SET run = excluded.run, owner = excluded.owner, "
-                "ts = excluded.ts, body = excluded.body",
+                "ts = excluded.ts, body = excluded.body, chunks = excluded.chunks",
                 rows,
             )
             if written:
@@ -760,13 +762,6 @@ class ReportStore:
                     "INSERT INTO segment_chunks (owner, id, body) VALUES (?, ?, ?) "
                     "ON CONFLICT (owner, id) DO NOTHING",
                     written,
-                )
-            if named:
-                tx.executemany(
-                    "INSERT INTO request_chunks (request, n, owner, chunk) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (request, n) DO UPDATE SET owner = excluded.owner, "
-                    "chunk = excluded.chunk",
-                    named,
                 )
             self._add_totals(tx, bodies, entries)
             self._add_sessions(tx, bodies, entries)
@@ -905,16 +900,22 @@ class ReportStore:
         conn.execute("DELETE FROM pruned WHERE at < ?", (cutoff,))
         conn.execute("DELETE FROM summaries WHERE at < ?", (cutoff,))
         conn.execute("DELETE FROM arms WHERE drawn < ? AND last < ?", (cutoff, cutoff))
-        # the chunks of segments no kept request names any more
-        conn.execute(
-            "DELETE FROM request_chunks WHERE NOT EXISTS"
-            " (SELECT 1 FROM requests WHERE requests.id = request_chunks.request)"
-        )
-        conn.execute(
-            "DELETE FROM segment_chunks WHERE NOT EXISTS (SELECT 1 FROM request_chunks"
-            " WHERE request_chunks.owner = segment_chunks.owner"
-            " AND request_chunks.chunk = segment_chunks.id)"
-        )
+        # the chunks of segments no kept request names any more (every 200 writes: the kept
+        # requests' lists read, a few digests each)
+        named = {
+            (owner, chunk)
+            for owner, chunks in conn.execute(
+                "SELECT owner, chunks FROM requests WHERE chunks <> ''"
+            ).fetchall()
+            for chunk in chunks.split()
+        }
+        gone = [
+            (owner, chunk)
+            for owner, chunk in conn.execute("SELECT owner, id FROM segment_chunks").fetchall()
+            if (owner, chunk) not in named
+        ]
+        if gone:
+            conn.executemany("DELETE FROM segment_chunks WHERE owner = ? AND id = ?", gone)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -922,7 +923,7 @@ class ReportStore:
         """One request's record, as written (any run); only `owner`'s when given."""
         if storable(request_id) != request_id:
             return None  # a NUL or lone surrogate: no id holds one (PostgreSQL refuses NUL)
-        sql, args = "SELECT body FROM requests WHERE id = ?", [request_id]
+        sql, args = "SELECT owner, chunks, body FROM requests WHERE id = ?", [request_id]
         if owner is not None:
             sql, args = sql + " AND owner = ?", [*args, owner]
         if not self._migrated:
@@ -930,8 +931,9 @@ class ReportStore:
         rows = self._db.fetchall(sql, args)
         if not rows:
             return None
-        entry: dict[str, Any] = loads_entry(rows[0][0])
-        with_chunks(self._db.fetchall, [(request_id, entry)])
+        found, chunks, text = rows[0]
+        entry: dict[str, Any] = loads_entry(text)
+        with_chunks(self._db.fetchall, [(found, chunks, entry)])
         return entry
 
     def summary(

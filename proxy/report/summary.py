@@ -71,10 +71,10 @@ def read_summary(
             totals[key] += value
     recent_since = " AND ts >= ?" if since is not None else ""
     rows = read(
-        f"SELECT id, body FROM requests {where}{recent_since} ORDER BY ts DESC LIMIT ?",
+        f"SELECT owner, chunks, body FROM requests {where}{recent_since} ORDER BY ts DESC LIMIT ?",
         [*args, *([since] if since is not None else []), recent],
     )
-    entries = [(r[0], loads_entry(r[1])) for r in rows]
+    entries = [(owner, chunks, loads_entry(body)) for owner, chunks, body in rows]
     with_chunks(read, entries)
     runs = read(
         "SELECT count(*) FROM runs" + (" WHERE started >= ?" if since else ""),
@@ -87,30 +87,30 @@ def read_summary(
         "window": "since" if since is not None else "all",
         "runs": runs[0][0] if runs else 0,
         "totals": totals,
-        "recent": [entry for _, entry in entries],
+        "recent": [entry for _, _, entry in entries],
         "sessions": sessions,
     }
 
 
-def with_chunks(read: Read, entries: list[tuple[str, dict[str, Any]]]) -> None:
-    """Each of `entries` (request id, entry as stored) with its segments whole: those kept in
-    chunks its conversation shares (`segment_chunks`, schema 10: `Tally.chunks`) first, in
-    order, then the ones its row lists."""
-    if not entries:
+def with_chunks(read: Read, entries: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Each of `entries` (owner, the chunks its row names, the entry as stored) with its
+    segments whole: those kept in chunks its conversation shares (`segment_chunks`, schema
+    10: `Tally.chunks`) first, in order, then the ones its row lists."""
+    wanted = {chunk for _, chunks, _ in entries for chunk in chunks.split()}
+    if not wanted:
         return
-    ids = [request_id for request_id, _ in entries]
-    head: dict[str, list[Any]] = {}
-    for request_id, chunk in read(
-        "SELECT r.request, c.body FROM request_chunks r JOIN segment_chunks c"
-        " ON c.owner = r.owner AND c.id = r.chunk"
-        f" WHERE r.request IN ({', '.join('?' * len(ids))}) ORDER BY r.request, r.n",
-        ids,
-    ):
-        head.setdefault(request_id, []).extend(loads_entry(f"[{chunk}]"))
-    for request_id, entry in entries:
-        found = head.get(request_id)
-        if found:
-            entry["segments"] = found + entry["segments"]
+    found = {
+        (owner, chunk): body
+        for owner, chunk, body in read(
+            "SELECT owner, id, body FROM segment_chunks"
+            f" WHERE id IN ({', '.join('?' * len(wanted))})",
+            sorted(wanted),
+        )
+    }
+    for owner, chunks, entry in entries:
+        if chunks:
+            bodies = [found[(owner, c)] for c in chunks.split() if (owner, c) in found]
+            entry["segments"] = loads_entry(f"[{','.join(bodies)}]") + entry["segments"]
 
 
 _SESSION_COLUMNS = (

@@ -14,7 +14,7 @@ Each entry is JSON already (`Tally.fragments`), made once. The report stores a r
 segments in two parts (schema 10, `proxy/report/store.py`): every `CHUNK` segments from the
 first make a chunk (`Tally.chunks`: their JSON, found by its digest), written once, when the
 conversation's request that completes it is, and named by each later request that repeats
-it (`request_chunks`); the request's own row lists only the segments after its chunks. So a
+it (`requests.chunks`); the request's own row lists only the segments after its chunks. So a
 request at turn 300 writes what one at turn 30 does (a 47 KB row, and SQLite's checkpoints of
 it, had made the writer's cost grow with the history), and reading it joins the chunks back
 in order (`proxy/report/summary.py` `with_chunks`): the entry read is the entry it was.

@@ -295,7 +295,7 @@ def test_a_grown_conversations_entries_read_back_whole(
     assert [r["segments"] for r in recent] == [_whole(r) for r in reversed(records[-5:])]
     assert store.request(records[0].id) is None  # pruned: past the 30 kept
     fetch = store._db.fetchall  # noqa: SLF001 - the rows at rest
-    named = {c for (c,) in fetch("SELECT chunk FROM request_chunks", [])}
+    named = {c for (cs,) in fetch("SELECT chunks FROM requests", []) for c in cs.split()}
     stored = {c for (c,) in fetch("SELECT id FROM segment_chunks", [])}
     assert stored == named and len(stored) == 2  # 80 segments: two whole chunks of 32
     store.close()
@@ -344,6 +344,8 @@ def test_a_schema_9_report_is_upgraded_and_reads_its_rows_as_written(
     store.flush()
     recent = store.summary(recent=31)["recent"]
     assert [r["segments"] for r in recent] == [_whole(r) for r in [*reversed(later), old]]
-    named = store._db.fetchall("SELECT count(*) FROM request_chunks", [])  # noqa: SLF001
+    named = store._db.fetchall(  # noqa: SLF001 - the rows at rest
+        "SELECT count(*) FROM requests WHERE chunks <> ''", []
+    )
     assert named[0][0] == 0  # 30 segments: not one whole chunk yet
     store.close()

@@ -70,6 +70,11 @@ PENDING_BYTES = 64 * 1024 * 1024
 """Records kept while the database does not answer, at most (their JSON text: 5.4 KB for a
 request with 20 clamped tool results, so ~12,000 such requests); past it the oldest are
 dropped and counted as lost."""
+CHUNKS_KNOWN_SECONDS = 60.0
+"""How long a writer trusts that a chunk it wrote is still stored (`ReportStore._chunks`):
+a chunk is pruned once no kept request names it, which another worker's prune may find
+between two requests of a conversation; after this long the next request that names it
+writes it again (`ON CONFLICT DO NOTHING`: a chunk still there costs no page)."""
 KEEP_DAYS = 90.0
 """Default of `report.keepDays`: requests and hourly totals older than this are pruned."""
 _SUMS = (
@@ -458,8 +463,10 @@ class ReportStore:
         self.keep_days = keep_days
         self._pruned = False  # the first batch prunes what expired while no one wrote
         self._chunks: set[tuple[str, str]] = set()
-        """The chunks (owner, digest) written since the last prune: a request names them
-        without writing them again (each prune forgets them: it may have dropped some)."""
+        """The chunks (owner, digest) this writer wrote lately: a request names them without
+        writing them again. Forgotten at each prune of its own (it may have dropped some) and
+        after `CHUNKS_KNOWN_SECONDS` (another worker's prune may have)."""
+        self._chunks_since = time.monotonic()
         self._thread = threading.Thread(target=self._writer, name="ctxbudget-report", daemon=True)
         self._thread.start()
 
@@ -745,6 +752,8 @@ class ReportStore:
             for e in entries
         ]
         # a conversation's chunks, each written once: its later requests only name them
+        if time.monotonic() - self._chunks_since > CHUNKS_KNOWN_SECONDS:
+            self._chunks, self._chunks_since = set(), time.monotonic()
         chunks = {(e.owner, c): data for e in entries for c, data in e.chunks}
         written = [(o, c, data.decode()) for (o, c), data in chunks.items()]
         written = [row for row in written if (row[0], row[1]) not in self._chunks]

@@ -180,6 +180,8 @@ def tally(
         kept = _same_prefix(source, previous.source)
     if kept == 0:
         previous = None
+    elif previous is not None and kept == len(previous) == len(source):
+        return previous  # the very segments again (a request resent): never changed, shared
     new = source[kept:]
     reported = new if enabled else tuple(_would(s) for s in new)
     counted = tuple(saved_tokens(s) for s in reported)

@@ -66,8 +66,11 @@ class Found(NamedTuple):
     """What it extends."""
     tail: tuple[int, int] | None = None
     """The length and the `structure` of the tail (`Tails`) it ends with, when it was read with
-    one: then its `fields` are known to be valid UTF-8 too (`Tails.read` checked the part it
-    scanned, and the tail was checked when first seen)."""
+    one (`Tails.read` checked the part it scanned, and the tail was checked when first seen)."""
+    valid: bool = False
+    """Its `fields` but the list are known to be valid UTF-8: read with a tail, or the part
+    scanned (all but the old items) is ASCII. Else `check_utf8` checks them; never the whole
+    body, whose old items were checked when first parsed (`isascii` of a 1 MB body: ~35 µs)."""
 
 
 def locate(
@@ -112,8 +115,11 @@ def extends(raw: bytes, history: Conversation, kept: int, owner: str) -> Found |
         tail: tuple[int, int] | None = None
         if read is not None:
             found_fields, tail = read[0], read[1:]
+            valid = True
         else:
-            found_fields = TOP.decode(b"".join((view[:start], _STAND_IN, view[end:])))
+            document = b"".join((view[:start], _STAND_IN, view[end:]))
+            found_fields = TOP.decode(document)
+            valid = document.isascii()
         value = found_fields.get(history.key)
         # the field's value (the last one, were the key given twice) is where the stand-in
         # is: no client can write the stand-in elsewhere
@@ -125,7 +131,7 @@ def extends(raw: bytes, history: Conversation, kept: int, owner: str) -> Found |
     fields: dict[str, Any] = dict(found_fields)
     fields[history.key] = view[start - 1 : end + len(value) - len(_OPEN)]
     items = Items(view, history.starts, history.ends, kept, new)
-    return Found(history.key, fields, items, history.parsed[:kept], history, tail)
+    return Found(history.key, fields, items, history.parsed[:kept], history, tail, valid)
 
 
 class Items(Sequence[Any]):
@@ -192,10 +198,13 @@ def kept_items(raw: bytes, history: Conversation) -> int:
         return raw[end : end + 1] in (b",", b"]")
 
     n = len(ends)
+    # all but the last first: OpenClaw drops its context message, so `has(n)` fails at its
+    # start, and `has(n - 1)` tried after it compared the body again from its first byte
+    # (memcmp stops at a difference, and `same` grows only on a match)
+    if n > 1 and has(n - 1):
+        return n if has(n) else n - 1
     if has(n):
         return n
-    if n > 1 and has(n - 1):
-        return n - 1
     low, high = 0, n - 2  # has(low) holds (0 items: nothing to keep), has(high + 1) does not
     while low < high:
         mid = (low + high + 1) // 2

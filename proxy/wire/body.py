@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -40,6 +41,7 @@ from starlette.requests import Request
 from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.errors import BadRequest, PayloadTooLarge
+from ctxbudget.proxy.upstream.http import Body, Parts
 from ctxbudget.proxy.wire.conversations import (
     Conversation,
     Conversations,
@@ -171,13 +173,14 @@ class JsonBody:
         out.update(changes or {})
         return out
 
-    def encode(self, changes: Mapping[str, Any]) -> bytes:
+    def encode(self, changes: Mapping[str, Any]) -> Body:
         """The request with the fields in `changes` replaced (new ones appended); every
-        other field exactly as the client sent it."""
+        other field exactly as the client sent it. Whole, or in `Parts` when the growing list
+        was written from what the conversation's last request sent (`_spliced`)."""
         # One join over the pieces, the client's raw values as views of its body: a 186 KB
         # request is copied once, not once per concatenation.
-        parts: list[bytes | memoryview] = [b"{"]
-        written: tuple[int, _Written] | None = None
+        parts: list[Any] = [b"{"]
+        split = False
         for key, value in self._fields.items():
             if key in changes:
                 old = self._cache.get(key, _MISSING)
@@ -185,8 +188,7 @@ class JsonBody:
                 if not self._decoded and old is not _MISSING:
                     parts += (_dumps(key), b":")
                     pieces, kept = self._spliced(key, new, old, value)
-                    if kept is not None:  # where the list starts in the body
-                        written = (sum(map(len, parts)), kept)
+                    split = split or kept
                     parts += pieces
                     parts.append(b",")
                     continue
@@ -202,19 +204,13 @@ class JsonBody:
         if len(parts) > 1:
             parts.pop()  # the last comma
         parts.append(b"}")
-        body = b"".join(parts)
-        if written is not None:
-            self._wrote(body, *written)
-        return body
+        return Parts(parts) if split else b"".join(parts)
 
-    def _spliced(
-        self, key: str, new: Any, old: Any, value: Any
-    ) -> tuple[list[Any], _Written | None]:
+    def _spliced(self, key: str, new: Any, old: Any, value: Any) -> tuple[list[Any], bool]:
         """`_splice`, for the body's growing list resumed where the conversation's last
-        request's left it: the items it wrote the same, the very objects, are a view of the
-        body it went in (copied once, by the body's join), and only the others are looked
-        at (`Conversation.spliced`). With the pieces, what the body's conversation keeps of
-        them once they are joined (`_wrote`); None when it keeps nothing."""
+        request's left it: the items it wrote the same, the very objects, are the pieces it
+        wrote them in (`Conversation.spliced`), and only the others are looked at. True
+        with the pieces when they are those the conversation keeps for its next request."""
         items = self.raw_items(key)
         conversation = self.conversation
         if (
@@ -225,51 +221,62 @@ class JsonBody:
             or items is None
             or len(items) != len(old)
         ):
-            return _splice(new, old, value, items), None
+            return _splice(new, old, value, items), False
         found = self.extended(key)
         known = found[0].spliced if found is not None else None
         start, ends = 0, []
-        parts: list[Any] = [b"["]
+        chunks: list[Any] = []
+        sizes: list[int] = []
+        at, pieces = 1, [b"["]
         if known is not None and found is not None:
-            last, data, offset, last_ends = known
+            last, last_chunks, last_sizes, last_ends = known
             start = same_prefix(new, last, found[1])
             if start:
-                end = offset + last_ends[start - 1]
-                parts = [memoryview(data)[offset:end]]  # copied once: by the body's join
-                ends = last_ends[:start]
-        at = ends[-1] if ends else 1
+                at = last_ends[start - 1]
+                chunks, sizes = _prefix(last_chunks, last_sizes, at)
+                ends, pieces = last_ends[:start], []
         where = conversation.where  # `old` is the conversation's `parsed`: its index
         for i in range(start, len(new)):
             item = new[i]
             j = index_of(where, old, item)
             piece = _dumps(item) if j is None else items[j]
             if i:
-                parts.append(b",")
+                pieces.append(b",")
                 at += 1
-            parts.append(piece)
+            pieces.append(piece)
             at += len(piece)
             ends.append(at)
-        parts.append(b"]")
-        return parts, (new, ends, key, old, value)
-
-    def _wrote(self, body: bytes, at: int, written: _Written) -> None:
-        """`body`, whose list starts at `at`, is what the conversation's next request's
-        unchanged items are written from (`_spliced`)."""
-        new, ends, key, old, value = written
-        conversation, kept = self.conversation, self.conversations
-        if conversation is None or kept is None:
-            return
-        if RESENT.check:
-            whole = b"".join(_splice(new, old, value, self.raw_items(key)))
-            if body[at : at + ends[-1] + 1 if ends else at + 2] != whole:
-                raise ChangedInPlace("a conversation's list was written back otherwise than whole")
-        conversation.spliced = (new, body, at, ends)
-        kept.grew(self.owner, conversation, len(body) + 16 * len(ends))
+        if pieces:  # the new items' bytes: one chunk, the last ones merged as they grow
+            _append(chunks, sizes, b"".join(pieces))
+        if RESENT.check and b"".join((*chunks, b"]")) != b"".join(_splice(new, old, value, items)):
+            raise ChangedInPlace("a conversation's list was written back otherwise than whole")
+        conversation.spliced = (new, chunks, sizes, ends)
+        self.conversations.grew(self.owner, conversation, at + 16 * len(ends))
+        return [*chunks, b"]"], True
 
 
-_Written = tuple[list[Any], list[int], str, list[Any], Any]
-"""What `_spliced` leaves for `_wrote`: the list written, where each item's JSON ends in it,
-its key, the client's list and its raw value (for `CTXBUDGET_CHECK_RESENT`'s whole pass)."""
+def _prefix(chunks: list[Any], sizes: list[int], size: int) -> tuple[list[Any], list[int]]:
+    """The first `size` bytes of the list written in `chunks` (`sizes`: where each ends): the
+    chunks before, and a view of the one it ends in."""
+    k = bisect_left(sizes, size)
+    if sizes[k] == size:
+        return chunks[: k + 1], sizes[: k + 1]
+    begin = sizes[k - 1] if k else 0
+    return [*chunks[:k], memoryview(chunks[k])[: size - begin]], [*sizes[:k], size]
+
+
+def _append(chunks: list[Any], sizes: list[int], chunk: bytes) -> None:
+    """Add `chunk` after `chunks`, then join the last two while the one before is at most
+    twice the last (a binary counter's carries): the list stays in few chunks (one a
+    doubling of the turns' bytes), and a turn's bytes are copied again about once a
+    doubling, not the whole list every turn."""
+    chunks.append(chunk)
+    sizes.append((sizes[-1] if sizes else 0) + len(chunk))
+    while len(chunks) > 1 and len(chunks[-2]) <= 2 * len(chunks[-1]):
+        last = chunks.pop()
+        sizes.pop()
+        chunks[-1] = b"".join((chunks[-1], last))
+        sizes[-1] += len(last)
 
 
 class ChatBody(JsonBody):
@@ -279,7 +286,7 @@ class ChatBody(JsonBody):
     def messages(self) -> Any:
         return self.get("messages")
 
-    def encode(self, changes: Mapping[str, Any] | list[Any]) -> bytes:
+    def encode(self, changes: Mapping[str, Any] | list[Any]) -> Body:
         """The request with `messages` (a list) or the fields in `changes` replaced."""
         return super().encode({"messages": changes} if isinstance(changes, list) else changes)
 

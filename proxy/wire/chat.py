@@ -21,7 +21,7 @@ from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
-from ctxbudget.proxy.upstream.http import forward_request_headers
+from ctxbudget.proxy.upstream.http import Body, forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
 from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import (
@@ -123,7 +123,7 @@ class ChatCompletionsRequest(InProcessRequest):
         if 0 <= at < len(self.messages):
             self.messages = with_text(self.messages, at, text, "text")
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         if not self.changed:
             return self.raw
         changes: dict[str, Any] = {}

@@ -106,9 +106,9 @@ class Conversation:
         self.blocks: dict[bool, tuple[list[Any], list[Any]]] = {}
         """The items' blocks (`paired`) as last made, with the forwarded items they show: as
         sent (True), and as changed (False)."""
-        self.spliced: tuple[list[Any], bytes, int, list[int]] | None = None
-        """The list as last written back (`JsonBody.encode`): its items, the body it went
-        in, where its `[` is in that body, and where each item's JSON ends after it."""
+        self.spliced: tuple[list[Any], list[Any], list[int], list[int]] | None = None
+        """The list as last written back (`JsonBody.encode`): its items, the chunks its JSON
+        was sent in (but the closing `]`), where each chunk ends, where each item ends."""
         self.weights = weights
         """What the state holds for the items up to each one: its object (`footprint`) and
         `STATE_BYTES_AN_ITEM`."""

@@ -35,7 +35,7 @@ from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.tools import InlineTools, inline_mcp_tools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError, UpstreamError
-from ctxbudget.proxy.upstream.http import forward_request_headers
+from ctxbudget.proxy.upstream.http import Body, forward_request_headers
 from ctxbudget.proxy.urls import join
 from ctxbudget.proxy.wire.body import (
     JsonBody,
@@ -267,7 +267,7 @@ class MessagesRequest(InProcessRequest):
         elif label.startswith("messages["):
             self.messages = with_text(self.messages, int(label[9:-1]), text, "text")
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         if not self.changed:
             return self.raw
         changes: dict[str, Any] = {}

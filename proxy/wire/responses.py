@@ -39,6 +39,7 @@ from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError
+from ctxbudget.proxy.upstream.http import Body
 from ctxbudget.proxy.wire.body import (
     JsonBody,
     check_model,
@@ -357,7 +358,7 @@ class ResponsesRequest(InProcessRequest):
         elif label.startswith("input[") and isinstance(self.input, list):
             self.input = with_text(self.input, int(label[6:-1]), text, "input_text")
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         if not self.changed:
             return self.raw
         changes: dict[str, Any] = {}

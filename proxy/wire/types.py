@@ -36,6 +36,7 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
+from ctxbudget.proxy.upstream.http import Body
 from ctxbudget.proxy.wire.body import JsonBody
 from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
 from ctxbudget.proxy.wire.view import paired
@@ -115,8 +116,9 @@ class WireRequest(Protocol):
         again where an earlier request of the session had it)."""
         ...
 
-    def encode(self) -> bytes:
-        """The body to send upstream: `raw` itself when nothing changed."""
+    def encode(self) -> Body:
+        """The body to send upstream: `raw` itself when nothing changed; a conversation's
+        list written from what its last request sent, in `Parts` (`bytes()` joins them)."""
         ...
 
     def ask_usage(self) -> bool:
@@ -198,7 +200,7 @@ class InProcessRequest:
     def inline_tools(self) -> InlineTools | None:
         return None
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         raise NotImplementedError
 
     def litellm_body(self) -> dict[str, Any] | None:

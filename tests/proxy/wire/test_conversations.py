@@ -361,8 +361,8 @@ def test_turn_n_reads_and_writes_only_its_new_bytes(
     tmp_path: Path, wire: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Request N+1 of a long conversation: the old items' objects are not gone over to parse
-    the new ones, and the body is copied once, to be forwarded (not on reading it, not once
-    for the list and again for the body)."""
+    the new ones, and the body is not copied (not on reading it, not once for the list and
+    again for the body: it is forwarded in pieces)."""
     import tracemalloc
 
     bodies = BUILDERS[wire][1](120)
@@ -391,6 +391,9 @@ def test_turn_n_reads_and_writes_only_its_new_bytes(
     # OpenClaw's context message, the same bytes every request, is found as kept: it is not
     # one of the old items, known by their index, not by a set of all their ids
     assert sum(t.looked for t in looked) <= 8, [t.looked for t in looked]
-    # the body read is the one the client sent; the forwarded one, one copy (Messages: the
-    # part of the body read again, `system` and the new items: ~70 KB)
-    assert made <= len(forwarded) + 100_000, (made, len(forwarded))
+    # the body read is the one the client sent, and the one forwarded is in pieces (`Parts`:
+    # the last one's, and the new items' bytes): what is made is the new part (Messages: the
+    # part of the body read again, its `system` and the new items, ~70 KB; `system` written
+    # again, 65 KB) and, now and then, the list's newest chunks joined (`_append`), never
+    # a copy of the body (it was three: the body read, the list written, the body written)
+    assert made < len(forwarded) * 3 // 4, (made, len(forwarded))

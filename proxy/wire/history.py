@@ -176,7 +176,8 @@ class Items(Sequence[Any]):
 
 def kept_items(raw: bytes, history: Conversation) -> int:
     """How many of `history`'s first items `raw` has, the same bytes from its start, each
-    followed by `,` or `]` (all, all but the last, or found by halving).
+    followed by `,` or `]` (a few short of all, then one more at a time; or found by
+    halving).
 
     Each comparison starts where the bytes are known to be the same (and none is made past
     where they are known to differ): the body is compared about once, not once a try (a
@@ -197,15 +198,18 @@ def kept_items(raw: bytes, history: Conversation) -> int:
             same = end
         return raw[end : end + 1] in (b",", b"]")
 
+    # a few items short of all first, then one more at a time: each match compares only the
+    # bytes past the last one, and the first miss stops at its first differing byte. So the
+    # body is compared about once: OpenClaw drops its context message (chat) or moves its
+    # marker off the newest result (Messages), and trying all of them first compared it up
+    # to there, then again from its first byte (a miss tells not where it differs)
     n = len(ends)
-    # all but the last first: OpenClaw drops its context message, so `has(n)` fails at its
-    # start, and `has(n - 1)` tried after it compared the body again from its first byte
-    # (memcmp stops at a difference, and `same` grows only on a match)
-    if n > 1 and has(n - 1):
-        return n if has(n) else n - 1
-    if has(n):
-        return n
-    low, high = 0, n - 2  # has(low) holds (0 items: nothing to keep), has(high + 1) does not
+    low = max(n - _BACK, 0)
+    if low == 0 or has(low):
+        while low < n and has(low + 1):
+            low += 1
+        return low
+    low, high = 0, low - 1  # has(low) holds (0 items: nothing to keep), has(high + 1) not
     while low < high:
         mid = (low + high + 1) // 2
         if has(mid):
@@ -213,6 +217,11 @@ def kept_items(raw: bytes, history: Conversation) -> int:
         else:
             high = mid - 1
     return low
+
+
+_BACK = 8
+"""How many items short of all `kept_items` tries first (an agent resends all but its last
+one or two: OpenClaw's context message, the result its marker moved off)."""
 
 
 _STAND_IN = str(secrets.randbits(63)).encode()

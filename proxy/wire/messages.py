@@ -20,7 +20,6 @@ Only `system` and `messages` are ever re-serialised, and only when they changed.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +42,7 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
-from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -400,7 +399,7 @@ class AnthropicMessages:
             )
         # the items the conversation's last request had passed: only the new ones are checked
         found, start, calls = body.extended("messages"), 0, None
-        if found is not None and isinstance(found[0].checked, _Checked):
+        if found is not None and isinstance(found[0].checked, Checked):
             start, calls = found[0].checked.at(found[1])
         checked = _check_messages(messages, start, calls)
         if body.conversation is not None:
@@ -505,40 +504,10 @@ async def _message_stream(message: dict[str, Any], text: str) -> AsyncIterator[b
     yield event("message_stop", {"type": "message_stop"})
 
 
-class _Checked:
-    """How far `_check_messages` went, and where each `tool_use` id was first seen."""
-
-    __slots__ = ("count", "firsts", "calls")
-
-    def __init__(self, count: int, firsts: list[tuple[int, str]], calls: dict[str, int]) -> None:
-        self.count = count
-        self.firsts = firsts
-        """(message index, id) of each id's first `tool_use`, in order."""
-        self.calls = calls
-        """The same, by id: what a `tool_result` is looked up in."""
-
-    def at(self, kept: int) -> tuple[int, _Seen | None]:
-        """Where a request that repeats the first `kept` messages starts checking, and the ids
-        seen before it (from the start, with none, past what was checked): copies (a memcpy)
-        less the few ids of the messages after `kept`, where a set of every id of the
-        history was made again each request (~12 µs at turn 300)."""
-        if kept > self.count:
-            return 0, None
-        cut = bisect_left(self.firsts, (kept, ""))
-        calls = self.calls.copy()
-        for _, gone in self.firsts[cut:]:
-            del calls[gone]
-        return kept, (self.firsts[:cut], calls)
-
-
-_Seen = tuple[list[tuple[int, str]], dict[str, int]]
-"""The `tool_use` ids seen before a message: in order (`_Checked.firsts`), and by id."""
-
-
-def _check_messages(messages: list[Any], start: int = 0, seen: _Seen | None = None) -> _Checked:
+def _check_messages(messages: list[Any], start: int = 0, seen: Seen | None = None) -> Checked:
     """400 for what would make the clamp misread the request: shapes, and results that
     answer no earlier `tool_use`. `start`: the messages before it passed already, with the
-    `tool_use` ids `seen` in them (`_Checked.at`: taken, not copied)."""
+    `tool_use` ids `seen` in them (`Checked.at`: taken, not copied)."""
     firsts, calls = seen if seen is not None else ([], {})
     for index in range(start, len(messages)):
         message = messages[index]
@@ -585,7 +554,7 @@ def _check_messages(messages: list[Any], start: int = 0, seen: _Seen | None = No
                 for j, inner in enumerate(result):
                     if isinstance(inner, dict) and not isinstance(inner.get("text"), str):
                         check_text_part(inner, f"{where}.content[{i}].content[{j}]", _TEXT_KINDS)
-    return _Checked(len(messages), firsts, calls)
+    return Checked(len(messages), firsts, calls)
 
 
 def _text_blocks(blocks: list[Any]) -> list[tuple[int, str]]:

@@ -126,7 +126,9 @@ class Parts:
                 if short:
                     yield b"".join(short)
                     short, held = [], 0
-                yield piece
+                # asyncio's transports take bytes, bytearray or memoryview only (a client's
+                # raw field, `msgspec.Raw`, is a buffer of another type)
+                yield piece if isinstance(piece, bytes | memoryview) else memoryview(piece)
                 continue
             short.append(piece)
             held += len(piece)

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -337,7 +338,9 @@ def test_a_body_in_parts_arrives_whole_with_its_length_not_chunked() -> None:
     """A conversation's body goes in pieces (views of the last one's, the new bytes): the
     upstream reads the bytes they join to, with a Content-Length."""
     big = bytes(range(256)) * 1024  # 256 KB: written as it is
-    pieces = (b'{"a":', memoryview(big)[:200_000], b"", b",", memoryview(big)[5:70_000], b"}")
+    raw = msgspec.json.decode(b'["' + b"r" * 100_000 + b'"]', type=list[msgspec.Raw])[0]
+    pieces = (b'{"a":', memoryview(big)[:200_000], b"", b",", memoryview(big)[5:70_000], b",", raw)
+    pieces += (b"}",)
     seen: list[tuple[bytes, str | None, str | None]] = []
 
     async def handler(request: web.Request) -> web.Response:

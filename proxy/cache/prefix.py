@@ -90,10 +90,10 @@ class Observed(NamedTuple):
     are the very ones these were made from (an agent resends its history: a 300-turn
     conversation's 600 blocks were serialised, hashed and compared again every request)."""
 
-    client_data: list[bytes | Digested]
-    """`ClientPrefix.data`, the objects the rest was made from."""
-    forwarded_objects: list[Any]
-    """Each block's `forwarded` value."""
+    blocks: list[Block]
+    """The blocks these were made of: a block of the next request that is the very same one
+    (the wire takes a conversation's blocks as made, `paired`) has the same client and
+    forwarded objects, so the same bytes."""
     forwarded_data: list[bytes | Digested]
     """Its serial bytes as forwarded."""
     forwarded: list[bytes]
@@ -102,6 +102,12 @@ class Observed(NamedTuple):
     """The blocks forwarded other than the client sent them (digests differ), in order."""
     sizes: list[int]
     """`size_of` each forwarded block."""
+    moved: tuple[Any, ...] = ()
+    """What `SessionTracker.observe` found moved (`Moved`, by index): the next request takes
+    those of its leading blocks cached on both sides, as they are."""
+    cached: int = 0
+    """How many leading blocks were cached on both sides (a `Moved` before it has both
+    `client_cached` and `forwarded_cached`)."""
 
 
 class ClientPrefix:
@@ -131,6 +137,7 @@ class ClientPrefix:
             start, stop = reuse[1], reuse[2]
             if reuse[0].observed is not None:
                 self.before = (reuse[0].observed, start)
+        self._joined: bytes | None = None
         found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
@@ -159,7 +166,30 @@ class ClientPrefix:
             _SHARED_KNOWN[key] = shared
         return f"{session}/{shared.hex()[:16]}"
 
+    def joined(self, limit: int) -> bytes:
+        """The first `limit` blocks' digests joined (what a session keeps to compare the next
+        request with), made once."""
+        if self._joined is None:
+            self._joined = b"".join(self.digests[:limit])
+        return self._joined
+
     def index_of(self, label: str) -> int | None:
+        """The block labelled `label`. An item of the request's one list (`messages[i]`,
+        `input[i]`) is where it must be, after the few blocks before the list (tools, system,
+        instructions): found there, not by reading every label (pruning asks this of each
+        pruned result, every request)."""
+        name, sep, rest = label.partition("[")
+        if sep and rest[-1:] == "]" and rest[:-1].isdigit():
+            for head, block in enumerate(self.blocks[:4]):
+                found, bracket, _ = block.label.partition("[")
+                if not bracket:
+                    continue
+                if found != name:  # the request's list is another: no block has the label
+                    return None
+                at = head + int(rest[:-1])
+                if at < len(self.blocks) and self.blocks[at].label == label:
+                    return at
+                break
         for i, block in enumerate(self.blocks):
             if block.label == label:
                 return i

@@ -108,7 +108,7 @@ class Conversation:
         """What it holds: the body, and `weights` of all its items."""
 
 
-def same_prefix(new: list[Any], old: list[Any], limit: int) -> int:
+def same_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
     """How many of the first `limit` items of `new` are the very objects of `old` (a C scan:
     ~20 ns an item, no Python per item)."""
     limit = min(limit, len(new), len(old))

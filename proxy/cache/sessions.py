@@ -445,7 +445,7 @@ def _made(
 ) -> tuple[Observed, int]:
     """`_observed` of blocks with these client bytes and digests, after `before`; and how
     many leading blocks were taken from it."""
-    objects = list(blocks)
+    objects = blocks if isinstance(blocks, list) else list(blocks)  # the caller's own copy
     data: list[bytes | Digested] = []
     forwarded: list[bytes] = []
     changed: list[int] = []

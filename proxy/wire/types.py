@@ -188,7 +188,17 @@ class InProcessRequest:
         if found is not None:
             last = found[0].blocks.get(as_sent)
             if last is not None and len(client) == len(forwarded):
-                same = same_prefix(forwarded, last[0], min(found[1], len(last[1])))
+                limit = min(found[1], len(last[1]))
+                if as_sent and body.conversation is not None:
+                    # the client's items, read as the conversation's extension (its state
+                    # made, `JsonBody._items_parsed`): the first `found[1]` are the very
+                    # objects its request had (`Conversation.parsed`), whose blocks these
+                    # are, by construction: not compared again
+                    same = limit
+                    if RESENT.check and same_prefix(forwarded, last[0], limit) != limit:
+                        raise ChangedInPlace("a conversation's items are not its last ones")
+                else:  # as changed (the clamp's, memory's, pruning's copies), or read whole
+                    same = same_prefix(forwarded, last[0], limit)
                 known = (last[1], same)
         blocks = paired(key, client, forwarded, body.raw_items(key), known=known)
         if body.conversation is not None:

@@ -108,6 +108,10 @@ class Observed(NamedTuple):
     cached: int = 0
     """How many leading blocks were cached on both sides (a `Moved` before it has both
     `client_cached` and `forwarded_cached`)."""
+    source: list[Block] | None = None
+    """The list's blocks as the wire made them (`ClientPrefix.taken`), the same objects as
+    `blocks` after the ones before the list: the next request's wire says how many of its
+    blocks it took from these, so they are not compared again."""
 
 
 class ClientPrefix:
@@ -138,6 +142,10 @@ class ClientPrefix:
             if reuse[0].observed is not None:
                 self.before = (reuse[0].observed, start)
         self._joined: bytes | None = None
+        self.taken: tuple[list[Block], list[Block] | None, int] | None = None
+        """The list's blocks as the wire last made them for this request (`paired`), the
+        conversation's last blocks it took some from (None: none), and how many: set by the
+        wire, read by `SessionTracker.observe`."""
         found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]

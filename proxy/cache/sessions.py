@@ -428,11 +428,17 @@ def _observed(
     objects). Kept on `prefix` for the next request; with what was taken (the previous
     request's `Observed`, where the list starts, how many leading blocks were taken)."""
     before, prefix.before = prefix.before, None
-    seen, kept = _made(prefix.data, prefix.digests, blocks, before)
+    taken = prefix.taken
+    head = len(blocks) - len(taken[0]) if taken is not None else -1
+    if taken is not None and (head < 0 or (taken[0] and blocks[head] is not taken[0][0])):
+        taken = None  # not the blocks the wire made last (`observe`'s fallback)
+    seen, kept = _made(prefix.data, prefix.digests, blocks, before, taken)
     if RESENT.check and before is not None:
         whole = _made(prefix.data, prefix.digests, blocks, None)[0]
         if whole[1:5] != seen[1:5]:
             raise ChangedInPlace("a session's forwarded blocks differ from last time")
+        if kept != _made(prefix.data, prefix.digests, blocks, before)[1]:
+            raise ChangedInPlace("the wire took other blocks than it says")
     prefix.observed = seen
     return seen, None if before is None else (before[0], before[1], kept)
 
@@ -442,9 +448,12 @@ def _made(
     digests: list[bytes],
     blocks: Sequence[Block],
     before: tuple[Observed, int] | None,
+    taken: tuple[list[Block], list[Block] | None, int] | None = None,
 ) -> tuple[Observed, int]:
     """`_observed` of blocks with these client bytes and digests, after `before`; and how
-    many leading blocks were taken from it."""
+    many leading blocks were taken from it. `taken` (`ClientPrefix.taken`, of these very
+    blocks): how many of the list's the wire took from the blocks `before` was made of,
+    when it says (else they are compared)."""
     objects = blocks if isinstance(blocks, list) else list(blocks)  # the caller's own copy
     data: list[bytes | Digested] = []
     forwarded: list[bytes] = []
@@ -472,13 +481,22 @@ def _made(
         make(0, head)
         # the very same block: the same client and forwarded objects, so the same bytes
         # (nothing changes one in place)
-        kept = head + _same(objects, old.blocks, head)
+        if (
+            taken is not None
+            and taken[1] is not None
+            and taken[1] is old.source
+            and len(blocks) - len(taken[0]) == head
+        ):
+            kept = head + taken[2]
+        else:
+            kept = head + _same(objects, old.blocks, head)
         data += old.forwarded_data[head:kept]
         forwarded += old.forwarded[head:kept]
         changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
         sizes += old.sizes[head:kept]
     make(kept, len(blocks))
-    return Observed(objects, data, forwarded, changed, sizes), kept
+    source = taken[0] if taken is not None else None
+    return Observed(objects, data, forwarded, changed, sizes, source=source), kept
 
 
 def _same(new: list[Any], old: list[Any], start: int) -> int:

@@ -165,6 +165,7 @@ class InProcessRequest:
             prefix = ClientPrefix(blocks, owner)
         if body.conversation is not None and head >= 0:
             body.conversation.client = (prefix, head)
+        self._prefix = prefix  # told which blocks `_paired` takes as made (`taken`)
         return prefix
 
     def _blocks_of(self, sources: tuple[Any, ...], make: Callable[[], list[Block]]) -> list[Block]:
@@ -203,6 +204,9 @@ class InProcessRequest:
         blocks = paired(key, client, forwarded, body.raw_items(key), known=known)
         if body.conversation is not None:
             body.conversation.blocks[as_sent] = (forwarded, blocks)
+        prefix: ClientPrefix | None = self.__dict__.get("_prefix")
+        if prefix is not None:
+            prefix.taken = (blocks, known[0], known[1]) if known else (blocks, None, 0)
         return blocks
 
     def inline_tools(self) -> InlineTools | None:

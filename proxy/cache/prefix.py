@@ -18,6 +18,7 @@ from ctxbudget.caps._kept import ByIdentity, bytes_weight
 from ctxbudget.proxy.cache.blocks import (
     _BYTES_KEPT,
     _BYTES_KEPT_MIN,
+    DIGEST,
     Block,
     Digested,
     _data,
@@ -28,6 +29,7 @@ from ctxbudget.proxy.cache.blocks import (
     serial,
     shared_digest,
 )
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 
 _SHARED_KNOWN: LRUCache[tuple[str, bytes], bytes] = LRUCache(maxsize=1024)
 """`shared_digest`s by owner and this process's digest of the same block."""
@@ -108,6 +110,8 @@ class Observed(NamedTuple):
     cached: int = 0
     """How many leading blocks were cached on both sides (a `Moved` before it has both
     `client_cached` and `forwarded_cached`)."""
+    joined: bytes = b""
+    """`forwarded` joined, up to the sessions' `KEEP_BLOCKS`: what a session keeps."""
     source: list[Block] | None = None
     """The list's blocks as the wire made them (`ClientPrefix.taken`), the same objects as
     `blocks` after the ones before the list: the next request's wire says how many of its
@@ -137,10 +141,15 @@ class ClientPrefix:
         those it finds the same (dropped once used: a prefix never holds a chain of earlier
         requests)."""
         start = stop = len(self.blocks)
+        self._joined_from: tuple[bytes, int, int] | None = None
+        """The digests joined of the prefix these blocks were taken from, and which of its
+        blocks were taken (`joined`); not the prefix itself: no prefix holds a chain."""
         if reuse is not None:
             start, stop = reuse[1], reuse[2]
             if reuse[0].observed is not None:
                 self.before = (reuse[0].observed, start)
+            if reuse[0]._joined is not None:
+                self._joined_from = (reuse[0]._joined, start, stop)
         self._joined: bytes | None = None
         self.taken: tuple[list[Block], list[Block] | None, int] | None = None
         """The list's blocks as the wire last made them for this request (`paired`), the
@@ -150,8 +159,10 @@ class ClientPrefix:
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
         if reuse is not None:
-            self.data += reuse[0].data[start:stop]
-            self.digests += reuse[0].digests[start:stop]
+            # one copy of each: the earlier prefix's, its first `start` made again
+            head_data, head_digests = self.data, self.digests
+            self.data, self.digests = reuse[0].data[:stop], reuse[0].digests[:stop]
+            self.data[:start], self.digests[:start] = head_data, head_digests
             found = [_client_serial(b, owner) for b in self.blocks[stop:]]
             self.data += [data for data, _ in found]
             self.digests += [digest for _, digest in found]
@@ -178,7 +189,19 @@ class ClientPrefix:
         """The first `limit` blocks' digests joined (what a session keeps to compare the next
         request with), made once."""
         if self._joined is None:
-            self._joined = b"".join(self.digests[:limit])
+            digests, taken = self.digests, self._joined_from
+            self._joined_from = None
+            if taken is not None and len(taken[0]) >= min(taken[2], limit) * DIGEST:
+                old, start, stop = taken  # those blocks' digests, joined already
+                stop = min(stop, limit)
+                start = min(start, stop)
+                self._joined = b"".join(
+                    (*digests[:start], old[start * DIGEST : stop * DIGEST], *digests[stop:limit])
+                )
+            else:
+                self._joined = b"".join(digests[:limit])
+            if RESENT.check and self._joined != b"".join(digests[:limit]):
+                raise ChangedInPlace("a conversation's client digests differ from last time")
         return self._joined
 
     def index_of(self, label: str) -> int | None:

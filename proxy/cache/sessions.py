@@ -315,12 +315,11 @@ class SessionTracker:
         if len(forwarded_blocks) != len(client):  # no stage adds blocks; be safe if one does
             forwarded_blocks = prefix.blocks
         seen, before = _observed(prefix, forwarded_blocks)
-        forwarded = seen.forwarded
         memory = memory or {}
         previous = self._get(owner, session)
         state = _Session(
             prefix.joined(KEEP_BLOCKS),
-            b"".join(forwarded[:KEEP_BLOCKS]),
+            seen.joined,
             previous.memory if previous else OrderedDict(),
             last=now,
             run=previous.run + 1 if previous is not None and warm else 1,
@@ -435,7 +434,7 @@ def _observed(
     seen, kept = _made(prefix.data, prefix.digests, blocks, before, taken)
     if RESENT.check and before is not None:
         whole = _made(prefix.data, prefix.digests, blocks, None)[0]
-        if whole[1:5] != seen[1:5]:
+        if whole[1:5] != seen[1:5] or whole.joined != seen.joined:
             raise ChangedInPlace("a session's forwarded blocks differ from last time")
         if kept != _made(prefix.data, prefix.digests, blocks, before)[1]:
             raise ChangedInPlace("the wire took other blocks than it says")
@@ -475,6 +474,7 @@ def _made(
             sizes.append(size_of(data[i]))
 
     head = kept = 0
+    joined: bytes | None = None
     if before is not None:
         old, head = before
         head = min(head, len(blocks))
@@ -490,13 +490,33 @@ def _made(
             kept = head + taken[2]
         else:
             kept = head + _same(objects, old.blocks, head)
-        data += old.forwarded_data[head:kept]
-        forwarded += old.forwarded[head:kept]
-        changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
-        sizes += old.sizes[head:kept]
+        if kept > head:  # one copy of each list: the old one's, its first `head` made again
+            made = data, forwarded, sizes
+            data, forwarded, sizes = (
+                old.forwarded_data[:kept],
+                old.forwarded[:kept],
+                old.sizes[:kept],
+            )
+            data[:head], forwarded[:head], sizes[:head] = made
+            changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
+            if len(old.joined) >= min(kept, KEEP_BLOCKS) * DIGEST:
+                joined = old.joined
     make(kept, len(blocks))
     source = taken[0] if taken is not None else None
-    return Observed(objects, data, forwarded, changed, sizes, source=source), kept
+    joined = _joined(forwarded, joined, head, kept)
+    return Observed(objects, data, forwarded, changed, sizes, source=source, joined=joined), kept
+
+
+def _joined(digests: list[bytes], old: bytes | None, head: int, kept: int) -> bytes:
+    """`digests` joined, up to `KEEP_BLOCKS`: those from `head` to `kept` taken from `old`
+    (the same digests, joined already: the previous request's), the others joined."""
+    if old is None or kept <= head:
+        return b"".join(digests[:KEEP_BLOCKS])
+    kept = min(kept, KEEP_BLOCKS)
+    head = min(head, kept)
+    return b"".join(
+        (*digests[:head], old[head * DIGEST : kept * DIGEST], *digests[kept:KEEP_BLOCKS])
+    )
 
 
 def _same(new: list[Any], old: list[Any], start: int) -> int:
@@ -525,9 +545,10 @@ def _common(a: bytes, b: bytes) -> int:
         return True
 
     low, high = 0, min(len(a), len(b)) // DIGEST
-    if has(high):
-        return high
-    high -= 1
+    for n in range(high, max(high - 3, -1), -1):  # the usual: all, or all but the newest
+        if has(n):
+            return n
+    high -= 3
     while low < high:
         mid = (low + high + 1) // 2
         if has(mid):

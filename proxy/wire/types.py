@@ -235,6 +235,7 @@ def resumed(
     state of the conversation's last request (`Conversation.clamp`) and how many of
     `messages` are the very objects its first ones were; its decisions kept for the next."""
     state = None if resume is None else resume[0].upto(resume[1])
+    start = len(state) if state is not None else 0  # before the clamp takes its lists
     if state is None:
         result = clamp({"messages": messages}, caps, tools=tools)
     else:
@@ -251,7 +252,6 @@ def resumed(
     if conversation is not None and result.state is not None and body.conversations is not None:
         conversation.clamp = result.state
         # what it holds beyond the items: the messages it cut, and their segments' texts
-        start = len(state) if state is not None else 0
         out = result.state.out
         grew = sum(
             2 * (footprint(out[i]) or 0)

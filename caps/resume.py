@@ -62,6 +62,7 @@ class ClampState:
         "prunable",
         "prunable_ends",
         "handed",
+        "kept",
     )
 
     def __init__(self, caps: Caps, tools: ToolNames, *, odd: bool = False) -> None:
@@ -96,6 +97,9 @@ class ClampState:
         """Their `prunable` segments (the ones the policy takes), in order."""
         self.prunable_ends: list[int] = []
         """How many of them up to and including each candidate."""
+        self.kept = 0
+        """How many leading messages were taken from the state resumed from (`out`'s first
+        ones are its very objects); 0 when none was."""
         self.handed = False
         """Made by `upto` for the one resume that follows (its lists its own): `extend` takes
         them as they are instead of copying them again (a long conversation's ~10 lists of
@@ -173,7 +177,7 @@ def extend(
     turn: tuple[str, ...] | None = None
     unanswered: set[str] = set()
     if resume is not None:
-        start = len(resume)
+        start = state.kept = len(resume)
         # its own lists when `upto` made it for this resume (taken, and it is spent); else
         # copies (it is a conversation's, never changed)
         take: Callable[[list[Any]], list[Any]] = _taken if resume.handed else list

@@ -55,6 +55,7 @@ class Conversation:
         "view",
         "blocks",
         "spliced",
+        "clamped",
         "weights",
         "weight",
     )
@@ -98,6 +99,10 @@ class Conversation:
         self.blocks: dict[bool, tuple[list[Any], list[Any]]] = {}
         """The items' blocks (`paired`) as last made, with the forwarded items they show: as
         sent (True), and as changed (False)."""
+        self.clamped: list[Any] | None = None
+        """The list the clamp wrote (chat's messages, Messages' items as written back): the
+        next request's clamp starts its own with the very items of this one, so its blocks
+        are taken as made without comparing them (`InProcessRequest._paired`)."""
         self.spliced: tuple[list[Any], bytes, list[int], dict[int, int]] | None = None
         """The list as last written back (`JsonBody.encode`): its items, its JSON, where each
         item's JSON ends in it, and the index of each client item by its id."""

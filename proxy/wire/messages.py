@@ -150,6 +150,10 @@ class MessagesRequest(InProcessRequest):
                 messages, system = _written(place, out[i].get("content"), messages, system)
         if apply:
             self.messages, self.system = messages, system
+            if messages is not self._messages:
+                self._clamped = (messages, kept if known is not None else 0)
+                if body.conversation is not None:
+                    body.conversation.clamped = messages
         state = result.state
         split = (
             len(state.text_segments) + len(state.tool_segments)

@@ -198,8 +198,8 @@ class InProcessRequest:
                     same = limit
                     if RESENT.check and same_prefix(forwarded, last[0], limit) != limit:
                         raise ChangedInPlace("a conversation's items are not its last ones")
-                else:  # as changed (the clamp's, memory's, pruning's copies), or read whole
-                    same = same_prefix(forwarded, last[0], limit)
+                else:
+                    same = self._clamped_same(forwarded, last[0], found[0].clamped, limit)
                 known = (last[1], same)
         blocks = paired(key, client, forwarded, body.raw_items(key), known=known)
         if body.conversation is not None:
@@ -208,6 +208,40 @@ class InProcessRequest:
         if prefix is not None:
             prefix.taken = (blocks, known[0], known[1]) if known else (blocks, None, 0)
         return blocks
+
+    def _clamped_by(self, state: ClampState | None, messages: list[Any]) -> None:
+        """`messages` is the list the clamp wrote, its first `state.kept` the very objects of
+        the list the conversation's last request's clamp wrote (`Conversation.clamped`)."""
+        kept = 0
+        if state is not None and 0 < state.kept <= len(messages):
+            # the clamp's own list (not a stand-in clamp's), or nothing is known of it
+            if messages[state.kept - 1] is state.out[state.kept - 1]:
+                kept = state.kept
+        self._clamped = (messages, kept)
+        conversation = self._body.conversation
+        if conversation is not None:
+            conversation.clamped = messages
+
+    def _clamped_same(
+        self, forwarded: list[Any], last: list[Any], last_clamped: Any, limit: int
+    ) -> int:
+        """How many of the first `limit` items of `forwarded` (as changed) are the very
+        objects of `last` (the conversation's last request's, as changed): known without
+        comparing when both are the lists their clamps wrote (nothing changed them after:
+        no memory placed, nothing pruned), else compared (a C scan)."""
+        clamped: tuple[list[Any], int] | None = self.__dict__.get("_clamped")
+        if (
+            clamped is None
+            or forwarded is not clamped[0]
+            or last_clamped is None
+            or last is not last_clamped
+            or self._body.conversation is None
+        ):
+            return same_prefix(forwarded, last, limit)
+        same = min(limit, clamped[1])
+        if RESENT.check and same_prefix(forwarded, last, same) != same:
+            raise ChangedInPlace("a conversation's clamped items are not its last ones")
+        return same
 
     def inline_tools(self) -> InlineTools | None:
         return None

@@ -61,6 +61,8 @@ class ClampState:
         "candidates",
         "prunable",
         "prunable_ends",
+        "handed",
+        "kept",
     )
 
     def __init__(self, caps: Caps, tools: ToolNames, *, odd: bool = False) -> None:
@@ -95,6 +97,14 @@ class ClampState:
         """Their `prunable` segments (the ones the policy takes), in order."""
         self.prunable_ends: list[int] = []
         """How many of them up to and including each candidate."""
+        self.kept = 0
+        """How many leading messages were taken from the state resumed from (`out`'s first
+        ones are its very objects); 0 when none was."""
+        self.handed = False
+        """Made by `upto` for the one resume that follows (its lists its own): `extend` takes
+        them as they are instead of copying them again (a long conversation's ~10 lists of
+        ~600 items were copied twice a request), and the state is then spent: resumed from
+        again, it is clamped whole (`odd`), as its lists are another state's."""
 
     def __len__(self) -> int:
         return len(self.out)
@@ -128,6 +138,7 @@ class ClampState:
         state.candidates = self.candidates[:j]
         state.prunable_ends = self.prunable_ends[:j]
         state.prunable = self.prunable[: state.prunable_ends[-1] if j else 0]
+        state.handed = True
         return state
 
 
@@ -166,19 +177,24 @@ def extend(
     turn: tuple[str, ...] | None = None
     unanswered: set[str] = set()
     if resume is not None:
-        start = len(resume)
-        state.out = list(resume.out)
-        state.changed = list(resume.changed)
-        state.text_segments = list(resume.text_segments)
-        state.text_ends = list(resume.text_ends)
-        state.tool_segments = list(resume.tool_segments)
-        state.tool_ends = list(resume.tool_ends)
-        state.turns = list(resume.turns)
+        start = state.kept = len(resume)
+        # its own lists when `upto` made it for this resume (taken, and it is spent); else
+        # copies (it is a conversation's, never changed)
+        take: Callable[[list[Any]], list[Any]] = _taken if resume.handed else list
+        state.out = take(resume.out)
+        state.changed = take(resume.changed)
+        state.text_segments = take(resume.text_segments)
+        state.text_ends = take(resume.text_ends)
+        state.tool_segments = take(resume.tool_segments)
+        state.tool_ends = take(resume.tool_ends)
+        state.turns = take(resume.turns)
         state.first_user = resume.first_user
-        state.called_at = list(resume.called_at)
-        state.candidates = list(resume.candidates)
-        state.prunable = list(resume.prunable)
-        state.prunable_ends = list(resume.prunable_ends)
+        state.called_at = take(resume.called_at)
+        state.candidates = take(resume.candidates)
+        state.prunable = take(resume.prunable)
+        state.prunable_ends = take(resume.prunable_ends)
+        if resume.handed:
+            resume.handed, resume.odd = False, True
         calls = resume.calls
         turn = resume.turns[-1] if resume.turns else None
         unanswered = set(resume.unanswered)
@@ -226,6 +242,10 @@ def extend(
     state.calls = calls
     state.unanswered = frozenset(unanswered)
     return state
+
+
+def _taken(items: list[Any]) -> list[Any]:
+    return items
 
 
 def _tool(

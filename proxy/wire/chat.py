@@ -101,8 +101,12 @@ class ChatCompletionsRequest(InProcessRequest):
             state = found[0].clamp if found is not None else None
             resume = (state, found[1]) if found is not None and state is not None else None
             result = resumed(clamp, self._body, self.messages, caps, tools, resume=resume)
-        else:  # a second pass (pruning): its own
-            result = clamp({"messages": self.messages}, caps, tools=tools)
+            if apply and result.changed:
+                self.messages = result.request["messages"]
+                self._clamped_by(result.state, self.messages)
+            return list(result.segments)
+        # a second pass (pruning): its own
+        result = clamp({"messages": self.messages}, caps, tools=tools)
         if apply and result.changed:
             self.messages = result.request["messages"]
         return list(result.segments)

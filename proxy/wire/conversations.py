@@ -57,6 +57,7 @@ class Conversation:
         "view",
         "blocks",
         "spliced",
+        "clamped",
         "weights",
         "weight",
     )
@@ -107,6 +108,10 @@ class Conversation:
         self.blocks: dict[bool, tuple[list[Any], list[Any]]] = {}
         """The items' blocks (`paired`) as last made, with the forwarded items they show: as
         sent (True), and as changed (False)."""
+        self.clamped: list[Any] | None = None
+        """The list the clamp wrote (chat's messages, Messages' items as written back): the
+        next request's clamp starts its own with the very items of this one, so its blocks
+        are taken as made without comparing them (`InProcessRequest._paired`)."""
         self.spliced: tuple[list[Any], list[Any], list[int], list[int]] | None = None
         """The list as last written back (`JsonBody.encode`): its items, the chunks its JSON
         was sent in (but the closing `]`), where each chunk ends, where each item ends."""
@@ -124,7 +129,7 @@ def index_of(where: dict[int, int], items: Sequence[Any], item: Any) -> int | No
     return j if j is not None and j < len(items) and items[j] is item else None
 
 
-def same_prefix(new: list[Any], old: list[Any], limit: int) -> int:
+def same_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
     """How many of the first `limit` items of `new` are the very objects of `old` (a C scan:
     ~20 ns an item, no Python per item)."""
     limit = min(limit, len(new), len(old))

@@ -26,10 +26,12 @@ from typing import Any
 import orjson
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.caps.types import evolve
 from ctxbudget.memory.inject import Placement, block, inject
 from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.tools import InlineTools, inline_mcp_tools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError, UpstreamError
@@ -42,7 +44,7 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
-from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen
+from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen, same_prefix
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -146,9 +148,24 @@ class MessagesRequest(InProcessRequest):
                 messages, system = _written(place, out[i].get("content"), messages, system)
         if apply:
             self.messages, self.system = messages, system
-        known_real = known.real if known is not None else {}
-        real: dict[int, tuple[Segment, Segment]] = {}
-        segments = [_real_segment(s, view.places, known_real, real) for s in result.segments]
+            if messages is not self._messages:
+                self._clamped = (messages, kept if known is not None else 0)
+                if body.conversation is not None:
+                    body.conversation.clamped = messages
+        state = result.state
+        split = (
+            len(state.text_segments) + len(state.tool_segments)
+            if state is not None and not state.odd
+            else None
+        )
+        real = _real_segments(
+            result.segments, view.places, split, known.real if known is not None else None
+        )
+        if RESENT.check and known is not None and known.real is not None:
+            # what was taken must be what placing each one gives
+            if real[1] != [_real_segment(s, view.places) for s in result.segments]:
+                raise ChangedInPlace("a conversation's segments were placed otherwise")
+        segments = real[1]
         if body.conversation is not None:
             body.conversation.view = _Viewed(
                 system_raw,
@@ -158,7 +175,7 @@ class MessagesRequest(InProcessRequest):
                 first,
                 head,
                 messages,
-                real,
+                real[0],
                 (caps, tools),
             )
         return segments
@@ -305,22 +322,39 @@ def _written(
     return messages, system
 
 
-def _real_segment(
-    segment: Segment,
-    places: list[Any],
-    known: dict[int, tuple[Segment, Segment]],
-    real: dict[int, tuple[Segment, Segment]],
-) -> Segment:
-    """`segment` (of a view message) at its real message's index, kept in `real`; the same
-    object for the same segment every turn (`known`, last request's: an entry keeps the view
-    segment, so its id names no other while it lives)."""
-    found = known.get(id(segment))
-    if found is None or found[0] is not segment:
-        index = segment.message_index
-        place = places[index] if 0 <= index < len(places) else None
-        found = (segment, evolve(segment, message_index=int(place[1]) if place else -1))
-    real[id(segment)] = found
-    return found[1]
+def _real_segment(segment: Segment, places: list[Any]) -> Segment:
+    """`segment` (of a view message) at its real message's index."""
+    index = segment.message_index
+    place = places[index] if 0 <= index < len(places) else None
+    return evolve(segment, message_index=int(place[1]) if place else -1)
+
+
+_Placed = tuple[Sequence[Segment], Sequence[Segment], list[Segment], list[Segment]]
+"""A request's view segments, as (the texts' and results', the prunable ones), and each
+placed at its real message (`_real_segment`), in the same two parts."""
+
+
+def _real_segments(
+    segments: Sequence[Segment], places: list[Any], split: int | None, known: _Placed | None
+) -> tuple[_Placed | None, list[Segment]]:
+    """`segments` placed at their real messages, and what the next request takes of it.
+
+    The clamp's segments are the texts' and the results' (the first `split`), then the
+    prunable results (`caps.resume.segments`); a request resumed from the conversation's last
+    has, in each part, the very segments of last time first, then the new ones. Those are
+    placed as last time (`known`: the same view messages, so the same real ones): only the
+    new ones are placed, and each segment stays the same object every turn. `split` None
+    (a conversation clamped whole): every one is placed, nothing kept."""
+    if split is None:
+        return None, [_real_segment(s, places) for s in segments]
+    main, tail = segments[:split], segments[split:]
+    a = b = 0
+    if known is not None:
+        a = same_prefix(main, known[0], len(main))
+        b = same_prefix(tail, known[1], len(tail))
+    placed_main = (known[2][:a] if known else []) + [_real_segment(s, places) for s in main[a:]]
+    placed_tail = (known[3][:b] if known else []) + [_real_segment(s, places) for s in tail[b:]]
+    return (main, tail, placed_main, placed_tail), placed_main + placed_tail
 
 
 class _Viewed:
@@ -347,7 +381,7 @@ class _Viewed:
         first_index: int,
         head: int,
         written: list[Any],
-        real: dict[int, tuple[Segment, Segment]],
+        real: _Placed | None,
         caps: tuple[Caps, ToolNames],
     ) -> None:
         self.system_raw = system_raw
@@ -363,7 +397,8 @@ class _Viewed:
         self.written = written
         """The messages as the clamp's changes left them (whether or not applied)."""
         self.real = real
-        """Each view segment's segment at its real index, by the view segment's identity."""
+        """The view's segments and each at its real index (`_real_segments`); None when the
+        conversation is clamped whole."""
         self.caps = caps
         """The caps and tool names `written` and `real` were clamped with: under others (the
         config reloaded) the old items are clamped again."""

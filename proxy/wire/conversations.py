@@ -21,6 +21,7 @@ A state is never changed once its request is read: a later request copies what i
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from itertools import compress, count, islice
 from operator import is_not
@@ -64,11 +65,11 @@ class Conversation:
         raw: bytes,
         key: str,
         start: int,
-        starts: list[int],
-        ends: list[int],
-        counts: list[int],
+        starts: array[int],
+        ends: array[int],
+        counts: array[int],
         parsed: list[Any],
-        weights: list[int],
+        weights: array[int],
     ) -> None:
         self.raw = raw
         """The body it came in (nothing else of it is kept: no item holds another buffer)."""
@@ -103,9 +104,19 @@ class Conversation:
         item's JSON ends in it, and the index of each client item by its id."""
         self.weights = weights
         """What the state holds for the items up to each one: its object (`footprint`) and
-        `STATE_BYTES_AN_ITEM`."""
+        `STATE_BYTES_AN_ITEM`.
+
+        These four are arrays, not lists: a list of ints is a container the garbage
+        collector walks item by item, each young collection the newest state's (copied a
+        request), and a full one every kept state's; an array holds no objects, and is not
+        tracked."""
         self.weight = len(raw) + (weights[-1] if weights else 0)
         """What it holds: the body, and `weights` of all its items."""
+
+
+def _ints() -> array[int]:
+    """An empty array of offsets, counts or weights (signed 64-bit)."""
+    return array("q")
 
 
 def same_prefix(new: list[Any], old: list[Any], limit: int) -> int:
@@ -230,7 +241,8 @@ class Conversations:
             at = raw.find(data)
             if at < 0 or raw.find(data, at + 1) >= 0:
                 return None  # not found once and only once: where it is stays unknown
-            start, starts, ends, counts, weights = at + 1, [], [], [], []
+            start = at + 1
+            starts, ends, counts, weights = _ints(), _ints(), _ints(), _ints()
         if not locate(raw, start, items, starts, ends, counts):
             return None
         total = weights[-1] if weights else 0

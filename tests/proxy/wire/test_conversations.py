@@ -325,3 +325,24 @@ def test_a_body_is_compared_with_its_conversation_a_few_times_not_once_a_try() -
     found = kept.find(raw, "default")
     assert found is not None and len(found.parsed) >= len(json.loads(raw)["messages"]) - 4
     assert _Compared.compared <= 3 * len(raw), _Compared.compared / len(raw)
+
+
+def test_what_the_collector_walks_of_a_kept_conversation_is_its_items_objects() -> None:
+    """A 600-item conversation's state holds, for the garbage collector to walk, its items'
+    objects and a few fields: where each item starts and ends in the body, its `structure`
+    and its weight are 8 bytes each, not an int object in a list (four lists of 600 walked
+    by every young collection that found the newest state, every full one for each kept
+    state)."""
+    import gc
+
+    messages = [{"role": "user", "content": f"{n}: " + "x" * 100} for n in range(600)]
+    kept = Conversations()
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    _read(kept, raw, "alice")
+    more = json.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": "and"}]})
+    found = kept.find(more.encode(), "alice")
+    assert found is not None and len(found.parsed) == 600
+    walked = sum(
+        len(gc.get_referents(o)) for o in gc.get_referents(found.history) if gc.is_tracked(o)
+    )
+    assert walked <= 600 + 20

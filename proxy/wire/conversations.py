@@ -108,8 +108,8 @@ class Conversation:
 
         These four are arrays, not lists: a list of ints is a container the garbage
         collector walks item by item, each young collection the newest state's (copied a
-        request), and a full one every kept state's; an array holds no objects, and is not
-        tracked."""
+        request), and a full one every kept state's; an array holds no objects (it visits
+        only its type)."""
         self.weight = len(raw) + (weights[-1] if weights else 0)
         """What it holds: the body, and `weights` of all its items."""
 

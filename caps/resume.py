@@ -23,6 +23,7 @@ The state is the caller's, as `caps.Memo` is: `caps` keeps nothing itself.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -70,14 +71,14 @@ class ClampState:
         """The conversation is clamped whole (a call after its result, or an id used twice)."""
         self.out: list[Any] = []
         """Each message as forwarded (the message itself when unchanged)."""
-        self.changed: list[int] = []
+        self.changed: array[int] = _ints()
         """Messages changed up to and including each one."""
         self.text_segments: list[Segment] = []
         """The system and first-user clamps' segments, in message order."""
-        self.text_ends: list[int] = []
+        self.text_ends: array[int] = _ints()
         """How many of them up to and including each message."""
         self.tool_segments: list[Segment] = []
-        self.tool_ends: list[int] = []
+        self.tool_ends: array[int] = _ints()
         self.turns: list[tuple[str, ...] | None] = []
         """The user's latest turn after each message (the `query` question)."""
         self.first_user = -1
@@ -88,13 +89,18 @@ class ClampState:
         """(message index, call id) of each call, in order."""
         self.unanswered: frozenset[str] = frozenset()
         """Call ids of results read before any call named them."""
-        self.candidates: list[int] = []
+        self.candidates: array[int] = _ints()
         """The message index of each result pruning could take (`prune.prunable`, before the
         cutoff)."""
         self.prunable: list[Segment] = []
         """Their `prunable` segments (the ones the policy takes), in order."""
-        self.prunable_ends: list[int] = []
-        """How many of them up to and including each candidate."""
+        self.prunable_ends: array[int] = _ints()
+        """How many of them up to and including each candidate.
+
+        The per-message counts and indexes are arrays, not lists: a list of ints is a
+        container the garbage collector walks item by item (the newest state's, copied a
+        request, at each young collection); an array holds no objects (it visits only its
+        type)."""
 
     def __len__(self) -> int:
         return len(self.out)
@@ -129,6 +135,11 @@ class ClampState:
         state.prunable_ends = self.prunable_ends[:j]
         state.prunable = self.prunable[: state.prunable_ends[-1] if j else 0]
         return state
+
+
+def _ints() -> array[int]:
+    """An empty array of counts or indexes (signed 64-bit)."""
+    return array("q")
 
 
 class _Odd(Exception):
@@ -168,17 +179,17 @@ def extend(
     if resume is not None:
         start = len(resume)
         state.out = list(resume.out)
-        state.changed = list(resume.changed)
+        state.changed = resume.changed[:]
         state.text_segments = list(resume.text_segments)
-        state.text_ends = list(resume.text_ends)
+        state.text_ends = resume.text_ends[:]
         state.tool_segments = list(resume.tool_segments)
-        state.tool_ends = list(resume.tool_ends)
+        state.tool_ends = resume.tool_ends[:]
         state.turns = list(resume.turns)
         state.first_user = resume.first_user
         state.called_at = list(resume.called_at)
-        state.candidates = list(resume.candidates)
+        state.candidates = resume.candidates[:]
         state.prunable = list(resume.prunable)
-        state.prunable_ends = list(resume.prunable_ends)
+        state.prunable_ends = resume.prunable_ends[:]
         calls = resume.calls
         turn = resume.turns[-1] if resume.turns else None
         unanswered = set(resume.unanswered)

@@ -23,6 +23,7 @@ The state is the caller's, as `caps.Memo` is: `caps` keeps nothing itself.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -72,14 +73,14 @@ class ClampState:
         """The conversation is clamped whole (a call after its result, or an id used twice)."""
         self.out: list[Any] = []
         """Each message as forwarded (the message itself when unchanged)."""
-        self.changed: list[int] = []
+        self.changed: array[int] = _ints()
         """Messages changed up to and including each one."""
         self.text_segments: list[Segment] = []
         """The system and first-user clamps' segments, in message order."""
-        self.text_ends: list[int] = []
+        self.text_ends: array[int] = _ints()
         """How many of them up to and including each message."""
         self.tool_segments: list[Segment] = []
-        self.tool_ends: list[int] = []
+        self.tool_ends: array[int] = _ints()
         self.turns: list[tuple[str, ...] | None] = []
         """The user's latest turn after each message (the `query` question)."""
         self.first_user = -1
@@ -90,13 +91,18 @@ class ClampState:
         """(message index, call id) of each call, in order."""
         self.unanswered: frozenset[str] = frozenset()
         """Call ids of results read before any call named them."""
-        self.candidates: list[int] = []
+        self.candidates: array[int] = _ints()
         """The message index of each result pruning could take (`prune.prunable`, before the
         cutoff)."""
         self.prunable: list[Segment] = []
         """Their `prunable` segments (the ones the policy takes), in order."""
-        self.prunable_ends: list[int] = []
-        """How many of them up to and including each candidate."""
+        self.prunable_ends: array[int] = _ints()
+        """How many of them up to and including each candidate.
+
+        The per-message counts and indexes are arrays, not lists: a list of ints is a
+        container the garbage collector walks item by item (the newest state's, copied a
+        request, at each young collection); an array holds no objects (it visits only its
+        type)."""
         self.kept = 0
         """How many leading messages were taken from the state resumed from (`out`'s first
         ones are its very objects); 0 when none was."""
@@ -142,6 +148,11 @@ class ClampState:
         return state
 
 
+def _ints() -> array[int]:
+    """An empty array of counts or indexes (signed 64-bit)."""
+    return array("q")
+
+
 class _Odd(Exception):
     """The conversation cannot be read in one pass (`ClampState.odd`)."""
 
@@ -180,7 +191,7 @@ def extend(
         start = state.kept = len(resume)
         # its own lists when `upto` made it for this resume (taken, and it is spent); else
         # copies (it is a conversation's, never changed)
-        take: Callable[[list[Any]], list[Any]] = _taken if resume.handed else list
+        take: Callable[[Any], Any] = _taken if resume.handed else _copied
         state.out = take(resume.out)
         state.changed = take(resume.changed)
         state.text_segments = take(resume.text_segments)
@@ -244,8 +255,14 @@ def extend(
     return state
 
 
-def _taken(items: list[Any]) -> list[Any]:
+def _taken(items: Any) -> Any:
     return items
+
+
+def _copied(items: Any) -> Any:
+    """A copy of the same type: a list's, or an array's (`list()` would make its ints
+    objects the collector walks again)."""
+    return items[:]
 
 
 def _tool(

@@ -21,6 +21,7 @@ A state is never changed once its request is read: a later request copies what i
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import compress, count, islice
@@ -67,11 +68,11 @@ class Conversation:
         raw: bytes,
         key: str,
         start: int,
-        starts: list[int],
-        ends: list[int],
-        counts: list[int],
+        starts: array[int],
+        ends: array[int],
+        counts: array[int],
         parsed: list[Any],
-        weights: list[int],
+        weights: array[int],
         where: dict[int, int],
     ) -> None:
         self.raw = raw
@@ -117,7 +118,12 @@ class Conversation:
         was sent in (but the closing `]`), where each chunk ends, where each item ends."""
         self.weights = weights
         """What the state holds for the items up to each one: its object (`footprint`) and
-        `STATE_BYTES_AN_ITEM`."""
+        `STATE_BYTES_AN_ITEM`.
+
+        These four are arrays, not lists: a list of ints is a container the garbage
+        collector walks item by item, each young collection the newest state's (copied a
+        request), and a full one every kept state's; an array holds no objects (it visits
+        only its type)."""
         self.weight = len(raw) + (weights[-1] if weights else 0)
         """What it holds: the body, and `weights` of all its items."""
 
@@ -127,6 +133,11 @@ def index_of(where: dict[int, int], items: Sequence[Any], item: Any) -> int | No
     `parsed` starts with `items`); None when it is not there."""
     j = where.get(id(item))
     return j if j is not None and j < len(items) and items[j] is item else None
+
+
+def _ints() -> array[int]:
+    """An empty array of offsets, counts or weights (signed 64-bit)."""
+    return array("q")
 
 
 def same_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
@@ -296,7 +307,8 @@ class Conversations:
             at = raw.find(data)
             if at < 0 or raw.find(data, at + 1) >= 0:
                 return None  # not found once and only once: where it is stays unknown
-            start, starts, ends, counts, weights = at + 1, [], [], [], []
+            start = at + 1
+            starts, ends, counts, weights = _ints(), _ints(), _ints(), _ints()
         if not locate(raw, start, items, starts, ends, counts):
             return None
         if where is None:

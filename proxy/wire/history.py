@@ -41,7 +41,7 @@ True
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import msgspec
@@ -77,9 +77,9 @@ def locate(
     raw: bytes,
     start: int,
     items: Sequence[Any],
-    starts: list[int],
-    ends: list[int],
-    counts: list[int],
+    starts: MutableSequence[int],
+    ends: MutableSequence[int],
+    counts: MutableSequence[int],
 ) -> bool:
     """Extend `starts`, `ends` and `counts` (of the first `len(ends)` items) to all `items`
     of the list whose items start at `start` in `raw`; False when an item is not where it
@@ -144,7 +144,12 @@ class Items(Sequence[Any]):
     __slots__ = ("_view", "_starts", "_ends", "_kept", "_new")
 
     def __init__(
-        self, view: memoryview, starts: list[int], ends: list[int], kept: int, new: list[Any]
+        self,
+        view: memoryview,
+        starts: Sequence[int],
+        ends: Sequence[int],
+        kept: int,
+        new: list[Any],
     ) -> None:
         self._view, self._starts, self._ends = view, starts, ends
         self._kept, self._new = kept, new

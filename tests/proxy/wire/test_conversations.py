@@ -397,3 +397,24 @@ def test_turn_n_reads_and_writes_only_its_new_bytes(
     # again, 65 KB) and, now and then, the list's newest chunks joined (`_append`), never
     # a copy of the body (it was three: the body read, the list written, the body written)
     assert made < len(forwarded) * 3 // 4, (made, len(forwarded))
+
+
+def test_what_the_collector_walks_of_a_kept_conversation_is_its_items_objects() -> None:
+    """A 600-item conversation's state holds, for the garbage collector to walk, its items'
+    objects and a few fields: where each item starts and ends in the body, its `structure`
+    and its weight are 8 bytes each, not an int object in a list (four lists of 600 walked
+    by every young collection that found the newest state, every full one for each kept
+    state)."""
+    import gc
+
+    messages = [{"role": "user", "content": f"{n}: " + "x" * 100} for n in range(600)]
+    kept = Conversations()
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    _read(kept, raw, "alice")
+    more = json.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": "and"}]})
+    found = kept.find(more.encode(), "alice")
+    assert found is not None and len(found.parsed) == 600
+    walked = sum(
+        len(gc.get_referents(o)) for o in gc.get_referents(found.history) if gc.is_tracked(o)
+    )
+    assert walked <= 600 + 20

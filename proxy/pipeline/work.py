@@ -25,6 +25,7 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.sessions import PrefixChange, memory_added
 from ctxbudget.proxy.report.tally import TALLY_BYTES_A_SEGMENT, Tally, check, tally
 from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.upstream.http import Body
 from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import WireRequest
 
@@ -89,8 +90,8 @@ class Work(Protocol):
         """Undo `ask_usage` (the upstream refused `stream_options`)."""
         ...
 
-    async def upstream_body(self) -> bytes:
-        """`body.encode()`, without blocking the event loop."""
+    async def upstream_body(self) -> Body:
+        """`body.encode()`, without blocking the event loop (whole, or in `Parts`)."""
         ...
 
     async def litellm_values(self) -> dict[str, Any] | None:
@@ -160,7 +161,7 @@ class Here:
     def forget_usage(self) -> None:
         self.body.forget_usage()
 
-    async def upstream_body(self) -> bytes:
+    async def upstream_body(self) -> Body:
         return self.body.encode()
 
     async def litellm_values(self) -> dict[str, Any] | None:

@@ -175,7 +175,8 @@ def test_turn_300_looks_only_at_its_new_segments(tmp_path: Path, wire: str, read
     """Request N+1 adds a tool call and its result to a conversation of ~300 messages and
     ~150 clamped segments: its headers, token counts, report entry and totals look at the
     new segment, not the ones request N had."""
-    bodies = BUILDERS[wire][1](149)  # the last a tool turn (every tenth, the user asks)
+    # the last a command's output, over its cap (not a user's turn: every tenth)
+    bodies = BUILDERS[wire][1](146)
     with proxy_app(tmp_path, _config(tmp_path, True)) as (client, fake):
         for raw in bodies[:-1]:
             _send(client, fake, wire, raw)
@@ -186,6 +187,7 @@ def test_turn_300_looks_only_at_its_new_segments(tmp_path: Path, wire: str, read
         looked = reads.count
         seen = _seen(client, request_id)
     assert seen["segmentsSeen"] > 100 and seen["clamped"] > 50
+    assert looked > 0  # the new one was
     # the new segments (a result, and Messages' last newest one: its item is other bytes
     # now), each counted, described and summed; and at most a checkpoint's stride of old
     # ones summed again
@@ -203,7 +205,7 @@ def test_turn_300_writes_what_turn_30_does(tmp_path: Path, wire: str) -> None:
     """The stored row of request N+1 holds its newest segments only, however long the
     history: its first ones are in the conversation's chunks, written once (a row at turn
     300 was 47 KB, at turn 30 7 KB); reading it gives the whole entry."""
-    bodies = BUILDERS[wire][1](149)
+    bodies = BUILDERS[wire][1](146)
     with proxy_app(tmp_path, _config(tmp_path, True)) as (client, fake):
         for raw in bodies[:-1]:
             _send(client, fake, wire, raw)

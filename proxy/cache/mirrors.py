@@ -29,15 +29,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count
-from operator import attrgetter, is_not, ne
+from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any, Literal, NamedTuple
 
 import orjson
 
-from ctxbudget.proxy.cache.blocks import Block, Digested, _data, _digest, _hash
+from ctxbudget.proxy.cache.blocks import Block, _data, _digest, _hash, marked, size_of
 from ctxbudget.proxy.cache.layout import Layout, Part, lay_out, same_groups
 from ctxbudget.proxy.cache.mirror import (
     MAX_BREAKPOINTS,
@@ -48,6 +48,9 @@ from ctxbudget.proxy.cache.mirror import (
     Predicted,
     TokenClass,
 )
+from ctxbudget.proxy.cache.priced import MovedTokens, carried, moved_tokens
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
+from ctxbudget.proxy.cache.sessions import Moved
 
 Provider = Literal["anthropic", "openai"]
 KEEP_BYTES = 64 << 20
@@ -151,14 +154,13 @@ def mirror_groups(
         if provider == "openai":
             # no breakpoints to find: our blocks as they are, whether this process parsed
             # them or the offload process hashed them (`Digested`: the same digest and size)
-            data = value if isinstance(value, Digested) else _data(value)
-            key = _digest(key + (data.digest if isinstance(data, Digested) else _hash(data)))
-            size = data.size if isinstance(data, Digested) else len(data)
-            groups.append([(key, size, None)])
+            data = _data(value)
+            key = _digest(key + _hash(data))
+            groups.append([(key, size_of(data), None)])
             keys.append(key)
             same = _leading(same, groups, last)
             continue
-        if isinstance(value, Digested):
+        if not marked(value):  # no breakpoints to find
             return None
         group: list[Part] = []
         for part in _parts(label, value, provider):
@@ -277,18 +279,20 @@ class MirrorView:
         sent, direct = self.laid
         if not sent.keys or not direct.keys:
             return None
-        mine = [g for g in sorted(counted) if sent.has(g)]
-        known = sum(counted[g][1] for g in mine)
-        rest = sent.total - sum(end - start for start, end in map(sent.span, mine))
+        order = sorted(counted)
+        mine, starts, stops = sent.spans(order)
+        known = sum(_pick(counted, mine, 1))
+        rest = sent.total - (sum(stops) - sum(starts))
         if rest > 0:
             density = (total - known) / rest
             if density <= 0:
                 return None
         else:
             density = 1.0  # every block counted: nothing at the density
+        theirs, their_starts, their_stops = direct.spans(order)
         return (
-            sent.classes(counted, mine, 1, density, self.sent),
-            direct.classes(counted, [g for g in sorted(counted) if direct.has(g)], 0, density,
+            sent.classes(starts, stops, _pick(counted, mine, 1), density, self.sent),
+            direct.classes(their_starts, their_stops, _pick(counted, theirs, 0), density,
                            self.direct),
         )  # fmt: skip
 
@@ -306,6 +310,11 @@ class MirrorView:
         drift = read - round(self.sent.read * ratio)
         self.session.answered(self, total, drift)
         return ratio, drift
+
+
+def _pick(counted: dict[int, tuple[int, int]], groups: list[int], side: int) -> list[int]:
+    """`counted[g][side]` of each of `groups` (in C)."""
+    return list(map(itemgetter(side), map(counted.__getitem__, groups)))
 
 
 @dataclass
@@ -352,6 +361,9 @@ class SessionMirror:
     pruning waits for it before deciding the session's next request."""
     layouts: tuple[Layout, Layout] | None = field(default=None, repr=False)
     """The newest request's provider blocks by column, each copy (`lay_out`'s `last`)."""
+    moved: MovedTokens | None = field(default=None, repr=False)
+    """The tokens of the blocks the newest priced request moved (`priced.moved_tokens`): the
+    next request's report counts only the blocks it moves beyond them. Under `lock`."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -383,7 +395,36 @@ class SessionMirror:
         # while the conversation goes on `history` holds most of them too; and its layouts
         laid = sum(len(layout.keys) for layout in self.layouts or ())
         held = len(self.sent) + len(self.direct)
-        return 512 + _ENTRY_BYTES * held + _PART_BYTES * laid + self.sent_bytes
+        moved = self.moved.weight if self.moved is not None else 0
+        return 512 + _ENTRY_BYTES * held + _PART_BYTES * laid + self.sent_bytes + moved
+
+    def moved_tokens(
+        self,
+        moved: Sequence[Moved],
+        count: Callable[[bytes], int],
+        late: Mapping[str, int],
+        encoding: str,
+    ) -> list[tuple[int, int]]:
+        """The tokens of a request's moved blocks as the client sent them and as forwarded
+        (`priced.moved_tokens`): those the session's previous priced request moved too taken
+        as it counted them, the others counted; kept for the next request."""
+        with self.lock:
+            last = self.moved
+        found = moved_tokens(moved, count, late, last, encoding)
+        if RESENT.check and last is not None:  # what was carried must be what a count gives
+            whole = moved_tokens(moved, count, late, None, encoding)
+            if whole.tokens != found.tokens:
+                raise ChangedInPlace("a session's moved blocks count otherwise than last time")
+        with self.lock:
+            self.moved = found
+        return found.tokens
+
+    def carried(self, moved: Sequence[Moved], encoding: str) -> int:
+        """How many of `moved`'s leading blocks the session's previous priced request counted
+        (`moved_tokens` takes their counts from it)."""
+        with self.lock:
+            last = self.moved
+        return carried(moved, last, encoding)
 
     def observe(
         self,

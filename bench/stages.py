@@ -161,6 +161,11 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.pipeline.recall", "RecallStage.inject"),
     ("ctxbudget.proxy.cache.sessions", "SessionTracker.observe"),
     ("ctxbudget.proxy.cache.mirrors", "Mirrors.observe"),
+    ("ctxbudget.proxy.cache.mirrors", "mirror_groups"),
+    ("ctxbudget.proxy.cache.mirrors", "SessionMirror.observe_groups"),
+    ("ctxbudget.proxy.cache.layout", "lay_out"),
+    ("ctxbudget.proxy.cache.mirror", "AnthropicMirror.bill_parts"),
+    ("ctxbudget.proxy.cache.mirror", "OpenAIMirror.bill_parts"),
     ("ctxbudget.proxy.pipeline.work", "Here.saved_tokens"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._send"),
     ("ctxbudget.proxy.wire.chat", "ChatCompletionsRequest.encode"),
@@ -168,6 +173,9 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._forward"),
     ("ctxbudget.proxy.pipeline.relay", "read_whole"),
     ("ctxbudget.proxy.pipeline.relay", "Recorder.finish_priced"),
+    ("ctxbudget.proxy.report.record", "billing_is_quick"),
+    ("ctxbudget.proxy.report.record", "billing"),
+    ("ctxbudget.proxy.cache.mirrors", "MirrorView.exact"),
 )
 """What --functions times (module, attribute path), in the order of a request."""
 

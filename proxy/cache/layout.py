@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, chain, compress, count, repeat
-from operator import add, itemgetter, lt, mul, sub
+from operator import itemgetter, lt, mul, sub
 from typing import NamedTuple
 
 from ctxbudget.proxy.cache.mirror import Lifetime, Predicted, TokenClass, shared_start
@@ -157,7 +157,7 @@ def lay_out(
     tokens = last.tokens[:shared] if last is not None else []
     tokens += map(float.__round__, map(mul, repeat(float(scale)), sizes[shared:]))
     ends = last.ends[: shared + 1] if last is not None else [0]
-    ends += accumulate(tokens[shared:], add, initial=ends[-1])
+    ends += accumulate(tokens[shared:], initial=ends[-1])  # `add`'s own path in C: faster
     del ends[shared + 1]
     return Layout(keys, sizes, ttls, marks, first, groups, scale, tokens, ends, size)
 

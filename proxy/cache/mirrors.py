@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count
-from operator import attrgetter, is_not, itemgetter, ne
+from operator import is_not, itemgetter
 from typing import Any, Literal, NamedTuple
 
 import orjson
@@ -48,7 +48,7 @@ from ctxbudget.proxy.cache.mirror import (
     Predicted,
     TokenClass,
 )
-from ctxbudget.proxy.cache.priced import MovedTokens, carried, moved_tokens
+from ctxbudget.proxy.cache.priced import MovedTokens, fresh, moved_tokens
 from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 from ctxbudget.proxy.cache.sessions import Moved
 
@@ -105,10 +105,13 @@ def mirror_groups(
     hand back the objects they parsed before), after the same digest, has the same group:
     only the other blocks are serialised and hashed. An agent's request N+1 is request N and a
     turn; re-serialising every Anthropic block of a 300-turn history took ~10 ms a request.
+    The run of blocks `last` had is found by one scan in C and its columns taken as slices:
+    no label or value is read from a block of it (a block's label goes with its value: the
+    tools and the system prompt are never a message's object).
     """
-    value_of = attrgetter("forwarded" if sent else "client")
-    labels = list(map(attrgetter("label"), blocks))
-    kept: list[Any] = []
+    # a `Block`'s value by place: a tuple's item, not an attribute looked up
+    kept: list[Any] = list(map(itemgetter(2 if sent else 1), blocks))
+    labels: list[str] = []
     groups: list[list[Part]] = []
     keys: list[bytes] = []
     key = b""
@@ -119,23 +122,19 @@ def mirror_groups(
     while i < len(blocks):
         if last is not None and i < top and key == (last.keys[i - 1] if i else b""):
             # after the same digest: the run of blocks that are the very objects of the last
-            # request under the same labels keeps its groups (found in C, not a line a block)
-            run = next(
-                compress(count(i), map(is_not, map(value_of, blocks[i:top]), old[i:top])),
-                top,
-            )  # fmt: skip
-            if labels[i:run] != last.labels[i:run]:
-                run = next(compress(count(i), map(ne, labels[i:run], last.labels[i:run])), run)
+            # request keeps its groups (found in C, not a line a block)
+            run = next(compress(count(i), map(is_not, kept[i:top], old[i:top])), top)
             if run > i:
-                kept += old[i:run]
+                labels += last.labels[i:run]
                 groups += last.groups[i:run]
                 keys += last.keys[i:run]
                 key = keys[-1]
                 same = run if same == i else same
                 i = run
                 continue
-            if labels[i] == last.labels[i] and _same(value_of(blocks[i]), old[i]):
-                kept.append(old[i])  # the same bytes (a slice of this body)
+            if blocks[i].label == last.labels[i] and _same(kept[i], old[i]):
+                kept[i] = old[i]  # the same bytes (a slice of this body): its copy
+                labels.append(last.labels[i])
                 groups.append(last.groups[i])
                 key = last.keys[i]
                 keys.append(key)
@@ -146,11 +145,13 @@ def mirror_groups(
             # made again below: still leading if it comes out equal (a new object, the same
             # bytes and breakpoints)
             same = -i - 1
-        label, value = labels[i], value_of(blocks[i])
+        label, value = blocks[i].label, kept[i]
+        labels.append(label)
+        if isinstance(value, bytearray | memoryview):
+            # a slice of the body (a field passed on unread) is kept as a copy: the slice
+            # would hold its whole body
+            kept[i] = _Slice(value)
         i += 1
-        # a slice of the body (a field passed on unread) is kept as a copy: the slice would
-        # hold its whole body
-        kept.append(_Slice(value) if isinstance(value, bytearray | memoryview) else value)
         if provider == "openai":
             # no breakpoints to find: our blocks as they are, whether this process parsed
             # them or the offload process hashed them (`Digested`: the same digest and size)
@@ -174,6 +175,19 @@ def mirror_groups(
     if last is None:
         return Groups(labels, kept, groups, keys)
     return Groups(labels, kept, groups, keys, max(same, 0), last.groups)
+
+
+def _check_groups(
+    blocks: Sequence[Block], provider: Provider, sent: Groups | None, direct: Groups | None
+) -> None:
+    """`CTXBUDGET_CHECK_RESENT`: the groups taken from the session's previous request are
+    those a pass over every block makes."""
+    for found, as_sent in ((sent, True), (direct, False)):
+        whole = mirror_groups(blocks, provider, sent=as_sent)
+        if (found is None) != (whole is None) or (
+            found is not None and whole is not None and found.groups != whole.groups
+        ):
+            raise ChangedInPlace("a session's mirror groups differ from a whole pass")
 
 
 def _leading(same: int, groups: list[list[Part]], last: Groups | None) -> int:
@@ -419,12 +433,12 @@ class SessionMirror:
             self.moved = found
         return found.tokens
 
-    def carried(self, moved: Sequence[Moved], encoding: str) -> int:
-        """How many of `moved`'s leading blocks the session's previous priced request counted
-        (`moved_tokens` takes their counts from it)."""
+    def uncounted(self, moved: Sequence[Moved], encoding: str) -> list[int]:
+        """Which of `moved`'s blocks the session's previous priced request did not count
+        (`moved_tokens` takes the others' counts from it)."""
         with self.lock:
             last = self.moved
-        return carried(moved, last, encoding)
+        return fresh(moved, last, encoding)
 
     def observe(
         self,
@@ -670,6 +684,8 @@ class Mirrors:
         direct_groups = mirror_groups(
             blocks, provider, sent=False, last=last[1] if last is not None else None
         )
+        if RESENT.check and last is not None:  # what was taken must be what a whole pass makes
+            _check_groups(blocks, provider, sent_groups, direct_groups)
         if sent_groups is None or direct_groups is None:
             return None
         if not any(sent_groups.groups):

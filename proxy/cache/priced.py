@@ -14,8 +14,8 @@ counted.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from itertools import accumulate, compress, count, islice
-from operator import attrgetter, is_not
+from itertools import compress, count
+from operator import attrgetter, is_not, or_
 from typing import NamedTuple
 
 from ctxbudget.proxy.cache.blocks import block_tokens, counted, size_of
@@ -38,26 +38,23 @@ class MovedTokens(NamedTuple):
     """Each block as forwarded, held likewise."""
     tokens: list[tuple[int, int]]
     """Each block's tokens as the client sent it and as forwarded."""
-    weights: list[int]
-    """What the first `k + 1` entries hold: their bytes and `ENTRY_BYTES` each."""
-
-    @property
-    def weight(self) -> int:
-        return self.weights[-1] if self.weights else 0
+    sizes: list[int]
+    """What each entry holds: its blocks' bytes and `ENTRY_BYTES`."""
+    weight: int
+    """`sizes` in all."""
 
 
-def carried(moved: Sequence[Moved], last: MovedTokens | None, encoding: str) -> int:
-    """How many of `moved`'s leading blocks are `last`'s, the very same objects both sides
-    (two scans in C): their tokens are `last`'s."""
-    if last is None or last.encoding != encoding or not last.tokens:
-        return 0
+def fresh(moved: Sequence[Moved], last: MovedTokens | None, encoding: str) -> list[int]:
+    """Which of `moved`'s blocks are not `last`'s at the same place, the very same objects
+    both sides (compared in C): those are counted, the others' tokens are `last`'s. A
+    conversation going on moves the blocks it did and the turn's, and the few before the list
+    (the system prompt, serialised again each request) as other objects of the same bytes."""
+    if last is None or last.encoding != encoding:
+        return list(range(len(moved)))
     top = min(len(moved), len(last.tokens))
-    run = _same_run(map(attrgetter("client"), moved), last.client, top)
-    return _same_run(map(attrgetter("forwarded"), moved), last.forwarded, run)
-
-
-def _same_run(new: object, old: list[object], top: int) -> int:
-    return next(compress(count(), islice(map(is_not, new, old), top)), top)  # type: ignore[call-overload]
+    clients = map(is_not, map(attrgetter("client"), moved[:top]), last.client)
+    forwards = map(is_not, map(attrgetter("forwarded"), moved[:top]), last.forwarded)
+    return [*compress(count(), map(or_, clients, forwards)), *range(top, len(moved))]
 
 
 def moved_tokens(
@@ -67,24 +64,35 @@ def moved_tokens(
     last: MovedTokens | None,
     encoding: str,
 ) -> MovedTokens:
-    """The tokens of `moved`'s blocks, those carried from `last` (`carried`) as they were,
-    the others counted (`count_bytes`; `late`, large blocks' counts by label)."""
-    keep = carried(moved, last, encoding)
-    tokens = last.tokens[:keep] if last is not None and keep else []
-    client = last.client[:keep] if last is not None and keep else []
-    forwarded = last.forwarded[:keep] if last is not None and keep else []
-    weights = last.weights[:keep] if last is not None and keep else []
-    for m in moved[keep:]:
+    """The tokens of `moved`'s blocks, those carried from `last` (`fresh`) as they were, the
+    others counted (`count_bytes`; `late`, large blocks' counts by label)."""
+    todo = fresh(moved, last, encoding)
+    n = len(moved)
+    if last is not None and len(todo) < n:
+        tokens, client = last.tokens[:n], last.client[:n]
+        forwarded, sizes = last.forwarded[:n], last.sizes[:n]
+        weight = last.weight - sum(last.sizes[n:])
+    else:
+        tokens, client, forwarded, sizes, weight = [], [], [], [], 0
+    for i in todo:
+        m = moved[i]
         found = late.get(m.label)
-        tokens.append(
+        entry = (
             (
                 block_tokens(m.client, count_bytes, found),
                 block_tokens(m.forwarded, count_bytes, found),
-            )
+            ),
+            m.client if counted(m.client) else None,
+            m.forwarded if counted(m.forwarded) else None,
+            ENTRY_BYTES + size_of(m.client) + size_of(m.forwarded),
         )
-        client.append(m.client if counted(m.client) else None)
-        forwarded.append(m.forwarded if counted(m.forwarded) else None)
-    sizes = (ENTRY_BYTES + size_of(m.client) + size_of(m.forwarded) for m in moved[len(weights) :])
-    weights += accumulate(sizes, initial=weights[-1] if weights else 0)
-    del weights[keep]  # the `initial`
-    return MovedTokens(encoding, client, forwarded, tokens, weights)
+        if i < len(tokens):
+            weight -= sizes[i]
+            tokens[i], client[i], forwarded[i], sizes[i] = entry
+        else:
+            tokens.append(entry[0])
+            client.append(entry[1])
+            forwarded.append(entry[2])
+            sizes.append(entry[3])
+        weight += entry[3]
+    return MovedTokens(encoding, client, forwarded, tokens, sizes, weight)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, compress
 from operator import attrgetter
@@ -23,7 +24,7 @@ from ctxbudget.proxy.cache.blocks import held
 from ctxbudget.proxy.cache.mirror import Predicted, TokenClass
 from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
 from ctxbudget.proxy.cache.priced import moved_tokens
-from ctxbudget.proxy.cache.sessions import PrefixChange
+from ctxbudget.proxy.cache.sessions import Moved, PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices
@@ -440,11 +441,12 @@ def billing_is_quick(r: RequestRecord, tokens: TokenCounter) -> bool:
     (an agent's clamped blocks are, from every earlier turn) or small. Handing it to a thread
     costs ~0.1 ms of the request path's CPU; counting a large block on the loop costs more."""
     left = INLINE_COUNT_BYTES
-    moved = r.prefix.moved if r.prefix is not None else ()
+    moved: Sequence[Moved] = r.prefix.moved if r.prefix is not None else ()
     # the blocks the session's previous request moved too are counted already (`billing`
-    # carries their counts over): only those after them are looked at
-    start = r.mirror.session.carried(moved, r.encoding) if r.mirror is not None else 0
-    for m in moved[start:]:
+    # carries their counts over): only the others are looked at
+    if r.mirror is not None:
+        moved = list(map(moved.__getitem__, r.mirror.session.uncounted(moved, r.encoding)))
+    for m in moved:
         for data in (held(m.client), held(m.forwarded)):
             if data and not tokens.knows_bytes(data, r.encoding, owner=r.owner):
                 left -= len(data)

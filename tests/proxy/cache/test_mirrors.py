@@ -17,7 +17,7 @@ import ctxbudget.proxy.cache.mirrors as mirrors_module
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirror import MirrorBlock, OpenAIMirror
 from ctxbudget.proxy.cache.mirrors import Mirrors, MirrorView
-from ctxbudget.proxy.cache.resent import RESENT
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 from ctxbudget.proxy.pipeline import relay
 from tests.fakes import chat_completion
 from tests.inproc import config_for, proxy_app, state_of
@@ -123,6 +123,7 @@ def test_a_growing_conversation_is_mirrored_by_what_each_request_adds(
 ) -> None:
     # request N+1 is request N and a turn: the mirror serialised every block of the history
     # again on each request (O(turns) a request); now only the blocks that are new or changed
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
     calls = _counting(monkeypatch, serialise)
     bodies = build(40)
     with proxy_app(tmp_path) as (client, fake):
@@ -195,11 +196,14 @@ def _lines_run(call: Callable[[], Any]) -> tuple[Any, int]:
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])
-def test_a_requests_mirror_work_does_not_grow_with_the_conversation(provider: Any) -> None:
+def test_a_requests_mirror_work_does_not_grow_with_the_conversation(
+    provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # request N+1 is request N and a turn: billing it walked every block, every entry held and
     # every 128-token prefix of the history (~2,000 at turn 300) in both copies, and the
     # report priced every block again; now what the turn added, the breakpoints, and the
     # prefixes looked at
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
     mirrors = Mirrors()
     build = messages_requests if provider == "anthropic" else chat_requests
     model = "claude-sonnet-4-5" if provider == "anthropic" else "gpt-4o"
@@ -366,3 +370,17 @@ def test_pricing_a_request_works_only_the_blocks_it_adds(
     assert entry["mirrorDrift"] is not None  # priced by the mirror's classes
     # the same one new clamped result a turn at turn 65 as at turn 20: the same work
     assert max(work[62:]) <= 1.25 * max(work[18:24]), (work[18:24], work[62:])
+
+
+def test_the_resent_check_finds_a_block_changed_in_place_under_the_mirror() -> None:
+    """`CTXBUDGET_CHECK_RESENT` (on in the tests): a block the mirror takes from the session's
+    previous request by its identity is checked against a whole pass, so a value changed in
+    place (which would leave the mirror billing the old bytes) fails loudly."""
+    assert RESENT.check
+    mirrors = Mirrors()
+    body = chat_requests(3)[-1]
+    blocks = [Block(f"messages[{i}]", m, m) for i, m in enumerate(body["messages"])]
+    assert mirrors.observe("o", "s", "openai", blocks, now=0.0, model="gpt-4o") is not None
+    body["messages"][1]["content"] = "changed in place"
+    with pytest.raises(ChangedInPlace, match="mirror groups"):
+        mirrors.observe("o", "s", "openai", blocks, now=1.0, model="gpt-4o")

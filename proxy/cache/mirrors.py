@@ -263,7 +263,7 @@ class MirrorView:
     """The forwarded request, in the session's estimated tokens."""
     direct: Predicted
     """The client's own request, in the same tokens."""
-    written: tuple[bytes, ...] = ()
+    written: Sequence[bytes] = ()
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
@@ -495,7 +495,7 @@ class SessionMirror:
                 self.provider,
                 self._bill(self.sent, sent_laid, now, model, retention),
                 billed_direct,
-                tuple(sent_laid.keys)
+                sent_laid.keys  # not copied: a layout's columns are never changed after
                 if self.provider == "openai"
                 else tuple(sent_laid.keys[i] for i in marks),
                 laid=(sent_laid, direct_laid) if priced else None,

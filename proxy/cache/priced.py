@@ -46,15 +46,22 @@ class MovedTokens(NamedTuple):
 
 def fresh(moved: Sequence[Moved], last: MovedTokens | None, encoding: str) -> list[int]:
     """Which of `moved`'s blocks are not `last`'s at the same place, the very same objects
-    both sides (compared in C): those are counted, the others' tokens are `last`'s. A
-    conversation going on moves the blocks it did and the turn's, and the few before the list
-    (the system prompt, serialised again each request) as other objects of the same bytes."""
+    both sides (compared in C) or the same bytes: those are counted, the others' tokens are
+    `last`'s. A conversation going on moves the blocks it did and the turn's, and the few
+    before the list (the system prompt, serialised again each request) as other objects of
+    the same bytes."""
     if last is None or last.encoding != encoding:
         return list(range(len(moved)))
     top = min(len(moved), len(last.tokens))
     clients = map(is_not, map(attrgetter("client"), moved[:top]), last.client)
     forwards = map(is_not, map(attrgetter("forwarded"), moved[:top]), last.forwarded)
-    return [*compress(count(), map(or_, clients, forwards)), *range(top, len(moved))]
+    # another object of the same bytes (memcmp) is counted alike
+    other = [
+        i
+        for i in compress(count(), map(or_, clients, forwards))
+        if moved[i].client != last.client[i] or moved[i].forwarded != last.forwarded[i]
+    ]
+    return [*other, *range(top, len(moved))]
 
 
 def moved_tokens(
@@ -69,30 +76,30 @@ def moved_tokens(
     todo = fresh(moved, last, encoding)
     n = len(moved)
     if last is not None and len(todo) < n:
-        tokens, client = last.tokens[:n], last.client[:n]
-        forwarded, sizes = last.forwarded[:n], last.sizes[:n]
+        tokens, sizes = last.tokens[:n], last.sizes[:n]
         weight = last.weight - sum(last.sizes[n:])
     else:
-        tokens, client, forwarded, sizes, weight = [], [], [], [], 0
+        tokens, sizes, weight = [], [], 0
+    # this request's objects, carried or not (equal bytes: the next request may resend these)
+    client: list[object] = list(map(attrgetter("client"), moved))
+    forwarded: list[object] = list(map(attrgetter("forwarded"), moved))
     for i in todo:
         m = moved[i]
         found = late.get(m.label)
-        entry = (
-            (
-                block_tokens(m.client, count_bytes, found),
-                block_tokens(m.forwarded, count_bytes, found),
-            ),
-            m.client if counted(m.client) else None,
-            m.forwarded if counted(m.forwarded) else None,
-            ENTRY_BYTES + size_of(m.client) + size_of(m.forwarded),
+        counts = (
+            block_tokens(m.client, count_bytes, found),
+            block_tokens(m.forwarded, count_bytes, found),
         )
+        size = ENTRY_BYTES + size_of(m.client) + size_of(m.forwarded)
+        if not counted(m.client):
+            client[i] = None
+        if not counted(m.forwarded):
+            forwarded[i] = None
         if i < len(tokens):
             weight -= sizes[i]
-            tokens[i], client[i], forwarded[i], sizes[i] = entry
+            tokens[i], sizes[i] = counts, size
         else:
-            tokens.append(entry[0])
-            client.append(entry[1])
-            forwarded.append(entry[2])
-            sizes.append(entry[3])
-        weight += entry[3]
+            tokens.append(counts)
+            sizes.append(size)
+        weight += size
     return MovedTokens(encoding, client, forwarded, tokens, sizes, weight)

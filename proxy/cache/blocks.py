@@ -199,6 +199,17 @@ def counted(data: bytes | Digested) -> bool:
     return data.counted if isinstance(data, Digested) else True
 
 
+def marked(value: Any) -> bool:
+    """Whether a block's value still shows its `cache_control` breakpoints (where a provider
+    keeps a prefix): a value parsed in this process does; a `Digested` one holds its `serial`
+    bytes, without them.
+
+    >>> marked({"role": "user", "content": "hi"}), marked(digested({"role": "user"}))
+    (True, False)
+    """
+    return not isinstance(value, Digested)
+
+
 def readable(value: Any, roles: Container[str | None]) -> Any:
     """A block's value as parsed (`Block.client`, `Block.forwarded`); for a `Digested`, its
     small bytes parsed again when it is a message whose role is in `roles` (None: not a

@@ -29,15 +29,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count
-from operator import attrgetter, is_not, ne
+from operator import is_not, itemgetter
 from typing import Any, Literal, NamedTuple
 
 import orjson
 
-from ctxbudget.proxy.cache.blocks import Block, Digested, _data, _digest, _hash
+from ctxbudget.proxy.cache.blocks import Block, _data, _digest, _hash, marked, size_of
 from ctxbudget.proxy.cache.layout import Layout, Part, lay_out, same_groups
 from ctxbudget.proxy.cache.mirror import (
     MAX_BREAKPOINTS,
@@ -48,6 +48,9 @@ from ctxbudget.proxy.cache.mirror import (
     Predicted,
     TokenClass,
 )
+from ctxbudget.proxy.cache.priced import MovedTokens, fresh, moved_tokens
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
+from ctxbudget.proxy.cache.sessions import Moved
 
 Provider = Literal["anthropic", "openai"]
 KEEP_BYTES = 64 << 20
@@ -102,10 +105,13 @@ def mirror_groups(
     hand back the objects they parsed before), after the same digest, has the same group:
     only the other blocks are serialised and hashed. An agent's request N+1 is request N and a
     turn; re-serialising every Anthropic block of a 300-turn history took ~10 ms a request.
+    The run of blocks `last` had is found by one scan in C and its columns taken as slices:
+    no label or value is read from a block of it (a block's label goes with its value: the
+    tools and the system prompt are never a message's object).
     """
-    value_of = attrgetter("forwarded" if sent else "client")
-    labels = list(map(attrgetter("label"), blocks))
-    kept: list[Any] = []
+    # a `Block`'s value by place: a tuple's item, not an attribute looked up
+    kept: list[Any] = list(map(itemgetter(2 if sent else 1), blocks))
+    labels: list[str] = []
     groups: list[list[Part]] = []
     keys: list[bytes] = []
     key = b""
@@ -116,23 +122,19 @@ def mirror_groups(
     while i < len(blocks):
         if last is not None and i < top and key == (last.keys[i - 1] if i else b""):
             # after the same digest: the run of blocks that are the very objects of the last
-            # request under the same labels keeps its groups (found in C, not a line a block)
-            run = next(
-                compress(count(i), map(is_not, map(value_of, blocks[i:top]), old[i:top])),
-                top,
-            )  # fmt: skip
-            if labels[i:run] != last.labels[i:run]:
-                run = next(compress(count(i), map(ne, labels[i:run], last.labels[i:run])), run)
+            # request keeps its groups (found in C, not a line a block)
+            run = next(compress(count(i), map(is_not, kept[i:top], old[i:top])), top)
             if run > i:
-                kept += old[i:run]
+                labels += last.labels[i:run]
                 groups += last.groups[i:run]
                 keys += last.keys[i:run]
                 key = keys[-1]
                 same = run if same == i else same
                 i = run
                 continue
-            if labels[i] == last.labels[i] and _same(value_of(blocks[i]), old[i]):
-                kept.append(old[i])  # the same bytes (a slice of this body)
+            if blocks[i].label == last.labels[i] and _same(kept[i], old[i]):
+                kept[i] = old[i]  # the same bytes (a slice of this body): its copy
+                labels.append(last.labels[i])
                 groups.append(last.groups[i])
                 key = last.keys[i]
                 keys.append(key)
@@ -143,22 +145,23 @@ def mirror_groups(
             # made again below: still leading if it comes out equal (a new object, the same
             # bytes and breakpoints)
             same = -i - 1
-        label, value = labels[i], value_of(blocks[i])
+        label, value = blocks[i].label, kept[i]
+        labels.append(label)
+        if isinstance(value, bytearray | memoryview):
+            # a slice of the body (a field passed on unread) is kept as a copy: the slice
+            # would hold its whole body
+            kept[i] = _Slice(value)
         i += 1
-        # a slice of the body (a field passed on unread) is kept as a copy: the slice would
-        # hold its whole body
-        kept.append(_Slice(value) if isinstance(value, bytearray | memoryview) else value)
         if provider == "openai":
             # no breakpoints to find: our blocks as they are, whether this process parsed
             # them or the offload process hashed them (`Digested`: the same digest and size)
-            data = value if isinstance(value, Digested) else _data(value)
-            key = _digest(key + (data.digest if isinstance(data, Digested) else _hash(data)))
-            size = data.size if isinstance(data, Digested) else len(data)
-            groups.append([(key, size, None)])
+            data = _data(value)
+            key = _digest(key + _hash(data))
+            groups.append([(key, size_of(data), None)])
             keys.append(key)
             same = _leading(same, groups, last)
             continue
-        if isinstance(value, Digested):
+        if not marked(value):  # no breakpoints to find
             return None
         group: list[Part] = []
         for part in _parts(label, value, provider):
@@ -172,6 +175,19 @@ def mirror_groups(
     if last is None:
         return Groups(labels, kept, groups, keys)
     return Groups(labels, kept, groups, keys, max(same, 0), last.groups)
+
+
+def _check_groups(
+    blocks: Sequence[Block], provider: Provider, sent: Groups | None, direct: Groups | None
+) -> None:
+    """`CTXBUDGET_CHECK_RESENT`: the groups taken from the session's previous request are
+    those a pass over every block makes."""
+    for found, as_sent in ((sent, True), (direct, False)):
+        whole = mirror_groups(blocks, provider, sent=as_sent)
+        if (found is None) != (whole is None) or (
+            found is not None and whole is not None and found.groups != whole.groups
+        ):
+            raise ChangedInPlace("a session's mirror groups differ from a whole pass")
 
 
 def _leading(same: int, groups: list[list[Part]], last: Groups | None) -> int:
@@ -247,7 +263,7 @@ class MirrorView:
     """The forwarded request, in the session's estimated tokens."""
     direct: Predicted
     """The client's own request, in the same tokens."""
-    written: tuple[bytes, ...] = ()
+    written: Sequence[bytes] = ()
     """The sent copy's prefix digests this request holds afterwards."""
     counted: bool = False
     """Its bill is in the session's running totals (`count`)."""
@@ -277,18 +293,20 @@ class MirrorView:
         sent, direct = self.laid
         if not sent.keys or not direct.keys:
             return None
-        mine = [g for g in sorted(counted) if sent.has(g)]
-        known = sum(counted[g][1] for g in mine)
-        rest = sent.total - sum(end - start for start, end in map(sent.span, mine))
+        order = sorted(counted)
+        mine, starts, stops = sent.spans(order)
+        known = sum(_pick(counted, mine, 1))
+        rest = sent.total - (sum(stops) - sum(starts))
         if rest > 0:
             density = (total - known) / rest
             if density <= 0:
                 return None
         else:
             density = 1.0  # every block counted: nothing at the density
+        theirs, their_starts, their_stops = direct.spans(order)
         return (
-            sent.classes(counted, mine, 1, density, self.sent),
-            direct.classes(counted, [g for g in sorted(counted) if direct.has(g)], 0, density,
+            sent.classes(starts, stops, _pick(counted, mine, 1), density, self.sent),
+            direct.classes(their_starts, their_stops, _pick(counted, theirs, 0), density,
                            self.direct),
         )  # fmt: skip
 
@@ -306,6 +324,11 @@ class MirrorView:
         drift = read - round(self.sent.read * ratio)
         self.session.answered(self, total, drift)
         return ratio, drift
+
+
+def _pick(counted: dict[int, tuple[int, int]], groups: list[int], side: int) -> list[int]:
+    """`counted[g][side]` of each of `groups` (in C)."""
+    return list(map(itemgetter(side), map(counted.__getitem__, groups)))
 
 
 @dataclass
@@ -352,6 +375,9 @@ class SessionMirror:
     pruning waits for it before deciding the session's next request."""
     layouts: tuple[Layout, Layout] | None = field(default=None, repr=False)
     """The newest request's provider blocks by column, each copy (`lay_out`'s `last`)."""
+    moved: MovedTokens | None = field(default=None, repr=False)
+    """The tokens of the blocks the newest priced request moved (`priced.moved_tokens`): the
+    next request's report counts only the blocks it moves beyond them. Under `lock`."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -383,7 +409,36 @@ class SessionMirror:
         # while the conversation goes on `history` holds most of them too; and its layouts
         laid = sum(len(layout.keys) for layout in self.layouts or ())
         held = len(self.sent) + len(self.direct)
-        return 512 + _ENTRY_BYTES * held + _PART_BYTES * laid + self.sent_bytes
+        moved = self.moved.weight if self.moved is not None else 0
+        return 512 + _ENTRY_BYTES * held + _PART_BYTES * laid + self.sent_bytes + moved
+
+    def moved_tokens(
+        self,
+        moved: Sequence[Moved],
+        count: Callable[[bytes], int],
+        late: Mapping[str, int],
+        encoding: str,
+    ) -> list[tuple[int, int]]:
+        """The tokens of a request's moved blocks as the client sent them and as forwarded
+        (`priced.moved_tokens`): those the session's previous priced request moved too taken
+        as it counted them, the others counted; kept for the next request."""
+        with self.lock:
+            last = self.moved
+        found = moved_tokens(moved, count, late, last, encoding)
+        if RESENT.check and last is not None:  # what was carried must be what a count gives
+            whole = moved_tokens(moved, count, late, None, encoding)
+            if whole.tokens != found.tokens:
+                raise ChangedInPlace("a session's moved blocks count otherwise than last time")
+        with self.lock:
+            self.moved = found
+        return found.tokens
+
+    def uncounted(self, moved: Sequence[Moved], encoding: str) -> list[int]:
+        """Which of `moved`'s blocks the session's previous priced request did not count
+        (`moved_tokens` takes the others' counts from it)."""
+        with self.lock:
+            last = self.moved
+        return fresh(moved, last, encoding)
 
     def observe(
         self,
@@ -440,7 +495,7 @@ class SessionMirror:
                 self.provider,
                 self._bill(self.sent, sent_laid, now, model, retention),
                 billed_direct,
-                tuple(sent_laid.keys)
+                sent_laid.keys  # not copied: a layout's columns are never changed after
                 if self.provider == "openai"
                 else tuple(sent_laid.keys[i] for i in marks),
                 laid=(sent_laid, direct_laid) if priced else None,
@@ -629,6 +684,8 @@ class Mirrors:
         direct_groups = mirror_groups(
             blocks, provider, sent=False, last=last[1] if last is not None else None
         )
+        if RESENT.check and last is not None:  # what was taken must be what a whole pass makes
+            _check_groups(blocks, provider, sent_groups, direct_groups)
         if sent_groups is None or direct_groups is None:
             return None
         if not any(sent_groups.groups):

@@ -231,11 +231,15 @@ CACHES: tuple[Cache, ...] = (
         where="proxy/cache/mirrors.py:_kept",
         key="owner, session",
         bound="64 MB (an estimate of the entries both copies hold, of the newest request's "
-        "layout by column and of its bytes; the owner holding the most gives way)",
+        "layout by column and of its bytes, and of its moved blocks' counts; the owner holding "
+        "the most gives way)",
         invariant="a session's cache mirror (sent and direct) and its running bill: fed only "
         "by that owner's requests of that session; with the newest request's blocks, whose "
         "groups a block of the next is given when it is the same object (`resent`) or bytes, "
-        "and whose columns the next request's shared leading groups take (`layout.lay_out`)",
+        "and whose columns the next request's shared leading groups take (`layout.lay_out`); "
+        "and the token counts of the blocks its newest priced request moved "
+        "(`priced.MovedTokens`), carried to a block of the next at the same place that is the "
+        "same object or bytes, in the same encoding",
     ),
     Cache(
         where="proxy/report/arms.py:conversations",

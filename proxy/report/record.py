@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
+from itertools import accumulate, compress
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import orjson
 
 from ctxbudget.caps import Segment
-from ctxbudget.proxy.cache.blocks import block_tokens, held
+from ctxbudget.proxy.cache.blocks import held
 from ctxbudget.proxy.cache.mirror import Predicted, TokenClass
 from ctxbudget.proxy.cache.mirrors import MISS_SHARE, MISS_TOKENS, MirrorView
-from ctxbudget.proxy.cache.sessions import PrefixChange
+from ctxbudget.proxy.cache.priced import moved_tokens
+from ctxbudget.proxy.cache.sessions import Moved, PrefixChange
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.report.billing import Shift, cost, without
 from ctxbudget.proxy.report.prices import Prices
@@ -303,28 +306,44 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
     def count(data: bytes) -> int:
         return tokens.count_bytes(data, r.encoding, owner=r.owner)
 
-    # Where the provider's read ended: at a bust of ours, the session's comparison says how
-    # far each side would read; else the provider's own `cache_read` says it, for both sides.
-    read = None
-    if prefix is not None and not _stopped_by_us(r.usage, prefix):
-        read = _read_blocks(r.usage, prefix)
-    shifts = []
-    # our block's index → its tokens as the client sent it and as forwarded: the mirror's
-    # classes are priced again from them (`MirrorView.exact`)
-    counted: dict[int, tuple[int, int]] = {}
-    for m in prefix.moved if prefix is not None else ():
-        forwarded_cached, client_cached = m.forwarded_cached, m.client_cached
-        if read is not None and m.index >= 0:
-            forwarded_cached = client_cached = m.index < read
-        shift = Shift(
-            client=block_tokens(m.client, count, late.get(m.label)),
-            forwarded=block_tokens(m.forwarded, count, late.get(m.label)),
-            client_cached=client_cached,
-            forwarded_cached=forwarded_cached,
-        )
-        shifts.append(shift)
-        if m.index >= 0:
-            counted[m.index] = (shift.client, shift.forwarded)
+    moved = prefix.moved if prefix is not None else ()
+    # each moved block's tokens as the client sent it and as forwarded: those the session's
+    # previous request moved too carried over from its pricing (`SessionMirror.moved_tokens`),
+    # only the blocks this request adds counted
+    if r.mirror is not None:
+        tokens_of = r.mirror.session.moved_tokens(moved, count, late, r.encoding)
+    else:
+        tokens_of = moved_tokens(moved, count, late, None, r.encoding).tokens
+    # our block's index → its tokens: the mirror's classes are priced again from them
+    # (`MirrorView.exact`); made in C, not a line a block of the history
+    indexes = list(map(attrgetter("index"), moved))
+    counted: dict[int, tuple[int, int]] = dict(
+        compress(zip(indexes, tokens_of, strict=True), map((-1).__lt__, indexes))
+    )
+
+    def shifts() -> list[Shift]:
+        """The moved blocks as `without` estimates from them (where the mirror cannot say)."""
+        # Where the provider's read ended: at a bust of ours, the session's comparison says
+        # how far each side would read; else the provider's own `cache_read` says it, for
+        # both sides.
+        read = None
+        if prefix is not None and not _stopped_by_us(r.usage, prefix):
+            read = _read_blocks(r.usage, prefix)
+        out = []
+        for m, (client, forwarded) in zip(moved, tokens_of, strict=True):
+            forwarded_cached, client_cached = m.forwarded_cached, m.client_cached
+            if read is not None and m.index >= 0:
+                forwarded_cached = client_cached = m.index < read
+            out.append(
+                Shift(
+                    client=client,
+                    forwarded=forwarded,
+                    client_cached=client_cached,
+                    forwarded_cached=forwarded_cached,
+                )
+            )
+        return out
+
     usage_without: Usage | None = None
     actual = would = None
     drift: int | None = None
@@ -342,7 +361,7 @@ def billing(r: RequestRecord, tokens: TokenCounter) -> dict[str, Any]:
             # not mirrored (a large body parsed elsewhere), or the provider held more than the
             # mirror knew (another worker or instance served the session before): estimated
             # from the moved blocks and where the provider's read ended
-            usage_without = without(r.usage, shifts)
+            usage_without = without(r.usage, shifts())
         if r.prices is not None:
             actual, would = cost(r.usage, r.prices), cost(usage_without, r.prices)
             if r.mirror is not None:  # the guard on the measured bill reads the totals
@@ -414,7 +433,12 @@ def billing_is_quick(r: RequestRecord, tokens: TokenCounter) -> bool:
     (an agent's clamped blocks are, from every earlier turn) or small. Handing it to a thread
     costs ~0.1 ms of the request path's CPU; counting a large block on the loop costs more."""
     left = INLINE_COUNT_BYTES
-    for m in r.prefix.moved if r.prefix is not None else ():
+    moved: Sequence[Moved] = r.prefix.moved if r.prefix is not None else ()
+    # the blocks the session's previous request moved too are counted already (`billing`
+    # carries their counts over): only the others are looked at
+    if r.mirror is not None:
+        moved = list(map(moved.__getitem__, r.mirror.session.uncounted(moved, r.encoding)))
+    for m in moved:
         for data in (held(m.client), held(m.forwarded)):
             if data and not tokens.knows_bytes(data, r.encoding, owner=r.owner):
                 left -= len(data)

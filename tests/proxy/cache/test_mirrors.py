@@ -17,7 +17,10 @@ import ctxbudget.proxy.cache.mirrors as mirrors_module
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirror import MirrorBlock, OpenAIMirror
 from ctxbudget.proxy.cache.mirrors import Mirrors, MirrorView
-from tests.inproc import proxy_app, state_of
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
+from ctxbudget.proxy.pipeline import relay
+from tests.fakes import chat_completion
+from tests.inproc import config_for, proxy_app, state_of
 from tests.openclaw import INTERNAL_CONTEXT, tool_call
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -120,6 +123,7 @@ def test_a_growing_conversation_is_mirrored_by_what_each_request_adds(
 ) -> None:
     # request N+1 is request N and a turn: the mirror serialised every block of the history
     # again on each request (O(turns) a request); now only the blocks that are new or changed
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
     calls = _counting(monkeypatch, serialise)
     bodies = build(40)
     with proxy_app(tmp_path) as (client, fake):
@@ -192,11 +196,14 @@ def _lines_run(call: Callable[[], Any]) -> tuple[Any, int]:
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])
-def test_a_requests_mirror_work_does_not_grow_with_the_conversation(provider: Any) -> None:
+def test_a_requests_mirror_work_does_not_grow_with_the_conversation(
+    provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # request N+1 is request N and a turn: billing it walked every block, every entry held and
     # every 128-token prefix of the history (~2,000 at turn 300) in both copies, and the
     # report priced every block again; now what the turn added, the breakpoints, and the
     # prefixes looked at
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
     mirrors = Mirrors()
     build = messages_requests if provider == "anthropic" else chat_requests
     model = "claude-sonnet-4-5" if provider == "anthropic" else "gpt-4o"
@@ -280,3 +287,100 @@ def test_a_mirror_grown_past_the_whole_bound_is_let_go() -> None:
     mirrors.observe("bob", "s", "openai", grown, now=1.0, model="gpt-4o")
     found = mirrors.get("bob", "s")
     assert found is None or found.weight <= 200_000, found.weight
+
+
+def _priced_answer(route: str, prompt: int, read: int) -> dict[str, Any]:
+    """An answer whose usage says the provider read `read` of `prompt` tokens."""
+    if route == "/v1/chat/completions":
+        answer = chat_completion(model="gpt-4o")
+        answer["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": 2,
+            "total_tokens": prompt + 2,
+            "prompt_tokens_details": {"cached_tokens": read},
+        }
+        return answer
+    answer = _anthropic()
+    answer["usage"] = {
+        "input_tokens": prompt - read,
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": 2,
+    }
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("route", "build", "headers"),
+    [
+        ("/v1/messages", messages_requests, MESSAGES_HEADERS),
+        ("/v1/chat/completions", chat_requests, CHAT_HEADERS),
+    ],
+)
+def test_pricing_a_request_works_only_the_blocks_it_adds(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    route: str,
+    build: Callable[[int], list[dict[str, Any]]],
+    headers: dict[str, str],
+) -> None:
+    """Every tool result clamped: each request moves one block more than the one before. The
+    answer is priced on the event loop (`Recorder.finish_priced`): it looked a token count up
+    for every block ctxbudget ever moved in the session, as sent and as forwarded, and laid
+    each over the mirror's classes, every request (O(turns) a request); now the blocks the
+    request adds, the rest carried over from the session's previous request."""
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
+    work: list[int] = []
+    seen: list[int] = []
+
+    def traced(function: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            found, lines = _lines_run(lambda: function(*args))
+            seen.append(lines)
+            return found
+
+        return run
+
+    monkeypatch.setattr(relay, "billing", traced(relay.billing))
+    monkeypatch.setattr(relay, "billing_is_quick", traced(relay.billing_is_quick))
+    budget = {"enabled": True, "toolOutputMaxChars": 900}
+    config = config_for(
+        tmp_path,
+        agents={"defaults": {"contextBudget": budget}},
+        memory={"inject": {"enabled": False}},
+    )
+    read = 0
+    with proxy_app(tmp_path, config) as (client, fake):
+        for body in build(70):
+            raw = json.dumps(body).encode()
+            prompt = len(raw) // 4
+            fake.answer_json(_priced_answer(route, prompt, read))
+            read = prompt // 2 * 2
+            seen.clear()
+            r = client.post(
+                route, content=raw, headers={"content-type": "application/json", **headers}
+            )
+            assert r.status_code == 200, r.text
+            assert "x-context-budget-saved-usd" in r.headers  # priced before it went
+            work.append(sum(seen))
+        reports = state_of(client).reports
+        reports.flush()
+        entry = reports.request(r.headers["x-context-budget-request-id"])
+    assert entry is not None and len(entry["segments"]) >= 60  # every result clamped
+    assert entry["mirrorDrift"] is not None  # priced by the mirror's classes
+    # the same one new clamped result a turn at turn 65 as at turn 20: the same work
+    assert max(work[62:]) <= 1.25 * max(work[18:24]), (work[18:24], work[62:])
+
+
+def test_the_resent_check_finds_a_block_changed_in_place_under_the_mirror() -> None:
+    """`CTXBUDGET_CHECK_RESENT` (on in the tests): a block the mirror takes from the session's
+    previous request by its identity is checked against a whole pass, so a value changed in
+    place (which would leave the mirror billing the old bytes) fails loudly."""
+    assert RESENT.check
+    mirrors = Mirrors()
+    body = chat_requests(3)[-1]
+    blocks = [Block(f"messages[{i}]", m, m) for i, m in enumerate(body["messages"])]
+    assert mirrors.observe("o", "s", "openai", blocks, now=0.0, model="gpt-4o") is not None
+    body["messages"][1]["content"] = "changed in place"
+    with pytest.raises(ChangedInPlace, match="mirror groups"):
+        mirrors.observe("o", "s", "openai", blocks, now=1.0, model="gpt-4o")

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,12 @@ WINDOWS = ((20, 40), (285, 305))
 
 
 class Collections:
-    """Wall time spent in the garbage collector (`gc.callbacks`), in ns."""
+    """Wall time spent in the garbage collector (`gc.callbacks`), in ns, and how many
+    collections of each generation ran."""
 
     def __init__(self) -> None:
         self.spent = 0
+        self.runs = [0, 0, 0]
         self._started = 0
         gc.callbacks.append(self._seen)
 
@@ -53,6 +56,7 @@ class Collections:
             self._started = time.perf_counter_ns()
         else:
             self.spent += time.perf_counter_ns() - self._started
+            self.runs[info["generation"]] += 1
 
 
 async def grow(fmt: str, turns: int) -> None:
@@ -85,18 +89,22 @@ async def grow(fmt: str, turns: int) -> None:
             ) as bare,
         ):
             seen: dict[str, list[float]] = {}
+            # a young collection may run once in ~70 requests: its cost shared over a wider span
+            collected_by_turn: deque[int] = deque(maxlen=100)
             for turn, body in enumerate(build(turns), 1):
                 window = next((w for w in WINDOWS if w[0] <= turn <= w[1]), None)
                 reply = stages.sized_reply(route, len(body))
                 if window is not None and turn == window[0]:
                     seen = {"ours": [], "floor": [], "writer": [], "gc": []}
                     spent.update(dict.fromkeys(spent, 0))
+                    collections.runs = [0, 0, 0]
                 writer, collected = stages.writer_cpu(), collections.spent
                 start = time.process_time()
                 await stages.post_one(ours, ours_up, route, body, reply)
                 stages.flush(app)
                 middle = time.process_time()
                 gc_ns = collections.spent - collected
+                collected_by_turn.append(gc_ns)
                 await stages.post_one(bare, floor_up, route, body, reply)
                 if window is None:
                     continue
@@ -106,6 +114,12 @@ async def grow(fmt: str, turns: int) -> None:
                 seen["gc"].append(gc_ns / 1e9)
                 if turn == window[1]:
                     show(window, len(body), seen, spent)
+                    print(
+                        f"  collections (young, middle, full): {collections.runs}; objects the "
+                        f"collector tracks: {len(gc.get_objects())}; GC over the last "
+                        f"{len(collected_by_turn)} requests: "
+                        f"{statistics.mean(collected_by_turn) / 1e6:.3f} ms (mean)"
+                    )
 
 
 def show(window: tuple[int, int], size: int, seen: dict[str, list[float]], spent: dict) -> None:

@@ -23,6 +23,7 @@ The state is the caller's, as `caps.Memo` is: `caps` keeps nothing itself.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,8 @@ class ClampState:
         "candidates",
         "prunable",
         "prunable_ends",
+        "handed",
+        "kept",
     )
 
     def __init__(self, caps: Caps, tools: ToolNames, *, odd: bool = False) -> None:
@@ -70,14 +73,14 @@ class ClampState:
         """The conversation is clamped whole (a call after its result, or an id used twice)."""
         self.out: list[Any] = []
         """Each message as forwarded (the message itself when unchanged)."""
-        self.changed: list[int] = []
+        self.changed: array[int] = _ints()
         """Messages changed up to and including each one."""
         self.text_segments: list[Segment] = []
         """The system and first-user clamps' segments, in message order."""
-        self.text_ends: list[int] = []
+        self.text_ends: array[int] = _ints()
         """How many of them up to and including each message."""
         self.tool_segments: list[Segment] = []
-        self.tool_ends: list[int] = []
+        self.tool_ends: array[int] = _ints()
         self.turns: list[tuple[str, ...] | None] = []
         """The user's latest turn after each message (the `query` question)."""
         self.first_user = -1
@@ -88,13 +91,26 @@ class ClampState:
         """(message index, call id) of each call, in order."""
         self.unanswered: frozenset[str] = frozenset()
         """Call ids of results read before any call named them."""
-        self.candidates: list[int] = []
+        self.candidates: array[int] = _ints()
         """The message index of each result pruning could take (`prune.prunable`, before the
         cutoff)."""
         self.prunable: list[Segment] = []
         """Their `prunable` segments (the ones the policy takes), in order."""
-        self.prunable_ends: list[int] = []
-        """How many of them up to and including each candidate."""
+        self.prunable_ends: array[int] = _ints()
+        """How many of them up to and including each candidate.
+
+        The per-message counts and indexes are arrays, not lists: a list of ints is a
+        container the garbage collector walks item by item (the newest state's, copied a
+        request, at each young collection); an array holds no objects (it visits only its
+        type)."""
+        self.kept = 0
+        """How many leading messages were taken from the state resumed from (`out`'s first
+        ones are its very objects); 0 when none was."""
+        self.handed = False
+        """Made by `upto` for the one resume that follows (its lists its own): `extend` takes
+        them as they are instead of copying them again (a long conversation's ~10 lists of
+        ~600 items were copied twice a request), and the state is then spent: resumed from
+        again, it is clamped whole (`odd`), as its lists are another state's."""
 
     def __len__(self) -> int:
         return len(self.out)
@@ -128,7 +144,13 @@ class ClampState:
         state.candidates = self.candidates[:j]
         state.prunable_ends = self.prunable_ends[:j]
         state.prunable = self.prunable[: state.prunable_ends[-1] if j else 0]
+        state.handed = True
         return state
+
+
+def _ints() -> array[int]:
+    """An empty array of counts or indexes (signed 64-bit)."""
+    return array("q")
 
 
 class _Odd(Exception):
@@ -166,19 +188,24 @@ def extend(
     turn: tuple[str, ...] | None = None
     unanswered: set[str] = set()
     if resume is not None:
-        start = len(resume)
-        state.out = list(resume.out)
-        state.changed = list(resume.changed)
-        state.text_segments = list(resume.text_segments)
-        state.text_ends = list(resume.text_ends)
-        state.tool_segments = list(resume.tool_segments)
-        state.tool_ends = list(resume.tool_ends)
-        state.turns = list(resume.turns)
+        start = state.kept = len(resume)
+        # its own lists when `upto` made it for this resume (taken, and it is spent); else
+        # copies (it is a conversation's, never changed)
+        take: Callable[[Any], Any] = _taken if resume.handed else _copied
+        state.out = take(resume.out)
+        state.changed = take(resume.changed)
+        state.text_segments = take(resume.text_segments)
+        state.text_ends = take(resume.text_ends)
+        state.tool_segments = take(resume.tool_segments)
+        state.tool_ends = take(resume.tool_ends)
+        state.turns = take(resume.turns)
         state.first_user = resume.first_user
-        state.called_at = list(resume.called_at)
-        state.candidates = list(resume.candidates)
-        state.prunable = list(resume.prunable)
-        state.prunable_ends = list(resume.prunable_ends)
+        state.called_at = take(resume.called_at)
+        state.candidates = take(resume.candidates)
+        state.prunable = take(resume.prunable)
+        state.prunable_ends = take(resume.prunable_ends)
+        if resume.handed:
+            resume.handed, resume.odd = False, True
         calls = resume.calls
         turn = resume.turns[-1] if resume.turns else None
         unanswered = set(resume.unanswered)
@@ -226,6 +253,16 @@ def extend(
     state.calls = calls
     state.unanswered = frozenset(unanswered)
     return state
+
+
+def _taken(items: Any) -> Any:
+    return items
+
+
+def _copied(items: Any) -> Any:
+    """A copy of the same type: a list's, or an array's (`list()` would make its ints
+    objects the collector walks again)."""
+    return items[:]
 
 
 def _tool(

@@ -76,15 +76,30 @@ CHAT = ChatCompletions()
 
 _FROZEN: list[bool] = []
 
+YOUNG_COLLECTION = 10_000
+"""Container allocations (net of those freed) between two collections of the youngest
+generation; Python's default is 700. A request frees what it made by reference counting
+(nothing of it waits in a cycle: tests/proxy/test_collector.py), so what a young collection
+finds alive is mostly a growing conversation's newest state (the per-item lists it keeps
+between requests, ~650 items each at turn 300): at 700 it walked them every ~5 requests,
+0.4–0.5 ms each, and more as the conversation grew. At 10,000 it runs every ~70 requests,
+~1.5 ms each (issue 34, docs/benchmarks.md). What it costs: a cycle something does make waits
+that much longer to be freed."""
 
-def _freeze_start_up() -> None:
-    """What start-up made lives as long as the process: out of the collector's way, or every
-    full collection walks it again (~57,000 objects, ~10 ms each time). Once a process: a
-    process that makes several apps (the tests) keeps the later ones collectable."""
+
+def _collector_start_up() -> None:
+    """The garbage collector's policy, once a process. What start-up made lives as long as
+    the process: out of the collector's way, or every full collection walks it again (~57,000
+    objects, ~10 ms each time); a process that makes several apps (the tests) keeps the later
+    ones collectable. Young collections made rarer (`YOUNG_COLLECTION`); a higher threshold
+    someone set stays."""
     if not _FROZEN:
         _FROZEN.append(True)
         gc.collect()
         gc.freeze()
+        young, *older = gc.get_threshold()
+        if young and young < YOUNG_COLLECTION:  # 0: collection turned off; left off
+            gc.set_threshold(YOUNG_COLLECTION, *older)
 
 
 def create_app(
@@ -212,7 +227,7 @@ class Lifespan:
             from ctxbudget.proxy.upstream.litellm import preload_litellm
 
             preload_litellm()
-        _freeze_start_up()
+        _collector_start_up()
         try:
             yield
         finally:

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from ctxbudget.proxy.errors import UpstreamError
+from ctxbudget.proxy.upstream.http import Body, Parts
 
 
 @dataclass
@@ -31,9 +32,17 @@ class Sent:
     method: str
     url: str
     headers: dict[str, str]
-    body: bytes | None
+    sent: Body | None
+    """As the proxy handed it over: whole, or in `Parts`, joined only when read (`body`), as
+    a socket writes the pieces without joining them."""
     connect_timeout: float
     read_timeout: float
+
+    @property
+    def body(self) -> bytes | None:
+        if isinstance(self.sent, Parts):
+            self.sent = bytes(self.sent)
+        return self.sent
 
     @property
     def json(self) -> Any:
@@ -149,7 +158,7 @@ class FakeUpstream:
         method: str,
         url: str,
         *,
-        body: bytes | None,
+        body: Body | None,
         headers: Mapping[str, str],
         connect_timeout: float,
         read_timeout: float,

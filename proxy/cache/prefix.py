@@ -18,6 +18,7 @@ from ctxbudget.caps._kept import ByIdentity, bytes_weight
 from ctxbudget.proxy.cache.blocks import (
     _BYTES_KEPT,
     _BYTES_KEPT_MIN,
+    DIGEST,
     Block,
     Digested,
     _data,
@@ -28,6 +29,7 @@ from ctxbudget.proxy.cache.blocks import (
     serial,
     shared_digest,
 )
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 
 _SHARED_KNOWN: LRUCache[tuple[str, bytes], bytes] = LRUCache(maxsize=1024)
 """`shared_digest`s by owner and this process's digest of the same block."""
@@ -90,10 +92,10 @@ class Observed(NamedTuple):
     are the very ones these were made from (an agent resends its history: a 300-turn
     conversation's 600 blocks were serialised, hashed and compared again every request)."""
 
-    client_data: list[bytes | Digested]
-    """`ClientPrefix.data`, the objects the rest was made from."""
-    forwarded_objects: list[Any]
-    """Each block's `forwarded` value."""
+    blocks: list[Block]
+    """The blocks these were made of: a block of the next request that is the very same one
+    (the wire takes a conversation's blocks as made, `paired`) has the same client and
+    forwarded objects, so the same bytes."""
     forwarded_data: list[bytes | Digested]
     """Its serial bytes as forwarded."""
     forwarded: list[bytes]
@@ -102,6 +104,18 @@ class Observed(NamedTuple):
     """The blocks forwarded other than the client sent them (digests differ), in order."""
     sizes: list[int]
     """`size_of` each forwarded block."""
+    moved: tuple[Any, ...] = ()
+    """What `SessionTracker.observe` found moved (`Moved`, by index): the next request takes
+    those of its leading blocks cached on both sides, as they are."""
+    cached: int = 0
+    """How many leading blocks were cached on both sides (a `Moved` before it has both
+    `client_cached` and `forwarded_cached`)."""
+    joined: bytes = b""
+    """`forwarded` joined, up to the sessions' `KEEP_BLOCKS`: what a session keeps."""
+    source: list[Block] | None = None
+    """The list's blocks as the wire made them (`ClientPrefix.taken`), the same objects as
+    `blocks` after the ones before the list: the next request's wire says how many of its
+    blocks it took from these, so they are not compared again."""
 
 
 class ClientPrefix:
@@ -127,16 +141,28 @@ class ClientPrefix:
         those it finds the same (dropped once used: a prefix never holds a chain of earlier
         requests)."""
         start = stop = len(self.blocks)
+        self._joined_from: tuple[bytes, int, int] | None = None
+        """The digests joined of the prefix these blocks were taken from, and which of its
+        blocks were taken (`joined`); not the prefix itself: no prefix holds a chain."""
         if reuse is not None:
             start, stop = reuse[1], reuse[2]
             if reuse[0].observed is not None:
                 self.before = (reuse[0].observed, start)
+            if reuse[0]._joined is not None:
+                self._joined_from = (reuse[0]._joined, start, stop)
+        self._joined: bytes | None = None
+        self.taken: tuple[list[Block], list[Block] | None, int] | None = None
+        """The list's blocks as the wire last made them for this request (`paired`), the
+        conversation's last blocks it took some from (None: none), and how many: set by the
+        wire, read by `SessionTracker.observe`."""
         found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
         if reuse is not None:
-            self.data += reuse[0].data[start:stop]
-            self.digests += reuse[0].digests[start:stop]
+            # one copy of each: the earlier prefix's, its first `start` made again
+            head_data, head_digests = self.data, self.digests
+            self.data, self.digests = reuse[0].data[:stop], reuse[0].digests[:stop]
+            self.data[:start], self.digests[:start] = head_data, head_digests
             found = [_client_serial(b, owner) for b in self.blocks[stop:]]
             self.data += [data for data, _ in found]
             self.digests += [digest for _, digest in found]
@@ -159,7 +185,42 @@ class ClientPrefix:
             _SHARED_KNOWN[key] = shared
         return f"{session}/{shared.hex()[:16]}"
 
+    def joined(self, limit: int) -> bytes:
+        """The first `limit` blocks' digests joined (what a session keeps to compare the next
+        request with), made once."""
+        if self._joined is None:
+            digests, taken = self.digests, self._joined_from
+            self._joined_from = None
+            if taken is not None and len(taken[0]) >= min(taken[2], limit) * DIGEST:
+                old, start, stop = taken  # those blocks' digests, joined already
+                stop = min(stop, limit)
+                start = min(start, stop)
+                self._joined = b"".join(
+                    (*digests[:start], old[start * DIGEST : stop * DIGEST], *digests[stop:limit])
+                )
+            else:
+                self._joined = b"".join(digests[:limit])
+            if RESENT.check and self._joined != b"".join(digests[:limit]):
+                raise ChangedInPlace("a conversation's client digests differ from last time")
+        return self._joined
+
     def index_of(self, label: str) -> int | None:
+        """The block labelled `label`. An item of the request's one list (`messages[i]`,
+        `input[i]`) is where it must be, after the few blocks before the list (tools, system,
+        instructions): found there, not by reading every label (pruning asks this of each
+        pruned result, every request)."""
+        name, sep, rest = label.partition("[")
+        if sep and rest[-1:] == "]" and rest[:-1].isdigit():
+            for head, block in enumerate(self.blocks[:4]):
+                found, bracket, _ = block.label.partition("[")
+                if not bracket:
+                    continue
+                if found != name:  # the request's list is another: no block has the label
+                    return None
+                at = head + int(rest[:-1])
+                if at < len(self.blocks) and self.blocks[at].label == label:
+                    return at
+                break
         for i, block in enumerate(self.blocks):
             if block.label == label:
                 return i

@@ -60,12 +60,17 @@ class Resent:
         loads: Callable[[memoryview], Any],
         *,
         taken: Sequence[Any] = (),
+        index: Callable[[Any], int | None] | None = None,
     ) -> list[Any]:
         """Each of `items` (the client's bytes of each) parsed with `loads`, or as kept; never
-        an object of `taken` (the items before them in the same list)."""
+        an object of `taken` (the items before them in the same list). `index`: where an
+        object is in `taken` (None: not there), when the caller knows without looking at them
+        all (`Conversation.where`)."""
         out: list[Any] = []
         # the ids of the objects already in the list, made at the first kept value found (a
-        # conversation's new items are mostly new bytes: its 600 old ones not gone over)
+        # conversation's new items are mostly new bytes: its 600 old ones not gone over);
+        # with `index`, those of `out` only (OpenClaw's context message, the same bytes every
+        # request, made a set of the whole history each turn)
         used: set[int] | None = None
         for item in items:
             view = memoryview(item)
@@ -81,9 +86,10 @@ class Resent:
                 # the same bytes twice in one request: two objects, as a whole parse gives
                 # (the kept one stays kept)
                 if used is None:
-                    used = {id(v) for v in taken}
-                    used.update(map(id, out))
-                if id(value) in used:
+                    used = set(map(id, out))
+                    if index is None:
+                        used.update(map(id, taken))
+                if id(value) in used or (index is not None and index(value) is not None):
                     value = loads(view)
                 elif self.check:
                     self.verify((view,), (value,), loads)

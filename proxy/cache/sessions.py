@@ -44,7 +44,7 @@ import hashlib
 import re
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from itertools import compress, count, islice
@@ -278,13 +278,18 @@ class SessionTracker:
         state = self._get(owner, session)
         if state is None or not state.memory:
             return {}
-        shared = _common(state.client, b"".join(prefix.digests[:KEEP_BLOCKS]))
+        shared = _common(state.client, prefix.joined(KEEP_BLOCKS))
         found: dict[int, str] = {}
-        for i, digest in enumerate(prefix.digests[:shared]):
-            text = state.memory.get(digest)
-            if text is not None:
-                found[i] = text
-        return found
+        digests = prefix.digests
+        for digest, text in state.memory.items():  # a few: each found by a C scan
+            at = -1
+            while True:
+                try:
+                    at = digests.index(digest, at + 1, shared)
+                except ValueError:
+                    break
+                found[at] = text
+        return dict(sorted(found.items()))
 
     def observe(
         self,
@@ -296,7 +301,7 @@ class SessionTracker:
         memory: Mapping[int, str] | None = None,
         now: float = 0.0,
         warm: bool = True,
-        pruned: frozenset[int] = frozenset(),
+        pruned: Container[int] = frozenset(),
     ) -> PrefixChange:
         """Compare the request (`prefix` as sent, `forwarded_blocks` clamped and injected)
         with the session's previous request, and keep it as the new previous one.
@@ -309,13 +314,12 @@ class SessionTracker:
         client = prefix.digests
         if len(forwarded_blocks) != len(client):  # no stage adds blocks; be safe if one does
             forwarded_blocks = prefix.blocks
-        seen = _observed(prefix, forwarded_blocks)
-        forwarded_bytes, forwarded = seen.forwarded_data, seen.forwarded
+        seen, before = _observed(prefix, forwarded_blocks)
         memory = memory or {}
         previous = self._get(owner, session)
         state = _Session(
-            b"".join(client[:KEEP_BLOCKS]),
-            b"".join(forwarded[:KEEP_BLOCKS]),
+            prefix.joined(KEEP_BLOCKS),
+            seen.joined,
             previous.memory if previous else OrderedDict(),
             last=now,
             run=previous.run + 1 if previous is not None and warm else 1,
@@ -338,20 +342,11 @@ class SessionTracker:
                 had_memory = i in memory or client[i] in state.memory
                 why = "prune" if i in pruned else "memory" if had_memory else "clamp"
                 bust = f"{prefix.blocks[i].label} {why}"
-        # the blocks forwarded other than sent, and those cached on one side only: found
-        # from `changed` and the two shared counts, not by comparing every block's digests
-        low, high = sorted((shared_client, shared_forwarded))
-        moved = tuple(
-            Moved(
-                label=prefix.blocks[i].label,
-                client=prefix.data[i],
-                forwarded=forwarded_bytes[i],
-                client_cached=i < shared_client,
-                forwarded_cached=i < shared_forwarded,
-                index=i,
-            )
-            for i in sorted({*seen.changed, *range(low, min(high, len(client)))})
-        )
+        moved = _moved(prefix, seen, shared_client, shared_forwarded, before)
+        if RESENT.check and before is not None:
+            if moved != _moved(prefix, seen, shared_client, shared_forwarded, None):
+                raise ChangedInPlace("a session's moved blocks differ from a whole comparison")
+        prefix.observed = seen._replace(moved=moved, cached=min(shared_client, shared_forwarded))
         return PrefixChange(
             session=session,
             first=previous is None,
@@ -369,19 +364,82 @@ class SessionTracker:
         )
 
 
-def _observed(prefix: ClientPrefix, blocks: Sequence[Block]) -> Observed:
+def _moved(
+    prefix: ClientPrefix,
+    seen: Observed,
+    shared_client: int,
+    shared_forwarded: int,
+    before: tuple[Observed, int, int] | None,
+) -> tuple[Moved, ...]:
+    """The blocks forwarded other than sent, and those cached on one side only: found from
+    `seen.changed` and the two shared counts, not by comparing every block's digests. Those
+    of the leading blocks taken from the conversation's previous request (`before`: its
+    `Observed`, where the list's blocks start, how many blocks were taken) that were cached
+    on both sides then and are now are its very `Moved`s (the same bytes, the same flags):
+    taken as they are, so only the new blocks are looked at."""
+    low, high = sorted((shared_client, shared_forwarded))
+    n = len(prefix.digests)
+    changed = seen.changed
+    start = stop = 0
+    reused: tuple[Moved, ...] = ()
+    if before is not None:
+        old, head, kept = before
+        stop = min(kept, low, old.cached)
+        if stop > head:
+            start = head
+            a = bisect_left(old.moved, head, key=_index)
+            reused = old.moved[a : bisect_left(old.moved, stop, key=_index)]
+        else:
+            stop = 0
+    indices = sorted(
+        {
+            *changed[: bisect_left(changed, start)],
+            *changed[bisect_left(changed, stop) :],
+            *range(max(low, stop), min(high, n)),
+        }
+    )
+    made = [
+        Moved(
+            label=prefix.blocks[i].label,
+            client=prefix.data[i],
+            forwarded=seen.forwarded_data[i],
+            client_cached=i < shared_client,
+            forwarded_cached=i < shared_forwarded,
+            index=i,
+        )
+        for i in indices
+    ]
+    cut = bisect_left(indices, start)
+    return (*made[:cut], *reused, *made[cut:])
+
+
+def _index(moved: Moved) -> int:
+    return moved.index
+
+
+def _observed(
+    prefix: ClientPrefix, blocks: Sequence[Block]
+) -> tuple[Observed, tuple[Observed, int, int] | None]:
     """`prefix`'s blocks as forwarded (`blocks`): their bytes, digests, sizes and which differ
     from the client's, taken from the conversation's previous request (`prefix.before`) for
-    the list's leading items made from the very same objects, made for the rest (the few
+    the list's leading blocks that are the very same ones, made for the rest (the few
     blocks before the list, tools and system, are made again: cheap, and not always the same
-    objects). Kept on `prefix` for the next request."""
+    objects). Kept on `prefix` for the next request; with what was taken (the previous
+    request's `Observed`, where the list starts, how many leading blocks were taken)."""
     before, prefix.before = prefix.before, None
-    seen = _made(prefix.data, prefix.digests, blocks, before)
+    taken = prefix.taken
+    head = len(blocks) - len(taken[0]) if taken is not None else -1
+    if taken is not None and (head < 0 or (taken[0] and blocks[head] is not taken[0][0])):
+        taken = None  # not the blocks the wire made last (`observe`'s fallback)
+    seen, kept = _made(prefix.data, prefix.digests, blocks, before, taken)
     if RESENT.check and before is not None:
-        if _made(prefix.data, prefix.digests, blocks, None)[2:] != seen[2:]:
+        whole = _made(prefix.data, prefix.digests, blocks, None)[0]
+        if whole[1:5] != seen[1:5] or whole.joined != seen.joined:
             raise ChangedInPlace("a session's forwarded blocks differ from last time")
+        if kept != _made(prefix.data, prefix.digests, blocks, before)[1]:
+            raise ChangedInPlace("the wire took other blocks than it says")
     prefix.observed = seen
-    return seen
+    return seen, None if before is None else (before[0], before[1], kept)
 
 
 def _made(
@@ -389,9 +447,13 @@ def _made(
     digests: list[bytes],
     blocks: Sequence[Block],
     before: tuple[Observed, int] | None,
-) -> Observed:
-    """`_observed` of blocks with these client bytes and digests, after `before`."""
-    objects = [b.forwarded for b in blocks]
+    taken: tuple[list[Block], list[Block] | None, int] | None = None,
+) -> tuple[Observed, int]:
+    """`_observed` of blocks with these client bytes and digests, after `before`; and how
+    many leading blocks were taken from it. `taken` (`ClientPrefix.taken`, of these very
+    blocks): how many of the list's the wire took from the blocks `before` was made of,
+    when it says (else they are compared)."""
+    objects = blocks if isinstance(blocks, list) else list(blocks)  # the caller's own copy
     data: list[bytes | Digested] = []
     forwarded: list[bytes] = []
     changed: list[int] = []
@@ -412,20 +474,49 @@ def _made(
             sizes.append(size_of(data[i]))
 
     head = kept = 0
+    joined: bytes | None = None
     if before is not None:
         old, head = before
         head = min(head, len(blocks))
         make(0, head)
-        # the same objects: the same bytes (nothing changes one in place)
-        kept = head + min(
-            _same(client_data, old.client_data, head), _same(objects, old.forwarded_objects, head)
-        )
-        data += old.forwarded_data[head:kept]
-        forwarded += old.forwarded[head:kept]
-        changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
-        sizes += old.sizes[head:kept]
+        # the very same block: the same client and forwarded objects, so the same bytes
+        # (nothing changes one in place)
+        if (
+            taken is not None
+            and taken[1] is not None
+            and taken[1] is old.source
+            and len(blocks) - len(taken[0]) == head
+        ):
+            kept = head + taken[2]
+        else:
+            kept = head + _same(objects, old.blocks, head)
+        if kept > head:  # one copy of each list: the old one's, its first `head` made again
+            made = data, forwarded, sizes
+            data, forwarded, sizes = (
+                old.forwarded_data[:kept],
+                old.forwarded[:kept],
+                old.sizes[:kept],
+            )
+            data[:head], forwarded[:head], sizes[:head] = made
+            changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
+            if len(old.joined) >= min(kept, KEEP_BLOCKS) * DIGEST:
+                joined = old.joined
     make(kept, len(blocks))
-    return Observed(list(client_data), objects, data, forwarded, changed, sizes)
+    source = taken[0] if taken is not None else None
+    joined = _joined(forwarded, joined, head, kept)
+    return Observed(objects, data, forwarded, changed, sizes, source=source, joined=joined), kept
+
+
+def _joined(digests: list[bytes], old: bytes | None, head: int, kept: int) -> bytes:
+    """`digests` joined, up to `KEEP_BLOCKS`: those from `head` to `kept` taken from `old`
+    (the same digests, joined already: the previous request's), the others joined."""
+    if old is None or kept <= head:
+        return b"".join(digests[:KEEP_BLOCKS])
+    kept = min(kept, KEEP_BLOCKS)
+    head = min(head, kept)
+    return b"".join(
+        (*digests[:head], old[head * DIGEST : kept * DIGEST], *digests[kept:KEEP_BLOCKS])
+    )
 
 
 def _same(new: list[Any], old: list[Any], start: int) -> int:
@@ -435,12 +526,32 @@ def _same(new: list[Any], old: list[Any], start: int) -> int:
 
 
 def _common(a: bytes, b: bytes) -> int:
-    """How many leading blocks two joined digest lists share (a binary search of slice
-    comparisons, which run in C)."""
+    """How many leading blocks two joined digest lists share: a binary search whose compares
+    (memcmp, no copies) start where the bytes are known to be the same, so the two are read
+    about once, not once a step."""
+    view = memoryview(a)
+    same, differs = 0, len(a) + 1  # equal up to `same`; unequal somewhere before `differs`
+
+    def has(n: int) -> bool:
+        nonlocal same, differs
+        end = n * DIGEST
+        if end >= differs:
+            return False
+        if end > same:
+            if not b.startswith(view[same:end], same):
+                differs = end
+                return False
+            same = end
+        return True
+
     low, high = 0, min(len(a), len(b)) // DIGEST
+    for n in range(high, max(high - 3, -1), -1):  # the usual: all, or all but the newest
+        if has(n):
+            return n
+    high -= 3
     while low < high:
         mid = (low + high + 1) // 2
-        if a[: mid * DIGEST] == b[: mid * DIGEST]:
+        if has(mid):
             low = mid
         else:
             high = mid - 1

@@ -17,7 +17,7 @@ class DisconnectWatch:
     def __init__(self, request: Request) -> None:
         self._task = asyncio.current_task()
         self._fired = False
-        self._watcher = asyncio.ensure_future(self._watch(request))
+        self._watcher: asyncio.Future[None] | None = asyncio.ensure_future(self._watch(request))
 
     async def _watch(self, request: Request) -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -33,4 +33,9 @@ class DisconnectWatch:
         return self._fired
 
     def stop(self) -> None:
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        # the cancelled watcher's error holds its frame, the frame this watch (and the
+        # request, with its body): let go of the watcher, or the two make a cycle that only
+        # the collector frees, each request's body held until it runs
+        self._watcher = None

@@ -141,7 +141,8 @@ def prepare(job: PrepareJob, raw: bytes) -> tuple[Prepared, bytes | None]:
     except Exception as exc:  # the pipeline decides between fail-open and closed
         failure = (portable(exc), traceback.format_exc())
     encoding = encoding_name(request.model, job.encoding)
-    encoded = request.encode() if request.changed else None
+    # joined: the pipe takes bytes (the parent forwards them as they come)
+    encoded = bytes(request.encode()) if request.changed else None
     found = Prepared(
         model=request.model,
         stream=request.stream,
@@ -222,7 +223,7 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
         request.ask_usage()
     if job.litellm:
         return request.litellm_body(), None
-    encoded = request.encode()
+    encoded = bytes(request.encode())
     if not job.blocks:
         return None, encoded
 

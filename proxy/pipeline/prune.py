@@ -32,6 +32,7 @@ from ctxbudget.memory.pg import DatabaseUnavailable
 from ctxbudget.proxy.cache.mirror import MirrorBlock, Predicted
 from ctxbudget.proxy.cache.mirrors import Mirrors, Provider, SessionMirror, mirror_groups
 from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 from ctxbudget.proxy.cache.sessions import SessionTracker
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.pipeline.summaries import Summarizer, summary_text
@@ -132,7 +133,10 @@ class PruneStage:
                 raise DatabaseUnavailable("the breaker is open")
             if decided is None:
                 decided = await self._read(owner, conversation)
-            fresh = [s for s in prunable if _key(s) not in decided]
+            # none decided yet (a conversation never pruned): every one is fresh, unread
+            fresh: Sequence[Segment] = (
+                [s for s in prunable if _key(s) not in decided] if decided else prunable
+            )
             if fresh and not warm:
                 # cold by this worker's clock: another worker or instance may have served the
                 # session since; the report's database says when it last saw it
@@ -174,10 +178,9 @@ class PruneStage:
             )
         except DatabaseUnavailable as exc:
             return await self._held(work, owner, conversation, exc, settings, warm, ttl)
-        plan: dict[tuple[str, str], str | None] = {
-            **decided,
-            **{_key(s): _with_summary(s, summaries) for s in fresh if _key(s) in now_ids},
-        }
+        plan: dict[tuple[str, str], str | None] = dict(decided)
+        if now_ids:  # none pruned now (a warm session): the results are not read
+            plan.update({_key(s): _with_summary(s, summaries) for s in fresh if _key(s) in now_ids})
         if not plan and not segments:
             return Pruned(warm=warm, ttl=ttl, summarise=summarise, paused=paused)
         if plan:
@@ -360,7 +363,10 @@ def _conversation(prefix: ClientPrefix, session: str, prunable: Sequence[Segment
     (results become prunable oldest first and stay so, the client resends it unchanged);
     a pruning policy that changes which it is starts the conversation's decisions afresh,
     as a policy change takes new decisions in any case."""
-    first = min(prunable, key=lambda s: s.message_index)
+    # the clamp reports them in message order: the first is the first (not read all)
+    first = prunable[0]
+    if RESENT.check and first is not min(prunable, key=lambda s: s.message_index):
+        raise ChangedInPlace("the clamp's prunable results are not in message order")
     return f"{prefix.conversation(session)}/{(first.digest or '')[:16]}"
 
 

@@ -25,6 +25,7 @@ import os
 import random
 import secrets
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,7 @@ from ctxbudget.proxy.access.auth import owner_for
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.mirrors import MirrorView
 from ctxbudget.proxy.cache.prefix import ClientPrefix
+from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 from ctxbudget.proxy.cache.sessions import PrefixChange, session_key
 from ctxbudget.proxy.config.schema import RouteConfig
 from ctxbudget.proxy.config.settings import Settings
@@ -286,9 +288,7 @@ class Pipeline:
                     call.options = replace(call.options, enabled=False)
                     call.work.as_sent()
             segments, clamp_error = self._clamp(call)
-            prunable = tuple(s for s in segments if s.action == "prunable")
-            if prunable:
-                segments = tuple(s for s in segments if s.action != "prunable")
+            segments, prunable = _split_prunable(segments)
         if prefix is None or session is None:  # token counting: no session, recall as usual
             with timed(call.marks, "recall_start", "recall_end"):
                 recall = await self._recall_only(call)
@@ -603,6 +603,29 @@ def _query(request: Request) -> str:
     """`request.url.query` without building the URL (a fragment is not part of it)."""
     raw: bytes = request.scope.get("query_string", b"")
     return raw.decode(errors="replace").partition("#")[0]
+
+
+def _split_prunable(
+    segments: tuple[Segment, ...],
+) -> tuple[tuple[Segment, ...], tuple[Segment, ...]]:
+    """The clamp's segments, and apart the results pruning could take (action `prunable`).
+    The clamp reports those last (`caps.resume.segments`, the whole pass alike), so where they
+    start is found by halving (a long conversation's ~150 segments were read twice a
+    request); the test suite (`CTXBUDGET_CHECK_RESENT=1`) checks it against reading them."""
+    at = bisect_left(segments, True, key=_is_prunable)
+    found = segments[:at], segments[at:]
+    if RESENT.check:
+        whole = (
+            tuple(s for s in segments if s.action != "prunable"),
+            tuple(s for s in segments if s.action == "prunable"),
+        )
+        if whole != found:
+            raise ChangedInPlace("the clamp's prunable segments are not its last ones")
+    return found
+
+
+def _is_prunable(segment: Segment) -> bool:
+    return segment.action == "prunable"
 
 
 def _would(segment: Segment) -> Segment:

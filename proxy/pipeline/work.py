@@ -22,6 +22,7 @@ from ctxbudget.caps import Caps, Memo, Segment, ToolNames, prune_request, rememb
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.cache.sessions import PrefixChange, memory_added
 from ctxbudget.proxy.tokens import TokenCounter
+from ctxbudget.proxy.upstream.http import Body
 from ctxbudget.proxy.wire.types import WireRequest
 
 
@@ -76,8 +77,8 @@ class Work(Protocol):
         """Undo `ask_usage` (the upstream refused `stream_options`)."""
         ...
 
-    async def upstream_body(self) -> bytes:
-        """`body.encode()`, without blocking the event loop."""
+    async def upstream_body(self) -> Body:
+        """`body.encode()`, without blocking the event loop (whole, or in `Parts`)."""
         ...
 
     async def litellm_values(self) -> dict[str, Any] | None:
@@ -118,7 +119,7 @@ class Here:
     def forget_usage(self) -> None:
         self.body.forget_usage()
 
-    async def upstream_body(self) -> bytes:
+    async def upstream_body(self) -> Body:
         return self.body.encode()
 
     async def litellm_values(self) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
-from ctxbudget.proxy.upstream.http import forward_request_headers
+from ctxbudget.proxy.upstream.http import Body, forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
 from ctxbudget.proxy.wire.conversations import Conversations
 from ctxbudget.proxy.wire.types import (
@@ -101,8 +101,12 @@ class ChatCompletionsRequest(InProcessRequest):
             state = found[0].clamp if found is not None else None
             resume = (state, found[1]) if found is not None and state is not None else None
             result = resumed(clamp, self._body, self.messages, caps, tools, resume=resume)
-        else:  # a second pass (pruning): its own
-            result = clamp({"messages": self.messages}, caps, tools=tools)
+            if apply and result.changed:
+                self.messages = result.request["messages"]
+                self._clamped_by(result.state, self.messages)
+            return list(result.segments)
+        # a second pass (pruning): its own
+        result = clamp({"messages": self.messages}, caps, tools=tools)
         if apply and result.changed:
             self.messages = result.request["messages"]
         return list(result.segments)
@@ -123,7 +127,7 @@ class ChatCompletionsRequest(InProcessRequest):
         if 0 <= at < len(self.messages):
             self.messages = with_text(self.messages, at, text, "text")
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         if not self.changed:
             return self.raw
         changes: dict[str, Any] = {}

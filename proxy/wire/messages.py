@@ -20,22 +20,22 @@ Only `system` and `messages` are ever re-serialised, and only when they changed.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping, Sequence
-from operator import itemgetter
 from typing import Any
 
 import orjson
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.caps.types import evolve
 from ctxbudget.memory.inject import Placement, block, inject
 from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.tools import InlineTools, inline_mcp_tools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError, UpstreamError
-from ctxbudget.proxy.upstream.http import forward_request_headers
+from ctxbudget.proxy.upstream.http import Body, forward_request_headers
 from ctxbudget.proxy.urls import join
 from ctxbudget.proxy.wire.body import (
     JsonBody,
@@ -44,7 +44,7 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
-from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen, same_prefix
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -148,9 +148,24 @@ class MessagesRequest(InProcessRequest):
                 messages, system = _written(place, out[i].get("content"), messages, system)
         if apply:
             self.messages, self.system = messages, system
-        known_real = known.real if known is not None else {}
-        real: dict[int, tuple[Segment, Segment]] = {}
-        segments = [_real_segment(s, view.places, known_real, real) for s in result.segments]
+            if messages is not self._messages:
+                self._clamped = (messages, kept if known is not None else 0)
+                if body.conversation is not None:
+                    body.conversation.clamped = messages
+        state = result.state
+        split = (
+            len(state.text_segments) + len(state.tool_segments)
+            if state is not None and not state.odd
+            else None
+        )
+        real = _real_segments(
+            result.segments, view.places, split, known.real if known is not None else None
+        )
+        if RESENT.check and known is not None and known.real is not None:
+            # what was taken must be what placing each one gives
+            if real[1] != [_real_segment(s, view.places) for s in result.segments]:
+                raise ChangedInPlace("a conversation's segments were placed otherwise")
+        segments = real[1]
         if body.conversation is not None:
             body.conversation.view = _Viewed(
                 system_raw,
@@ -160,7 +175,7 @@ class MessagesRequest(InProcessRequest):
                 first,
                 head,
                 messages,
-                real,
+                real[0],
                 (caps, tools),
             )
         return segments
@@ -267,7 +282,7 @@ class MessagesRequest(InProcessRequest):
         elif label.startswith("messages["):
             self.messages = with_text(self.messages, int(label[9:-1]), text, "text")
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         if not self.changed:
             return self.raw
         changes: dict[str, Any] = {}
@@ -307,22 +322,39 @@ def _written(
     return messages, system
 
 
-def _real_segment(
-    segment: Segment,
-    places: list[Any],
-    known: dict[int, tuple[Segment, Segment]],
-    real: dict[int, tuple[Segment, Segment]],
-) -> Segment:
-    """`segment` (of a view message) at its real message's index, kept in `real`; the same
-    object for the same segment every turn (`known`, last request's: an entry keeps the view
-    segment, so its id names no other while it lives)."""
-    found = known.get(id(segment))
-    if found is None or found[0] is not segment:
-        index = segment.message_index
-        place = places[index] if 0 <= index < len(places) else None
-        found = (segment, evolve(segment, message_index=int(place[1]) if place else -1))
-    real[id(segment)] = found
-    return found[1]
+def _real_segment(segment: Segment, places: list[Any]) -> Segment:
+    """`segment` (of a view message) at its real message's index."""
+    index = segment.message_index
+    place = places[index] if 0 <= index < len(places) else None
+    return evolve(segment, message_index=int(place[1]) if place else -1)
+
+
+_Placed = tuple[Sequence[Segment], Sequence[Segment], list[Segment], list[Segment]]
+"""A request's view segments, as (the texts' and results', the prunable ones), and each
+placed at its real message (`_real_segment`), in the same two parts."""
+
+
+def _real_segments(
+    segments: Sequence[Segment], places: list[Any], split: int | None, known: _Placed | None
+) -> tuple[_Placed | None, list[Segment]]:
+    """`segments` placed at their real messages, and what the next request takes of it.
+
+    The clamp's segments are the texts' and the results' (the first `split`), then the
+    prunable results (`caps.resume.segments`); a request resumed from the conversation's last
+    has, in each part, the very segments of last time first, then the new ones. Those are
+    placed as last time (`known`: the same view messages, so the same real ones): only the
+    new ones are placed, and each segment stays the same object every turn. `split` None
+    (a conversation clamped whole): every one is placed, nothing kept."""
+    if split is None:
+        return None, [_real_segment(s, places) for s in segments]
+    main, tail = segments[:split], segments[split:]
+    a = b = 0
+    if known is not None:
+        a = same_prefix(main, known[0], len(main))
+        b = same_prefix(tail, known[1], len(tail))
+    placed_main = (known[2][:a] if known else []) + [_real_segment(s, places) for s in main[a:]]
+    placed_tail = (known[3][:b] if known else []) + [_real_segment(s, places) for s in tail[b:]]
+    return (main, tail, placed_main, placed_tail), placed_main + placed_tail
 
 
 class _Viewed:
@@ -349,7 +381,7 @@ class _Viewed:
         first_index: int,
         head: int,
         written: list[Any],
-        real: dict[int, tuple[Segment, Segment]],
+        real: _Placed | None,
         caps: tuple[Caps, ToolNames],
     ) -> None:
         self.system_raw = system_raw
@@ -365,7 +397,8 @@ class _Viewed:
         self.written = written
         """The messages as the clamp's changes left them (whether or not applied)."""
         self.real = real
-        """Each view segment's segment at its real index, by the view segment's identity."""
+        """The view's segments and each at its real index (`_real_segments`); None when the
+        conversation is clamped whole."""
         self.caps = caps
         """The caps and tool names `written` and `real` were clamped with: under others (the
         config reloaded) the old items are clamped again."""
@@ -401,7 +434,7 @@ class AnthropicMessages:
             )
         # the items the conversation's last request had passed: only the new ones are checked
         found, start, calls = body.extended("messages"), 0, None
-        if found is not None and isinstance(found[0].checked, _Checked):
+        if found is not None and isinstance(found[0].checked, Checked):
             start, calls = found[0].checked.at(found[1])
         checked = _check_messages(messages, start, calls)
         if body.conversation is not None:
@@ -506,32 +539,11 @@ async def _message_stream(message: dict[str, Any], text: str) -> AsyncIterator[b
     yield event("message_stop", {"type": "message_stop"})
 
 
-class _Checked:
-    """How far `_check_messages` went, and where each `tool_use` id was first seen."""
-
-    __slots__ = ("count", "firsts")
-
-    def __init__(self, count: int, firsts: list[tuple[int, str]]) -> None:
-        self.count = count
-        self.firsts = firsts
-        """(message index, id) of each id's first `tool_use`, in order."""
-
-    def at(self, kept: int) -> tuple[int, list[tuple[int, str]] | None]:
-        """Where a request that repeats the first `kept` messages starts checking, and the ids
-        seen before it (from the start, with none, past what was checked)."""
-        if kept > self.count:
-            return 0, None
-        return kept, self.firsts[: bisect_left(self.firsts, (kept, ""))]
-
-
-def _check_messages(
-    messages: list[Any], start: int = 0, seen: list[tuple[int, str]] | None = None
-) -> _Checked:
+def _check_messages(messages: list[Any], start: int = 0, seen: Seen | None = None) -> Checked:
     """400 for what would make the clamp misread the request: shapes, and results that
     answer no earlier `tool_use`. `start`: the messages before it passed already, with the
-    `tool_use` ids `seen` in them (`_Checked.firsts`)."""
-    firsts = list(seen or ())
-    calls = set(map(itemgetter(1), firsts))
+    `tool_use` ids `seen` in them (`Checked.at`: taken, not copied)."""
+    firsts, calls = seen if seen is not None else ([], {})
     for index in range(start, len(messages)):
         message = messages[index]
         where = f"messages[{index}]"
@@ -558,7 +570,7 @@ def _check_messages(
             kind = part.get("type")
             if kind == "tool_use" and isinstance(part.get("id"), str):
                 if part["id"] not in calls:
-                    calls.add(part["id"])
+                    calls[part["id"]] = index
                     firsts.append((index, part["id"]))
             elif kind == "tool_result" and not isinstance(part.get("tool_use_id"), str):
                 raise BadRequest(
@@ -577,7 +589,7 @@ def _check_messages(
                 for j, inner in enumerate(result):
                     if isinstance(inner, dict) and not isinstance(inner.get("text"), str):
                         check_text_part(inner, f"{where}.content[{i}].content[{j}]", _TEXT_KINDS)
-    return _Checked(len(messages), firsts)
+    return Checked(len(messages), firsts, calls)
 
 
 def _text_blocks(blocks: list[Any]) -> list[tuple[int, str]]:

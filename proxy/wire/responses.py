@@ -39,6 +39,7 @@ from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError
+from ctxbudget.proxy.upstream.http import Body
 from ctxbudget.proxy.wire.body import (
     JsonBody,
     check_model,
@@ -47,7 +48,7 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.chat import openai_headers
-from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
+from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen, same_prefix
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -357,7 +358,7 @@ class ResponsesRequest(InProcessRequest):
         elif label.startswith("input[") and isinstance(self.input, list):
             self.input = with_text(self.input, int(label[6:-1]), text, "input_text")
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         if not self.changed:
             return self.raw
         changes: dict[str, Any] = {}
@@ -415,7 +416,14 @@ class OpenAIResponses:
             if field is not None and not isinstance(field, kind):
                 raise BadRequest(f"'{key}' must be {name}, got {type_name(field)}", param=key)
         if isinstance(value, list):
-            _check_items(value, continues=body.get("previous_response_id") is not None)
+            # the items the conversation's last request had passed: only the new ones checked
+            continues = body.get("previous_response_id") is not None
+            found, start, calls = body.extended("input"), 0, None
+            if found is not None and isinstance(found[0].checked, Checked):
+                start, calls = found[0].checked.at(found[1], lenient=continues)
+            checked = _check_items(value, start, calls, continues=continues)
+            if body.conversation is not None:
+                body.conversation.checked = checked
         check_model(body)
         return ResponsesRequest(body, owner, self.names)
 
@@ -623,9 +631,15 @@ async def _response_stream(response: dict[str, Any], text: str) -> AsyncIterator
     yield event({"type": "response.completed", "response": response})
 
 
-def _check_items(items: list[Any], *, continues: bool) -> None:
-    calls: set[str] = set()
-    for index, item in enumerate(items):
+def _check_items(
+    items: list[Any], start: int = 0, seen: Seen | None = None, *, continues: bool
+) -> Checked:
+    """400 for items the clamp would misread: shapes, and (unless the request `continues` a
+    response) outputs that answer no earlier `function_call`. `start`: the items before it
+    passed already, with the call ids `seen` in them (`Checked.at`: taken, not copied)."""
+    firsts, calls = seen if seen is not None else ([], {})
+    for index in range(start, len(items)):
+        item = items[index]
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise BadRequest(f"'{where}' must be an object, got {type_name(item)}", param=where)
@@ -651,7 +665,9 @@ def _check_items(items: list[Any], *, continues: bool) -> None:
                     param=f"{where}.call_id",
                 )
             if kind == "function_call":
-                calls.add(call_id)
+                if call_id not in calls:
+                    calls[call_id] = index
+                    firsts.append((index, call_id))
             elif call_id not in calls and not continues:
                 raise BadRequest(
                     f"'{where}' is a function_call_output for call_id {call_id!r}, which no "
@@ -659,6 +675,7 @@ def _check_items(items: list[Any], *, continues: bool) -> None:
                     "send the function_call it answers",
                     param=f"{where}.call_id",
                 )
+    return Checked(len(items), firsts, calls, lenient=continues)
 
 
 def _is_text(part: Any) -> bool:

@@ -36,6 +36,7 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.cache.tools import InlineTools
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import CtxBudgetError
+from ctxbudget.proxy.upstream.http import Body
 from ctxbudget.proxy.wire.body import JsonBody
 from ctxbudget.proxy.wire.conversations import Conversations, same_prefix
 from ctxbudget.proxy.wire.view import paired
@@ -115,8 +116,9 @@ class WireRequest(Protocol):
         again where an earlier request of the session had it)."""
         ...
 
-    def encode(self) -> bytes:
-        """The body to send upstream: `raw` itself when nothing changed."""
+    def encode(self) -> Body:
+        """The body to send upstream: `raw` itself when nothing changed; a conversation's
+        list written from what its last request sent, in `Parts` (`bytes()` joins them)."""
         ...
 
     def ask_usage(self) -> bool:
@@ -165,6 +167,7 @@ class InProcessRequest:
             prefix = ClientPrefix(blocks, owner)
         if body.conversation is not None and head >= 0:
             body.conversation.client = (prefix, head)
+        self._prefix = prefix  # told which blocks `_paired` takes as made (`taken`)
         return prefix
 
     def _blocks_of(self, sources: tuple[Any, ...], make: Callable[[], list[Block]]) -> list[Block]:
@@ -188,17 +191,64 @@ class InProcessRequest:
         if found is not None:
             last = found[0].blocks.get(as_sent)
             if last is not None and len(client) == len(forwarded):
-                same = same_prefix(forwarded, last[0], min(found[1], len(last[1])))
+                limit = min(found[1], len(last[1]))
+                if as_sent and body.conversation is not None:
+                    # the client's items, read as the conversation's extension (its state
+                    # made, `JsonBody._items_parsed`): the first `found[1]` are the very
+                    # objects its request had (`Conversation.parsed`), whose blocks these
+                    # are, by construction: not compared again
+                    same = limit
+                    if RESENT.check and same_prefix(forwarded, last[0], limit) != limit:
+                        raise ChangedInPlace("a conversation's items are not its last ones")
+                else:
+                    same = self._clamped_same(forwarded, last[0], found[0].clamped, limit)
                 known = (last[1], same)
         blocks = paired(key, client, forwarded, body.raw_items(key), known=known)
         if body.conversation is not None:
             body.conversation.blocks[as_sent] = (forwarded, blocks)
+        prefix: ClientPrefix | None = self.__dict__.get("_prefix")
+        if prefix is not None:
+            prefix.taken = (blocks, known[0], known[1]) if known else (blocks, None, 0)
         return blocks
+
+    def _clamped_by(self, state: ClampState | None, messages: list[Any]) -> None:
+        """`messages` is the list the clamp wrote, its first `state.kept` the very objects of
+        the list the conversation's last request's clamp wrote (`Conversation.clamped`)."""
+        kept = 0
+        if state is not None and 0 < state.kept <= len(messages):
+            # the clamp's own list (not a stand-in clamp's), or nothing is known of it
+            if messages[state.kept - 1] is state.out[state.kept - 1]:
+                kept = state.kept
+        self._clamped = (messages, kept)
+        conversation = self._body.conversation
+        if conversation is not None:
+            conversation.clamped = messages
+
+    def _clamped_same(
+        self, forwarded: list[Any], last: list[Any], last_clamped: Any, limit: int
+    ) -> int:
+        """How many of the first `limit` items of `forwarded` (as changed) are the very
+        objects of `last` (the conversation's last request's, as changed): known without
+        comparing when both are the lists their clamps wrote (nothing changed them after:
+        no memory placed, nothing pruned), else compared (a C scan)."""
+        clamped: tuple[list[Any], int] | None = self.__dict__.get("_clamped")
+        if (
+            clamped is None
+            or forwarded is not clamped[0]
+            or last_clamped is None
+            or last is not last_clamped
+            or self._body.conversation is None
+        ):
+            return same_prefix(forwarded, last, limit)
+        same = min(limit, clamped[1])
+        if RESENT.check and same_prefix(forwarded, last, same) != same:
+            raise ChangedInPlace("a conversation's clamped items are not its last ones")
+        return same
 
     def inline_tools(self) -> InlineTools | None:
         return None
 
-    def encode(self) -> bytes:
+    def encode(self) -> Body:
         raise NotImplementedError
 
     def litellm_body(self) -> dict[str, Any] | None:
@@ -221,6 +271,7 @@ def resumed(
     state of the conversation's last request (`Conversation.clamp`) and how many of
     `messages` are the very objects its first ones were; its decisions kept for the next."""
     state = None if resume is None else resume[0].upto(resume[1])
+    start = len(state) if state is not None else 0  # before the clamp takes its lists
     if state is None:
         result = clamp({"messages": messages}, caps, tools=tools)
     else:
@@ -237,7 +288,6 @@ def resumed(
     if conversation is not None and result.state is not None and body.conversations is not None:
         conversation.clamp = result.state
         # what it holds beyond the items: the messages it cut, and their segments' texts
-        start = len(state) if state is not None else 0
         out = result.state.out
         grew = sum(
             2 * (footprint(out[i]) or 0)

@@ -128,3 +128,28 @@ def test_a_state_of_other_caps_is_not_resumed() -> None:
     got = clamp_request({"messages": grown[-1]}, other, tools=tools, resume=state.upto(kept))
     whole = clamp_request({"messages": grown[-1]}, other, tools=tools)
     assert (got.segments, got.request) == (whole.segments, whole.request)
+
+
+_COUNTS = ("changed", "text_ends", "tool_ends", "candidates", "prunable_ends")
+
+
+def test_what_the_collector_walks_of_a_clamp_state_is_its_messages() -> None:
+    """A 300-turn conversation's clamp state holds, for the garbage collector to walk, each
+    message as forwarded, its latest user turn, and the segments: the per-message counts and
+    indexes are 8 bytes each in an array, not an int object in a list (five lists as long as
+    the conversation, walked by every young collection that found the newest state)."""
+    import gc
+
+    caps, tools = _caps("query", _POLICY), ToolNames()
+    messages = _grown(300)[-1]
+    state = clamp_request({"messages": messages}, caps, tools=tools).state
+    assert state is not None and len(state) == len(messages) > 600
+    walked = {
+        name: len(gc.get_referents(value))
+        for name in ClampState.__slots__
+        if gc.is_tracked(value := getattr(state, name))
+    }
+    # `out` and `turns`: one a message; `calls` and `called_at`: one a call; one a segment
+    segments = len(state.text_segments) + len(state.tool_segments) + len(state.prunable)
+    assert sum(walked.values()) <= 2 * len(messages) + 2 * len(state.called_at) + segments + 20
+    assert {walked[name] for name in _COUNTS} == {1}  # an array: its type, no items

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.checks import check_received
-from tests.e2e.server import base_config, free_port, sdk, serve
+from tests.e2e.server import base_config, free_port, sdk, serve, standin_config
 from tests.openclaw import load_fixtures
 from tests.standin import StandIn
 
@@ -201,3 +201,53 @@ def test_upstream_unreachable_is_502(tmp_path: Path) -> None:
         assert info.value.status_code == 502
         assert "unreachable" in info.value.message
         assert server.report()["totals"]["upstreamErrors"] == 1
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_a_growing_conversation_reaches_the_upstream_byte_for_byte(
+    tmp_path: Path, standin: StandIn, wire: str
+) -> None:
+    """A conversation's list is forwarded in pieces (`Parts`: what the last request sent of
+    it, and the new items' bytes): the upstream gets the very bytes the in-process proxy
+    forwards (checked there against a proxy with nothing kept), sized by a Content-Length,
+    not chunked."""
+    import sys
+
+    from tests.inproc import config_for, proxy_app
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench._growing import BUILDERS
+
+    route, build = BUILDERS[wire]
+    bodies = build(40)
+    budget = {"enabled": True, "webFetchMaxChars": 1200, "toolOutputMaxChars": 900}
+    expected = []
+    (tmp_path / "inproc").mkdir()
+    inproc = config_for(
+        tmp_path / "inproc",
+        agents={"defaults": {"contextBudget": budget}},
+        memory={"inject": {"enabled": False}},
+    )
+    headers = {
+        "content-type": "application/json",
+        "anthropic-version": "2023-06-01",
+        "x-api-key": "sk-ant-client",
+    }
+    with proxy_app(tmp_path / "inproc", inproc) as (client, fake):
+        for raw in bodies:
+            fake.answer_json({"id": "x", "usage": {}})
+            assert client.post(route, content=raw, headers=headers).status_code == 200
+            expected.append(fake.last.body)
+    config = standin_config(tmp_path, standin)
+    config["agents"] = {"defaults": {"contextBudget": budget}}
+    config["memory"]["inject"] = {"enabled": False}
+    with serve(tmp_path, config, env={"CTXBUDGET_CHECK_RESENT": "1"}) as server:
+        for n, raw in enumerate(bodies):
+            standin.reset()
+            r = httpx.post(f"{server.root}{route}", content=raw, headers=headers, timeout=30)
+            assert r.status_code == 200, r.text
+            (got,) = standin.received
+            assert got.body == expected[n], f"request {n}"
+            assert got.headers["content-length"] == str(len(got.body))
+            assert "transfer-encoding" not in got.headers
+    assert len(expected[-1]) > 100_000 and expected[-1] != bodies[-1]  # grown, and clamped

@@ -16,6 +16,7 @@ import pytest
 from ctxbudget.caps.prune import pruned_text
 from ctxbudget.caps.types import PrunePolicy
 from ctxbudget.proxy.report.store import ReportStore
+from ctxbudget.proxy.upstream.http import Body
 from tests.conftest import Backend
 from tests.fakes import REPLIES, FakeUpstream, chat_completion
 from tests.inproc import InProcess, config_for, proxy_app, shared_offload, state_of
@@ -474,8 +475,8 @@ class BilledUpstream(FakeUpstream):
         self.cache = AnthropicCache(clock)
         self.usd = 0.0
 
-    async def request(self, method: str, url: str, *, body: bytes | None, **kw: Any) -> Any:
-        data = orjson.loads(body or b"{}")
+    async def request(self, method: str, url: str, *, body: Body | None, **kw: Any) -> Any:
+        data = orjson.loads(bytes(body or b"{}"))
         usage = self.cache.bill(data["model"], _anthropic_blocks(data))
         found = rates(data["model"], "anthropic")
         assert found is not None
@@ -811,8 +812,8 @@ class BilledChatUpstream(FakeUpstream):
         self.cache = OpenAICache(clock)
         self.usd = 0.0
 
-    async def request(self, method: str, url: str, *, body: bytes | None, **kw: Any) -> Any:
-        data = orjson.loads(body or b"{}")
+    async def request(self, method: str, url: str, *, body: Body | None, **kw: Any) -> Any:
+        data = orjson.loads(bytes(body or b"{}"))
         usage = _chat_usage(self.cache, data)
         found = rates(data["model"], "openai")
         assert found is not None

@@ -14,6 +14,7 @@ import pytest
 
 from ctxbudget.proxy.report import RequestRecord
 from ctxbudget.proxy.report.store import ReportStore
+from ctxbudget.proxy.upstream.http import Body
 from tests.fakes import FakeUpstream
 from tests.inproc import config_for, proxy_app, state_of
 from tests.prompt_cache import AnthropicCache, SimClock, price, rates
@@ -38,8 +39,8 @@ class StreamedBilledUpstream(FakeUpstream):
         self.cache = AnthropicCache(clock)
         self.bills: list[float] = []
 
-    async def request(self, method: str, url: str, *, body: bytes | None, **kw: Any) -> Any:
-        data = orjson.loads(body or b"{}")
+    async def request(self, method: str, url: str, *, body: Body | None, **kw: Any) -> Any:
+        data = orjson.loads(bytes(body or b"{}"))
         usage = self.cache.bill(data["model"], _anthropic_blocks(data))
         found = rates(data["model"], "anthropic")
         assert found is not None

@@ -68,7 +68,7 @@ class Upstream(FakeUpstream):
         connect_timeout: float,
         read_timeout: float,
     ) -> FakeReply:
-        found = orjson.loads(body or b"{}")
+        found = orjson.loads(bytes(body or b"{}"))
         if found.get("model") != SUMMARISER:
             if found.get("model") not in self.known:
                 self.sent.append(self._sent(method, url, headers, body))

@@ -320,7 +320,7 @@ class _NoStreamOptions(FakeUpstream):
     """An older OpenAI-compatible server: a request with `stream_options` gets a 400."""
 
     async def request(self, method: str, url: str, **kwargs: Any) -> FakeReply:
-        body = kwargs["body"] or b""
+        body = bytes(kwargs["body"] or b"")
         if b"stream_options" in body:
             self.sent.append(Sent(method, url, dict(kwargs["headers"]), body, 0, 0))
             message = "Unrecognized request argument supplied: stream_options"

@@ -8,11 +8,17 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
 from ctxbudget.proxy.errors import UpstreamError
-from ctxbudget.proxy.upstream.http import HttpUpstream, forward_request_headers, response_headers
+from ctxbudget.proxy.upstream.http import (
+    HttpUpstream,
+    Parts,
+    forward_request_headers,
+    response_headers,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -318,3 +324,46 @@ def test_a_pooled_connection_the_server_closed_is_tried_again_on_a_fresh_one() -
 
     assert asyncio.run(run()) == [200, 200, 200]
     assert len(connections) == 2
+
+
+def test_doctests() -> None:
+    import doctest
+
+    import ctxbudget.proxy.upstream.http
+
+    assert doctest.testmod(ctxbudget.proxy.upstream.http).failed == 0
+
+
+def test_a_body_in_parts_arrives_whole_with_its_length_not_chunked() -> None:
+    """A conversation's body goes in pieces (views of the last one's, the new bytes): the
+    upstream reads the bytes they join to, with a Content-Length."""
+    big = bytes(range(256)) * 1024  # 256 KB: written as it is
+    raw = msgspec.json.decode(b'["' + b"r" * 100_000 + b'"]', type=list[msgspec.Raw])[0]
+    pieces = (b'{"a":', memoryview(big)[:200_000], b"", b",", memoryview(big)[5:70_000], b",", raw)
+    pieces += (b"}",)
+    seen: list[tuple[bytes, str | None, str | None]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        length = request.headers.get("content-length")
+        seen.append((await request.read(), length, request.headers.get("transfer-encoding")))
+        return web.Response(body=b"{}")
+
+    async def go(base: str) -> None:
+        upstream = HttpUpstream()
+        try:
+            for _ in range(2):  # the second on the pooled connection
+                reply = await upstream.request(
+                    "POST",
+                    base + "/v1/chat/completions",
+                    body=Parts(pieces),
+                    headers={"content-type": "application/json"},
+                    connect_timeout=2,
+                    read_timeout=5,
+                )
+                assert await reply.read() == b"{}"
+        finally:
+            await upstream.close()
+
+    asyncio.run(_with_server(handler, go))
+    whole = b"".join(pieces)
+    assert seen == [(whole, str(len(whole)), None)] * 2

@@ -325,3 +325,96 @@ def test_a_body_is_compared_with_its_conversation_a_few_times_not_once_a_try() -
     found = kept.find(raw, "default")
     assert found is not None and len(found.parsed) >= len(json.loads(raw)["messages"]) - 4
     assert _Compared.compared <= 3 * len(raw), _Compared.compared / len(raw)
+
+
+class _Looked(list[Any]):
+    """A list that counts the items read from it, one by one or by iterating."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.looked = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in super().__iter__():
+            self.looked += 1
+            yield item
+
+    def __getitem__(self, index: Any) -> Any:
+        found = super().__getitem__(index)
+        self.looked += len(found) if isinstance(index, slice) else 1
+        return found
+
+
+def _made_in_wire(snapshot: Any, smallest: int) -> int:
+    """The bytes of the blocks of `smallest` bytes or more that `proxy/wire/` allocated and
+    still holds (a body read, a list or a body written)."""
+    wire = str(Path(body.__file__).parent)
+    return sum(
+        t.size
+        for t in snapshot.traces
+        if t.size >= smallest and t.traceback[0].filename.startswith(wire)
+    )
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_turn_n_reads_and_writes_only_its_new_bytes(
+    tmp_path: Path, wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request N+1 of a long conversation: the old items' objects are not gone over to parse
+    the new ones, and the body is not copied (not on reading it, not once for the list and
+    again for the body: it is forwarded in pieces)."""
+    import tracemalloc
+
+    bodies = BUILDERS[wire][1](120)
+    looked: list[_Looked] = []
+    real = RESENT.parse
+
+    def parse(items: Any, owner: str, loads: Any, *, taken: Any = (), **more: Any) -> Any:
+        looked.append(_Looked(list(taken)))
+        return real(items, owner, loads, taken=looked[-1], **more)
+
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: it re-reads every item
+    monkeypatch.setattr(RESENT, "parse", parse)
+    with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        looked.clear()
+        tracemalloc.start()
+        try:
+            _send(client, fake, wire, bodies[-1])
+            made = _made_in_wire(tracemalloc.take_snapshot(), 32 << 10)
+        finally:
+            tracemalloc.stop()
+        forwarded = fake.last.body
+    assert forwarded is not None and len(bodies[-1]) > 400_000
+    assert max(map(len, looked)) > 200  # the old items, taken (Messages: `system` too)
+    # OpenClaw's context message, the same bytes every request, is found as kept: it is not
+    # one of the old items, known by their index, not by a set of all their ids
+    assert sum(t.looked for t in looked) <= 8, [t.looked for t in looked]
+    # the body read is the one the client sent, and the one forwarded is in pieces (`Parts`:
+    # the last one's, and the new items' bytes): what is made is the new part (Messages: the
+    # part of the body read again, its `system` and the new items, ~70 KB; `system` written
+    # again, 65 KB) and, now and then, the list's newest chunks joined (`_append`), never
+    # a copy of the body (it was three: the body read, the list written, the body written)
+    assert made < len(forwarded) * 3 // 4, (made, len(forwarded))
+
+
+def test_what_the_collector_walks_of_a_kept_conversation_is_its_items_objects() -> None:
+    """A 600-item conversation's state holds, for the garbage collector to walk, its items'
+    objects and a few fields: where each item starts and ends in the body, its `structure`
+    and its weight are 8 bytes each, not an int object in a list (four lists of 600 walked
+    by every young collection that found the newest state, every full one for each kept
+    state)."""
+    import gc
+
+    messages = [{"role": "user", "content": f"{n}: " + "x" * 100} for n in range(600)]
+    kept = Conversations()
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    _read(kept, raw, "alice")
+    more = json.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": "and"}]})
+    found = kept.find(more.encode(), "alice")
+    assert found is not None and len(found.parsed) == 600
+    walked = sum(
+        len(gc.get_referents(o)) for o in gc.get_referents(found.history) if gc.is_tracked(o)
+    )
+    assert walked <= 600 + 20

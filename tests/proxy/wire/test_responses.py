@@ -386,3 +386,43 @@ def test_codexs_agents_md_is_clamped_and_exec_output_capped() -> None:
     assert [i for i in sent["input"] if i["type"] == "reasoning"] == [
         i for i in body["input"] if i["type"] == "reasoning"
     ]
+
+
+def _grown(turns: int, **more: Any) -> bytes:
+    """A Responses conversation after `turns` tool turns (each a call and its output)."""
+    items: list[Any] = [{"type": "message", "role": "user", "content": "go " + "x" * 9000}]
+    for n in range(turns):
+        items += [call(f"c{n}", "exec", {"command": f"ls {n}"}), output(f"c{n}", f"out {n}")]
+    return orjson.dumps({"model": "m", **more, "input": items})
+
+
+def test_a_grown_conversation_has_only_its_new_items_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Request N+1 is request N and a turn: the items request N passed are not checked
+    again, however many; a request that continues a response (an output may answer a call
+    it does not carry) is no check for one that does not."""
+    from ctxbudget.proxy.wire import responses
+    from ctxbudget.proxy.wire.conversations import Conversations
+
+    checked: list[int] = []
+    real = responses._check_items
+
+    def counted(items: list[Any], *rest: Any, **kw: Any) -> Any:
+        checked.append(len(items) - (rest[0] if rest else 0))
+        return real(items, *rest, **kw)
+
+    monkeypatch.setattr(responses, "_check_items", counted)
+    kept, wire = Conversations(), OpenAIResponses()
+    for turns in range(200, 204):
+        wire.parse(_grown(turns), owner="o", conversations=kept)
+    assert checked[0] == 401 and checked[1:] == [2, 2, 2], checked
+    # an output answering no call passes in a continuation; resumed from there, a request
+    # that is not one has it checked again, and refused
+    orphan = orjson.loads(_grown(205, previous_response_id="resp_1"))
+    orphan["input"].insert(3, output("nobody", "x"))
+    wire.parse(orjson.dumps(orphan), owner="o", conversations=kept)
+    orphan.pop("previous_response_id")
+    orphan["input"] += [call("c999", "exec", {}), output("c999", "y")]
+    with pytest.raises(BadRequest, match="no earlier function_call"):
+        wire.parse(orjson.dumps(orphan), owner="o", conversations=kept)

@@ -1,0 +1,121 @@
+"""The session stage, the client prefix and what the clamp reports are O(new) (issue 34): on
+request N+1 of a long conversation, the blocks the session compares, the segments the wire maps
+to its own messages and the prunable results the prune stage looks at are the new turn's, not
+the whole history's; and what they decide is what the whole pass decides (the test suite's
+`CTXBUDGET_CHECK_RESENT=1` re-runs each resumed step whole and fails on a difference)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxbudget.proxy.cache import sessions
+from ctxbudget.proxy.cache.resent import RESENT
+from ctxbudget.proxy.pipeline import prune
+from ctxbudget.proxy.wire import messages
+from tests.fakes import FakeUpstream, chat_completion
+from tests.inproc import InProcess, config_for, proxy_app, state_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from bench._growing import BUILDERS  # noqa: E402
+
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
+def _config(tmp_path: Path) -> dict[str, Any]:
+    """Clamps that cut most results (so the history holds many clamped blocks) and pruning that
+    finds most of them prunable (so the clamp reports many prunable results)."""
+    budget = {
+        "enabled": True,
+        "webFetchMaxChars": 1200,
+        "toolOutputMaxChars": 900,
+        "bootstrapMaxChars": 1500,
+    }
+    pruning = {"mode": "cache-ttl", "minPrunableToolChars": 200, "keepLastAssistants": 2}
+    return config_for(
+        tmp_path,
+        agents={"defaults": {"contextBudget": budget, "contextPruning": pruning}},
+        memory={"inject": {"enabled": False}},
+    )
+
+
+def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes) -> Any:
+    if wire == "chat":
+        fake.answer_json(chat_completion(model="gpt-4o"))
+    else:
+        fake.answer_json(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5",
+                "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 10, "output_tokens": 2},
+            }
+        )
+    r = client.post(PATHS[wire], content=raw)
+    assert r.status_code == 200, r.text
+    return r
+
+
+class _Counted:
+    """Calls of functions that each look at one block or segment, by name."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self._patch = monkeypatch
+
+    def count(self, owner: Any, name: str) -> None:
+        real = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        self._patch.setattr(owner, name, counted)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
+    found = _Counted(monkeypatch)
+    # as in production: the suite's re-check of every reuse works the whole list again
+    monkeypatch.setattr(RESENT, "check", False)
+    found.count(sessions, "Moved")  # a block the report prices (moved, or cached on one side)
+    found.count(messages, "_real_segment")  # a view segment placed at its real message
+    found.count(prune, "_key")  # a prunable result looked up among the decisions
+    run = prune.PruneStage.run
+
+    async def seen(stage: prune.PruneStage, *args: Any, **kwargs: Any) -> prune.Pruned:
+        found.calls["prunable"] = len(kwargs["prunable"])
+        return await run(stage, *args, **kwargs)
+
+    monkeypatch.setattr(prune.PruneStage, "run", seen)
+    yield found
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_turn_n_compares_maps_and_prunes_only_its_new_blocks(
+    tmp_path: Path, wire: str, counted: _Counted
+) -> None:
+    """Request N+1 is request N plus a turn: however many clamped blocks, segments and
+    prunable results the history holds, the stages look at the new turn's few."""
+    bodies = BUILDERS[wire][1](68)  # a tool turn (every tenth, the user asks again)
+    with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        counted.calls.clear()
+        reply = _send(client, fake, wire, bodies[-1])
+        state_of(client).reports.flush()
+        record = state_of(client).reports.request(reply.headers["x-context-budget-request-id"])
+    assert record is not None
+    # the history is long, and most of it clamped and prunable: O(history) would show
+    assert int(reply.headers["x-context-budget-clamped"]) > 30
+    assert counted.calls["prunable"] > 20, counted.calls
+    assert counted.calls.get("Moved", 0) <= 6, counted.calls
+    assert counted.calls.get("_real_segment", 0) <= 8, counted.calls
+    assert counted.calls.get("_key", 0) <= 4, counted.calls

@@ -45,6 +45,7 @@ def _in_memory_tmp(root: str = "/dev/shm", room: int = 1 << 30) -> None:
 _in_memory_tmp()
 
 from ctxbudget.memory import MemoryLimits, MemoryStore, SQLiteMemoryStore  # noqa: E402
+from tests.encodings import remembered_encodings  # noqa: E402
 from tests.inproc import close_offloads  # noqa: E402
 from tests.pg import Cluster, postgres_cluster  # noqa: E402
 
@@ -92,6 +93,13 @@ def _shared_offloads() -> Iterator[None]:
     """Stop the run's shared offload workers (`tests.inproc.shared_offload`) at its end."""
     yield
     close_offloads()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remembered_encodings() -> Iterator[None]:
+    """Token ids encoded once for the run, not once per test's app (`tests/encodings.py`)."""
+    with remembered_encodings():
+        yield
 
 
 @pytest.fixture(scope="session")

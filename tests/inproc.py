@@ -11,7 +11,10 @@ in `tmp_path`. Responses are read whole (streams too: their bytes are what the c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -27,7 +30,7 @@ from ctxbudget.proxy.app import create_app
 from ctxbudget.proxy.config.schema import Config, ConfigSource
 from ctxbudget.proxy.config.settings import Settings, settings_for
 from ctxbudget.proxy.pipeline.offload import LARGE_BODY, Offload
-from ctxbudget.proxy.report.store import ReportStore
+from ctxbudget.proxy.report.store import ReportStore, open_db
 from ctxbudget.proxy.state import ProxyState
 from tests.fakes import FakeUpstream
 
@@ -126,6 +129,25 @@ def close_offloads() -> None:
     _OFFLOADS.clear()
 
 
+_SCHEMA: list[Path] = []
+"""A report database `open_db` created for the run (`_new_report`)."""
+
+
+def _new_report(path: Path) -> None:
+    """A new report database at `path`: a copy of one `open_db` created for the run. Each app
+    opened a new file and walked every step of the report's schema (~60 statements, each
+    re-reading the schema: ~12 ms, ~370 apps a run); the copy is the same file, at
+    `SCHEMA_VERSION`, and `open_db` takes it as it takes a file an earlier run made. The
+    migrations themselves are tested on the files their tests write
+    (`tests/proxy/report/test_report.py`)."""
+    if not _SCHEMA:
+        folder = Path(tempfile.mkdtemp(prefix="ctxbudget-schema-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        open_db(folder / "report.db").close()
+        _SCHEMA.append(folder / "report.db")
+    shutil.copyfile(_SCHEMA[0], path)
+
+
 @contextmanager
 def proxy_app(
     tmp_path: Path,
@@ -143,7 +165,13 @@ def proxy_app(
     large bodies go to `offload`, else to the run's shared worker; `reports`, when given, is
     the report store (the caller closes it)."""
     path = tmp_path / "ctxbudget.json"
-    path.write_text(json.dumps(config if config is not None else config_for(tmp_path)))
+    config = config if config is not None else config_for(tmp_path)
+    path.write_text(json.dumps(config))
+    report = config.get("report", {}).get("path")
+    if isinstance(report, str) and reports is None:
+        new = Path(report)
+        if new.parent.is_dir() and not new.exists():  # a missing folder is the app's to make
+            _new_report(new)
     fake = upstream or FakeUpstream()
     app = create_app(
         ConfigSource(path, env or {}, {}),

@@ -16,6 +16,7 @@ the agent is not re-run, every request is the recorded one, whatever was answere
 
 from __future__ import annotations
 
+import functools
 import json
 import lzma
 import re
@@ -100,7 +101,8 @@ def save(path: Path, session: Session) -> int:
 
 
 def load(path: Path) -> Session:
-    lines = lzma.decompress(path.read_bytes()).decode().splitlines()
+    stat = path.stat()
+    lines = _lines(path, stat.st_mtime_ns, stat.st_size)
     session = Session(json.loads(lines[0]))
     for line in lines[1:]:
         e = json.loads(line)
@@ -110,6 +112,14 @@ def load(path: Path) -> Session:
             )
         )
     return session
+
+
+@functools.lru_cache(maxsize=8)
+def _lines(path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """`path`'s lines, decompressed once a run (a few tests replay each recording, in several
+    schedules: ~0.1 s each time), again when the file changes. Immutable: `load` builds each
+    caller a `Session` of its own."""
+    return tuple(lzma.decompress(path.read_bytes()).decode().splitlines())
 
 
 def recorded(names: Iterable[str] | None = None, folder: Path = SESSIONS) -> list[Session]:

@@ -232,11 +232,12 @@ def test_threads_sharing_one_store_lose_no_write(backend: Backend) -> None:
         if i % 3 == 0:
             store.touch_once("default", f"turn-{i}", [first.id])
 
+    # 150 adds lose as surely as 600 did: 16 threads meet in the first few
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(work, range(600)))
+        list(pool.map(work, range(150)))
     texts = {m.text for m in store.all("default")}
-    assert texts == {"seed note"} | {f"note {i} about deploys" for i in range(600)}
-    assert store.get("default", first.id).access_count == 200  # type: ignore[union-attr]
+    assert texts == {"seed note"} | {f"note {i} about deploys" for i in range(150)}
+    assert store.get("default", first.id).access_count == 50  # type: ignore[union-attr]
     store.close()
 
 

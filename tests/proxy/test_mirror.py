@@ -5,7 +5,6 @@ recorded sessions, to the token."""
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from typing import Any
 
@@ -110,12 +109,12 @@ def _ttl(value: Any) -> str | None:
 
 
 def _hour(data: Any) -> Any:
-    """`data` with every breakpoint asking for the 1-hour cache."""
-    out = json.loads(json.dumps(data))
-    for value in _walk(out):
+    """`data` (parsed for the caller alone: changed in place) with every breakpoint asking for
+    the 1-hour cache."""
+    for value in _walk(data):
         if isinstance(value, dict) and "cache_control" in value:
             value["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
-    return out
+    return data
 
 
 def _walk(value: Any) -> Any:

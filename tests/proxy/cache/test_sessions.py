@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import ctxbudget.proxy.cache.blocks as blocks_module
 from ctxbudget.caps import Caps, ClampResult, Memo, ToolNames, clamp_request
 from ctxbudget.proxy.cache.blocks import serial
 from ctxbudget.proxy.cache.prefix import ClientPrefix
@@ -64,41 +65,45 @@ def test_without_a_session_id_the_stable_prefix_names_the_session() -> None:
 
 
 _IDS = """
-import json, sys
 from ctxbudget.proxy.cache.sessions import ClientPrefix, session_key
 from ctxbudget.proxy.pipeline.jobs import _digested_blocks
 from ctxbudget.proxy.wire.chat import ChatCompletions
-body = ChatCompletions().parse(sys.stdin.buffer.read())
-ids = []
-for blocks in (_digested_blocks(body.blocks(), "o200k_base", "default"), body.blocks()):
-    prefix = ClientPrefix(blocks)  # as the offload process hands it over, and as parsed here
-    session = session_key({}, body.get, body.model, prefix)
-    ids.append([session, prefix.conversation(session)])
-print(json.dumps(ids))
+
+def ids(raw):
+    body = ChatCompletions().parse(raw)
+    found = []
+    for blocks in (_digested_blocks(body.blocks(), "o200k_base", "default"), body.blocks()):
+        prefix = ClientPrefix(blocks)  # as the offload process hands it over, and as parsed here
+        session = session_key({}, body.get, body.model, prefix)
+        found.append([session, prefix.conversation(session)])
+    return found
 """
 
 
 def test_session_and_conversation_ids_are_the_same_in_every_process() -> None:
     # Another worker or instance (its own digest seed) files the same conversation's pruning
     # decisions, and counts its session, under the same ids; also for a large body's blocks
-    # hashed in the offload process. Before, each process's seed made its own ids.
+    # hashed in the offload process. Before, each process's seed made its own ids. This
+    # process is one (its own random seed), a helper with another seed the other: one
+    # interpreter started, not two.
     request = openclaw_request(version="9.x", size_bytes=180_000)  # tools over SMALL_BLOCK
     request["messages"].insert(1, {"role": "user", "content": "x" * 70_000})
     for n in range(3):  # the first message is block 5: after the tools and four system ones
         request["messages"].insert(1, {"role": "system", "content": f"rules {n}"})
     raw = json.dumps(request).encode()
 
-    def ids(seed: int) -> list[list[str]]:
-        env = {**os.environ, "CTXBUDGET_DIGEST_SEED": str(seed)}
-        done = subprocess.run(
-            [sys.executable, "-c", _IDS], input=raw, env=env, capture_output=True, check=True
-        )
-        found: list[list[str]] = json.loads(done.stdout)
-        return found
-
-    first, second = ids(1), ids(2)
-    assert first == second
-    offloaded, in_process = first
+    other = blocks_module.SEED ^ 1
+    env = {**os.environ, blocks_module.SEED_ENV: str(other)}
+    script = f"import json, sys\n{_IDS}\nprint(json.dumps(ids(sys.stdin.buffer.read())))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=raw, env=env, capture_output=True, check=True
+    )
+    there: list[list[str]] = json.loads(done.stdout)
+    here_namespace: dict[str, Any] = {}
+    exec(_IDS, here_namespace)
+    here: list[list[str]] = here_namespace["ids"](raw)
+    assert here == there
+    offloaded, in_process = here
     assert in_process == offloaded
     assert in_process[0].startswith("prefix:") and in_process[1].startswith(in_process[0] + "/")
 

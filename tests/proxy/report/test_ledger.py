@@ -12,10 +12,18 @@ from typing import Any
 
 import pytest
 
+import ctxbudget.proxy.report.ledger as ledger_module
 from ctxbudget.memory.pg import DatabaseUnavailable
 from ctxbudget.memory.sqlite import Database
 from ctxbudget.proxy.report.ledger import HELD_PER_OWNER, PruneLedger, loaded, stored
 from ctxbudget.proxy.report.store import open_db
+
+
+@pytest.fixture(autouse=True)
+def _quick_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The breaker looks at the database every 20 ms, not every second: these tests wait for it
+    to see the database again (a second each, on the layer's clock)."""
+    monkeypatch.setattr(ledger_module, "CHECK_SECONDS", 0.02)
 
 
 class Flaky(Database):
@@ -55,7 +63,7 @@ def test_a_decision_whose_write_failed_is_held_and_written_once_the_database_ans
         deadline = time.monotonic() + 10
         while ledger.breaker.down:
             assert time.monotonic() < deadline, "the background check did not see it again"
-            time.sleep(0.05)
+            time.sleep(0.01)
         rows = db.fetchall("SELECT owner, conversation, call_id, digest, text FROM pruned")
         assert rows == [("alice", "s/1", "call_0", "d0", "[pruned]")]
     finally:
@@ -80,7 +88,7 @@ def test_one_owners_outage_decisions_never_crowd_out_anothers(tmp_path: Path) ->
         deadline = time.monotonic() + 10
         while ledger.breaker.down:
             assert time.monotonic() < deadline, "the background check did not see it again"
-            time.sleep(0.05)
+            time.sleep(0.01)
         alices = db.fetchall("SELECT conversation FROM pruned WHERE owner = 'alice'")
         assert alices == [("s/1",)], "alice's request went out pruned: its decision is kept"
         (mallorys,) = db.fetchall("SELECT COUNT(*) FROM pruned WHERE owner = 'mallory'")

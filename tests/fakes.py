@@ -96,6 +96,24 @@ def chat_completion(text: str = "hello", *, model: str = "m") -> dict[str, Any]:
     }
 
 
+def anthropic_message(text: str = "ok", *, output_tokens: int = 2) -> dict[str, Any]:
+    """An Anthropic Messages JSON answer."""
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 10, "output_tokens": output_tokens},
+    }
+
+
+def answer_in(fake: FakeUpstream, wire: str) -> None:
+    """Have `fake` answer the next request in `wire`'s format (`chat` or `messages`)."""
+    fake.answer_json(chat_completion(model="gpt-4o") if wire == "chat" else anthropic_message())
+
+
 def chat_chunks(text: str = "hello", *, usage: bool = False) -> list[bytes]:
     """SSE `chat.completion.chunk` events for `text`, one per word, ending in [DONE]."""
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "m"}

@@ -18,7 +18,7 @@ from ctxbudget.proxy.cache.mirror import MirrorBlock, OpenAIMirror
 from ctxbudget.proxy.cache.mirrors import Mirrors, MirrorView
 from ctxbudget.proxy.cache.resent import RESENT, ChangedInPlace
 from ctxbudget.proxy.pipeline import relay
-from tests.fakes import chat_completion
+from tests.fakes import anthropic_message, chat_completion
 from tests.inproc import config_for, proxy_app, state_of
 from tests.openclaw import INTERNAL_CONTEXT, tool_call
 
@@ -144,15 +144,7 @@ def test_a_growing_conversation_is_mirrored_by_what_each_request_adds(
 
 
 def _anthropic() -> dict[str, Any]:
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-4-5",
-        "content": [{"type": "text", "text": "ok"}],
-        "stop_reason": "end_turn",
-        "usage": {"input_tokens": 10, "output_tokens": 1},
-    }
+    return anthropic_message(output_tokens=1)
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])

@@ -20,7 +20,7 @@ from ctxbudget.proxy.report.record import RequestRecord, report_entry
 from ctxbudget.proxy.report.store import MIGRATIONS, ReportStore
 from ctxbudget.proxy.report.tally import STRIDE, tally
 from ctxbudget.proxy.tokens import TokenCounter
-from tests.fakes import FakeUpstream, chat_completion
+from tests.fakes import FakeUpstream, answer_in
 from tests.inproc import InProcess, config_for, proxy_app, state_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -60,20 +60,7 @@ def _config(tmp_path: Path, enabled: bool) -> dict[str, Any]:
 
 
 def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes) -> tuple[str, dict]:
-    if wire == "chat":
-        fake.answer_json(chat_completion(model="gpt-4o"))
-    else:
-        fake.answer_json(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "model": "claude-sonnet-4-5",
-                "content": [{"type": "text", "text": "ok"}],
-                "stop_reason": "end_turn",
-                "usage": {"input_tokens": 10, "output_tokens": 2},
-            }
-        )
+    answer_in(fake, wire)
     r = client.post(PATHS[wire], content=raw)
     assert r.status_code == 200, r.text
     headers = {h: r.headers.get(f"x-context-budget-{h}") for h in HEADERS}

@@ -18,7 +18,7 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.wire import body, chat, history, messages
 from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.conversations import Conversations
-from tests.fakes import FakeUpstream, chat_completion
+from tests.fakes import FakeUpstream, answer_in
 from tests.held import SLACK, bound_of, held
 from tests.inproc import InProcess, config_for, proxy_app, state_of
 
@@ -46,20 +46,7 @@ def _config(tmp_path: Path, **more: Any) -> dict[str, Any]:
 
 
 def _answer(fake: FakeUpstream, wire: str) -> None:
-    if wire == "chat":
-        fake.answer_json(chat_completion(model="gpt-4o"))
-    else:
-        fake.answer_json(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "model": "claude-sonnet-4-5",
-                "content": [{"type": "text", "text": "ok"}],
-                "stop_reason": "end_turn",
-                "usage": {"input_tokens": 10, "output_tokens": 2},
-            }
-        )
+    answer_in(fake, wire)
 
 
 def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes, **kw: Any) -> str:

@@ -43,8 +43,10 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.errors import BadRequest, PayloadTooLarge
 from ctxbudget.proxy.upstream.http import Body, Parts
 from ctxbudget.proxy.wire.conversations import (
+    Checked,
     Conversation,
     Conversations,
+    Seen,
     index_of,
     same_prefix,
 )
@@ -139,6 +141,19 @@ class JsonBody:
         if history is None or history.key != key:
             return None
         return history.history, len(history.parsed)
+
+    def checked_from(self, key: str, *, lenient: bool = False) -> tuple[int, Seen | None]:
+        """Where the format's check of list `key` starts, and the call ids seen before it:
+        after the items the extended conversation's request passed (`Checked.at`), else at 0."""
+        found = self.extended(key)
+        if found is None or not isinstance(found[0].checked, Checked):
+            return 0, None
+        return found[0].checked.at(found[1], lenient=lenient)
+
+    def keep_checked(self, checked: Checked) -> None:
+        """What this body's check passed, for the next request of its conversation."""
+        if self.conversation is not None:
+            self.conversation.checked = checked
 
     def raw_field(self, key: str) -> Any:
         """A top-level field as sent: its JSON bytes (its value on the fallback path), or

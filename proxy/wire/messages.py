@@ -433,12 +433,7 @@ class AnthropicMessages:
                 param="messages",
             )
         # the items the conversation's last request had passed: only the new ones are checked
-        found, start, calls = body.extended("messages"), 0, None
-        if found is not None and isinstance(found[0].checked, Checked):
-            start, calls = found[0].checked.at(found[1])
-        checked = _check_messages(messages, start, calls)
-        if body.conversation is not None:
-            body.conversation.checked = checked
+        body.keep_checked(_check_messages(messages, *body.checked_from("messages")))
         system = body.get("system")
         if system is not None and not (
             isinstance(system, str)

@@ -418,12 +418,8 @@ class OpenAIResponses:
         if isinstance(value, list):
             # the items the conversation's last request had passed: only the new ones checked
             continues = body.get("previous_response_id") is not None
-            found, start, calls = body.extended("input"), 0, None
-            if found is not None and isinstance(found[0].checked, Checked):
-                start, calls = found[0].checked.at(found[1], lenient=continues)
-            checked = _check_items(value, start, calls, continues=continues)
-            if body.conversation is not None:
-                body.conversation.checked = checked
+            start, calls = body.checked_from("input", lenient=continues)
+            body.keep_checked(_check_items(value, start, calls, continues=continues))
         check_model(body)
         return ResponsesRequest(body, owner, self.names)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 
 from ctxbudget.caps import Clamp, clamp_request
@@ -47,6 +48,39 @@ def config_for(tmp_path: Path, **sections: Any) -> dict[str, Any]:
     }
     _merge(config, sections)
     return config
+
+
+CUTTING = {"webFetchMaxChars": 1200, "toolOutputMaxChars": 900, "bootstrapMaxChars": 1500}
+"""Caps that cut most of a grown OpenClaw conversation's results (`bench/_growing.py`)."""
+
+
+def cutting_config(
+    tmp_path: Path, *, enabled: bool = True, pruning: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`config_for` with the `CUTTING` caps (budget `enabled`, `pruning` as given) and no
+    memory placed: what is forwarded depends on the request alone."""
+    defaults: dict[str, Any] = {"contextBudget": {"enabled": enabled, **CUTTING}}
+    if pruning is not None:
+        defaults["contextPruning"] = pruning
+    memory = {"inject": {"enabled": False}}
+    return config_for(tmp_path, agents={"defaults": defaults}, memory=memory)
+
+
+class Counted:
+    """Calls of functions (each looking at one item, block or segment), by name."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self._patch = monkeypatch
+
+    def count(self, owner: Any, name: str) -> None:
+        real = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        self._patch.setattr(owner, name, counted)
 
 
 def settings(env: Mapping[str, str] | None = None, **proxy: Any) -> Settings:

@@ -18,7 +18,7 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.pipeline import prune
 from ctxbudget.proxy.wire import messages
 from tests.fakes import FakeUpstream, answer_in
-from tests.inproc import InProcess, config_for, proxy_app, state_of
+from tests.inproc import Counted, InProcess, cutting_config, proxy_app, state_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench._growing import BUILDERS  # noqa: E402
@@ -29,18 +29,8 @@ PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
 def _config(tmp_path: Path) -> dict[str, Any]:
     """Clamps that cut most results (so the history holds many clamped blocks) and pruning that
     finds most of them prunable (so the clamp reports many prunable results)."""
-    budget = {
-        "enabled": True,
-        "webFetchMaxChars": 1200,
-        "toolOutputMaxChars": 900,
-        "bootstrapMaxChars": 1500,
-    }
     pruning = {"mode": "cache-ttl", "minPrunableToolChars": 200, "keepLastAssistants": 2}
-    return config_for(
-        tmp_path,
-        agents={"defaults": {"contextBudget": budget, "contextPruning": pruning}},
-        memory={"inject": {"enabled": False}},
-    )
+    return cutting_config(tmp_path, pruning=pruning)
 
 
 def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes) -> Any:
@@ -50,26 +40,9 @@ def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes) -> Any:
     return r
 
 
-class _Counted:
-    """Calls of functions that each look at one block or segment, by name."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: dict[str, int] = {}
-        self._patch = monkeypatch
-
-    def count(self, owner: Any, name: str) -> None:
-        real = getattr(owner, name)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return real(*args, **kwargs)
-
-        self._patch.setattr(owner, name, counted)
-
-
 @pytest.fixture
-def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
-    found = _Counted(monkeypatch)
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
+    found = Counted(monkeypatch)
     # as in production: the suite's re-check of every reuse works the whole list again
     monkeypatch.setattr(RESENT, "check", False)
     found.count(sessions, "Moved")  # a block the report prices (moved, or cached on one side)
@@ -87,7 +60,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
 
 @pytest.mark.parametrize("wire", ["chat", "messages"])
 def test_turn_n_compares_maps_and_prunes_only_its_new_blocks(
-    tmp_path: Path, wire: str, counted: _Counted
+    tmp_path: Path, wire: str, counted: Counted
 ) -> None:
     """Request N+1 is request N plus a turn: however many clamped blocks, segments and
     prunable results the history holds, the stages look at the new turn's few."""

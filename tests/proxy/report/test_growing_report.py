@@ -21,7 +21,7 @@ from ctxbudget.proxy.report.store import MIGRATIONS, ReportStore
 from ctxbudget.proxy.report.tally import STRIDE, tally
 from ctxbudget.proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, answer_in
-from tests.inproc import InProcess, config_for, proxy_app, state_of
+from tests.inproc import InProcess, cutting_config, proxy_app, state_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench._growing import BUILDERS  # noqa: E402
@@ -46,17 +46,7 @@ HEADERS += ("would-save-chars", "would-save-tokens", "gross-would-save-usd")
 
 
 def _config(tmp_path: Path, enabled: bool) -> dict[str, Any]:
-    budget = {
-        "enabled": enabled,
-        "webFetchMaxChars": 1200,
-        "toolOutputMaxChars": 900,
-        "bootstrapMaxChars": 1500,
-    }
-    return config_for(
-        tmp_path,
-        agents={"defaults": {"contextBudget": budget}},
-        memory={"inject": {"enabled": False}},
-    )
+    return cutting_config(tmp_path, enabled=enabled)
 
 
 def _send(client: InProcess, fake: FakeUpstream, wire: str, raw: bytes) -> tuple[str, dict]:

@@ -20,7 +20,7 @@ from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.conversations import Conversations
 from tests.fakes import FakeUpstream, answer_in
 from tests.held import SLACK, bound_of, held
-from tests.inproc import InProcess, config_for, proxy_app, state_of
+from tests.inproc import Counted, InProcess, cutting_config, proxy_app, state_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench._growing import BUILDERS  # noqa: E402
@@ -28,21 +28,10 @@ from bench._growing import BUILDERS  # noqa: E402
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
 
-def _config(tmp_path: Path, **more: Any) -> dict[str, Any]:
-    """Clamps that cut (small caps, the `query` strategy), no memory placed: what is forwarded
-    depends on the request alone."""
-    budget = {
-        "enabled": True,
-        "webFetchMaxChars": 1200,
-        "toolOutputMaxChars": 900,
-        "bootstrapMaxChars": 1500,
-    }
-    return config_for(
-        tmp_path,
-        agents={"defaults": {"contextBudget": budget}},
-        memory={"inject": {"enabled": False}},
-        **more,
-    )
+def _config(tmp_path: Path) -> dict[str, Any]:
+    """Clamps that cut (small caps), no memory placed: what is forwarded depends on the
+    request alone."""
+    return cutting_config(tmp_path)
 
 
 def _answer(fake: FakeUpstream, wire: str) -> None:
@@ -88,22 +77,13 @@ def test_a_grown_conversation_forwards_the_same_bytes_with_its_state_as_without(
     assert any(b"skipped chars" in b or b"truncated" in b for b in kept_bodies)  # it clamped
 
 
-class _Counted:
-    """Calls of the functions that read one message (or block) each, by name."""
+class _Counted(Counted):
+    """Calls of the functions that read one message (or block) each, by name, and the
+    messages a wire's check visits."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: dict[str, int] = {}
+        super().__init__(monkeypatch)
         self.checked = 0
-        self._patch = monkeypatch
-
-    def count(self, owner: Any, name: str) -> None:
-        real = getattr(owner, name)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return real(*args, **kwargs)
-
-        self._patch.setattr(owner, name, counted)
 
     def check(self, owner: Any, name: str) -> None:
         """The messages a wire's check visits (those from its `start`)."""

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,17 +52,8 @@ class Collections:
 
 
 async def grow(fmt: str, turns: int, young: int | None) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
-    config = {
-        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
-        "memory": {"store": {"path": str(tmp / "memory.db")}},
-        "report": {"path": str(tmp / "report.db")},
-    }
-    (tmp / "ctxbudget.json").write_text(json.dumps(config))
     upstream = stages.FakeUpstream()
-    app = stages.create_app(
-        stages.ConfigSource(tmp / "ctxbudget.json", {}, {}), upstream=upstream, env={}, run="bench"
-    )
+    app, _ = stages.bench_app(upstream)
     route, build = stages.BUILDERS[fmt]
     seen = Collections()
     async with app.router.lifespan_context(app):

@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -60,17 +58,8 @@ class Collections:
 
 
 async def grow(fmt: str, turns: int) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
-    config = {
-        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
-        "memory": {"store": {"path": str(tmp / "memory.db")}},
-        "report": {"path": str(tmp / "report.db")},
-    }
-    (tmp / "ctxbudget.json").write_text(json.dumps(config))
     ours_up, floor_up = stages.FakeUpstream(), stages.FakeUpstream()
-    app = stages.create_app(
-        stages.ConfigSource(tmp / "ctxbudget.json", {}, {}), upstream=ours_up, env={}, run="bench"
-    )
+    app, _ = stages.bench_app(ours_up)
     floor = stages.floor_app(floor_up)
     spent: dict[str, int] = {}
     stages.time_functions(spent)

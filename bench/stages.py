@@ -100,6 +100,23 @@ def capture(small: bool = False) -> tuple[str, bytes]:
     return name, json.dumps(body, ensure_ascii=False).encode()
 
 
+def bench_app(upstream: FakeUpstream, *, holdout: float = 0.0) -> tuple[Any, Path]:
+    """The real app on `upstream`, budget on, its stores in a new temporary folder (returned):
+    never ~/.ctxbudget."""
+    tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
+    budget: dict[str, Any] = {"enabled": True}
+    if holdout:
+        budget["holdout"] = holdout
+    config = {
+        "agents": {"defaults": {"contextBudget": budget}},
+        "memory": {"store": {"path": str(tmp / "memory.db")}},
+        "report": {"path": str(tmp / "report.db")},
+    }
+    (tmp / "ctxbudget.json").write_text(json.dumps(config))
+    source = ConfigSource(tmp / "ctxbudget.json", {}, {})
+    return create_app(source, upstream=upstream, env={}, run="bench"), tmp
+
+
 def floor_app(upstream: FakeUpstream) -> Starlette:
     async def forward(request: Request) -> Response:
         body = await request.body()
@@ -487,19 +504,8 @@ async def main() -> None:
     if args.rounds:
         rounds = args.rounds
     name, raw = capture(args.small)
-    tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
-    config = {
-        "agents": {"defaults": {"contextBudget": {"enabled": True}}},
-        "memory": {"store": {"path": str(tmp / "memory.db")}},
-        "report": {"path": str(tmp / "report.db")},
-    }
-    if args.holdout:
-        config["agents"]["defaults"]["contextBudget"]["holdout"] = args.holdout
-    (tmp / "ctxbudget.json").write_text(json.dumps(config))
     ours_upstream, floor_upstream = FakeUpstream(), FakeUpstream()
-    app = create_app(
-        ConfigSource(tmp / "ctxbudget.json", {}, {}), upstream=ours_upstream, env={}, run="bench"
-    )
+    app, tmp = bench_app(ours_upstream, holdout=args.holdout)
     floor = floor_app(floor_upstream)
     marks = Marks()
     app.state.proxy.reports.sinks.append(marks)

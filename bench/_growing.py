@@ -10,6 +10,10 @@ internal-context message, which the next one drops.
   system prompt as two text blocks, `cache_control` on `system[0]`, the last tool, the latest
   user text and the newest `tool_result` (the marker moves to the newest result each request,
   so the block before it changes), thinking blocks with signatures on each assistant turn.
+- `responses`: OpenAI Responses as OpenClaw's default custom provider sends them
+  (OPENCLAW_WIRE_FORMATS.md §4, `store: false`): the system prompt as `input[0]`, the
+  internal-context message moved up to `input[2]`, then `function_call` and
+  `function_call_output` items, a reasoning item with encrypted content before each call.
 
 Deterministic: the same turns every run (a seeded `random.Random`).
 """
@@ -201,6 +205,60 @@ def messages_bodies(turns: int) -> list[bytes]:
     return bodies
 
 
+def responses_bodies(turns: int) -> list[bytes]:
+    """`turns` OpenAI Responses requests of one conversation, as OpenClaw sends them."""
+    prompt = system_prompt(version="9.x", files=default_files())
+    first = "[Sun 2026-11-22 11:28 UTC] Work through the tasks."
+    history: list[dict[str, Any]] = [
+        _input_message("system", prompt),
+        _input_message("user", first),
+        _input_message("user", INTERNAL_CONTEXT),
+    ]
+    tools = [{"type": "function", **t} for t in _tool_specs()]
+    bodies = []
+    for turn, (name, args, result, asks) in enumerate(_turns(turns)):
+        call_id = f"call_{turn:04d}_{name}"
+        history.append(
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": f"Next, {name} for part {turn}."}],
+                "encrypted_content": "gAAAAB" + "3ncrypt3d" * 16,
+            }
+        )
+        history.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": name,
+                "arguments": json.dumps(args, separators=(",", ":")),
+            }
+        )
+        history.append({"type": "function_call_output", "call_id": call_id, "output": result})
+        if asks:
+            history.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": f"Done with part {turn}."}],
+                }
+            )
+            history.append(_input_message("user", asks))
+        body = {
+            "model": "gpt-4.1",
+            "input": history,
+            "stream": False,
+            "max_output_tokens": 4096,
+            "tools": tools,
+            "store": False,
+        }
+        bodies.append(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+    return bodies
+
+
+def _input_message(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+
 def _marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`history` with OpenClaw's two moving markers: the newest `tool_result` and the latest
     user text (copies of those messages only)."""
@@ -257,5 +315,6 @@ def _tool_specs() -> list[dict[str, Any]]:
 BUILDERS = {
     "chat": ("/v1/chat/completions", chat_bodies),
     "messages": ("/v1/messages", messages_bodies),
+    "responses": ("/v1/responses", responses_bodies),
 }
 """Each format's route and builder."""

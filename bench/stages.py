@@ -427,6 +427,9 @@ def sized_reply(route: str, size: int) -> dict[str, Any]:
     if route == "/v1/messages":
         usage = {"input_tokens": tokens - cached, "output_tokens": 5,
                  "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}  # fmt: skip
+    elif route == "/v1/responses":
+        usage = {"input_tokens": tokens, "output_tokens": 5, "total_tokens": tokens + 5,
+                 "input_tokens_details": {"cached_tokens": cached}}  # fmt: skip
     else:
         usage = {"prompt_tokens": tokens, "completion_tokens": 5,
                  "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip

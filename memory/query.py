@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -180,7 +181,7 @@ def _agent_context(message: Any) -> bool:
     return internal(text) if text is not None else bool(content)
 
 
-def latest_user(messages: list[Any]) -> tuple[int, str] | None:
+def latest_user(messages: Sequence[Any]) -> tuple[int, str] | None:
     """(index, raw text) of the latest user message that is not an agent-internal block."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
@@ -193,7 +194,7 @@ def latest_user(messages: list[Any]) -> tuple[int, str] | None:
     return None
 
 
-def user_turn(messages: list[Any]) -> UserTurn | None:
+def user_turn(messages: Sequence[Any]) -> UserTurn | None:
     """The latest real user turn of chat-style `messages` (role + string or text parts)."""
     found = latest_user(messages)
     if found is None:

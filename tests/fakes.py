@@ -110,8 +110,12 @@ def anthropic_message(text: str = "ok", *, output_tokens: int = 2) -> dict[str, 
 
 
 def answer_in(fake: FakeUpstream, wire: str) -> None:
-    """Have `fake` answer the next request in `wire`'s format (`chat` or `messages`)."""
-    fake.answer_json(chat_completion(model="gpt-4o") if wire == "chat" else anthropic_message())
+    """Have `fake` answer the next request in `wire`'s format (`chat`, `messages` or
+    `responses`)."""
+    if wire == "responses":
+        fake.answer_json(REPLIES["/v1/responses"])
+    else:
+        fake.answer_json(chat_completion(model="gpt-4o") if wire == "chat" else anthropic_message())
 
 
 def chat_chunks(text: str = "hello", *, usage: bool = False) -> list[bytes]:

@@ -57,6 +57,9 @@ KEEP_BYTES = 64 << 20
 """All sessions' mirrors together, estimated (`SessionMirror.weight`)."""
 BYTES_PER_TOKEN = 4.0
 """The scale a session starts with, before an answer says its own."""
+RELAY_SHARE = 0.01
+"""An Anthropic session's blocks are counted again at an answer's scale when it is off the
+one they are laid out at by more than this share (`SessionMirror.places`)."""
 MISS_TOKENS = 1024
 MISS_SHARE = 0.1
 """A read short of the prediction by more than both (tokens; share of the prompt) is a
@@ -123,11 +126,15 @@ def mirror_groups(
         if last is not None and i < top and key == (last.keys[i - 1] if i else b""):
             # after the same digest: the run of blocks that are the very objects of the last
             # request keeps its groups (found in C, not a line a block)
-            run = next(compress(count(i), map(is_not, kept[i:top], old[i:top])), top)
-            if run > i:
+            if i == 0:  # the first run (an agent's: its whole history): each list once
+                run = next(compress(count(), map(is_not, kept, old)), top)
+                labels, groups, keys = last.labels[:run], last.groups[:run], last.keys[:run]
+            else:
+                run = next(compress(count(i), map(is_not, kept[i:top], old[i:top])), top)
                 labels += last.labels[i:run]
                 groups += last.groups[i:run]
                 keys += last.keys[i:run]
+            if run > i:
                 key = keys[-1]
                 same = run if same == i else same
                 i = run
@@ -344,8 +351,8 @@ class SessionMirror:
     sent_bytes: int = 0
     """Bytes of the newest request as forwarded (what `scale` is set from)."""
     laid_scale: float | None = None
-    """The `scale` when the session's first request was mirrored: where an OpenAI mirror's
-    128-token steps fall for good (`places`)."""
+    """The `scale` the session's blocks are laid out at (`places`): an OpenAI session's
+    first, for good; an Anthropic session's until an answer moves it past `RELAY_SHARE`."""
     requests: int = 0
     """Requests mirrored so far."""
     warm_pruned: int = -2
@@ -388,20 +395,32 @@ class SessionMirror:
 
     @property
     def places(self) -> float:
-        """Tokens per byte the blocks are laid out at. OpenAI keeps prefixes by token
-        position, and the mirror keys each step by the block it ends in and its position: at
-        each answer's new scale the same history's steps moved, and the direct copy, which no
-        answer corrects, found none of what it held (a whole prompt priced as uncached after
-        a prune changed the sent prompt's density). So an OpenAI session keeps the scale its
-        first request was laid out at: not its first answer's, which a stream's answer sets
-        on the writer thread some requests later, moving every step once (issue 31: OpenClaw
-        Responses' counterfactual 5% above the direct bill). The steps are then off the
-        provider's by the scale's error, at most a step where a read ends: the report prices
-        the classes again from the provider's own count (`exact`). Anthropic keys entries by
-        block only."""
-        if self.provider == "openai" and self.laid_scale is not None:
-            return self.laid_scale
-        return self.scale
+        """Tokens per byte the blocks are laid out at (`laid_scale`; `scale` before the first
+        request). OpenAI keeps prefixes by token position, and the mirror keys each step by
+        the block it ends in and its position: at each answer's new scale the same history's
+        steps moved, and the direct copy, which no answer corrects, found none of what it held
+        (a whole prompt priced as uncached after a prune changed the sent prompt's density).
+        So an OpenAI session keeps the scale its first request was laid out at: not its first
+        answer's, which a stream's answer sets on the writer thread some requests later,
+        moving every step once (issue 31: OpenClaw Responses' counterfactual 5% above the
+        direct bill). The steps are then off the provider's by the scale's error, at most a
+        step where a read ends: the report prices the classes again from the provider's own
+        count (`exact`).
+
+        Anthropic keys entries by block only, so its layout follows the answers' scale, but
+        not each answer's: every answer moves it a little (a turn's bytes are a small part of
+        a long prompt, not of its density), and counting every block of a 300-turn history
+        again at each new scale was most of what a request's mirror cost at turn 300
+        (issue 34). It is laid out again when an answer moves the scale past `RELAY_SHARE`
+        of the one it is laid at: its token counts are off by less than that, which moves
+        a breakpoint across the minimum a cache entry needs only within that share, and
+        what the report prices is scaled to the provider's own count (`settle`, `exact`)."""
+        laid = self.laid_scale
+        if laid is None:
+            return self.scale
+        if self.provider == "anthropic" and abs(self.scale - laid) > RELAY_SHARE * laid:
+            return self.scale
+        return laid
 
     @property
     def weight(self) -> int:
@@ -476,9 +495,7 @@ class SessionMirror:
         leading groups the newest request had are laid out as they were (`lay_out`): a
         request that goes on from it costs what it adds, not its history."""
         with self.lock:
-            if self.laid_scale is None:
-                self.laid_scale = self.scale
-            scale = self.places
+            scale = self.laid_scale = self.places
             last = self.layouts
             sent_laid = _lay_out(sent, scale, last[0] if last is not None else None)
             direct_laid = _lay_out(direct, scale, last[1] if last is not None else None)

@@ -27,7 +27,6 @@ import orjson
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
 from ctxbudget.caps._kept import ChangedInPlace
-from ctxbudget.caps.types import evolve
 from ctxbudget.memory.inject import Placement, block, inject
 from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
@@ -44,7 +43,7 @@ from ctxbudget.proxy.wire.body import (
     parse_object,
     type_name,
 )
-from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen, same_prefix
+from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -55,7 +54,10 @@ from ctxbudget.proxy.wire.types import (
 )
 from ctxbudget.proxy.wire.view import (
     ChatView,
+    Placed,
     arguments_json,
+    real_segment,
+    real_segments,
     set_item,
     set_part,
     set_texts,
@@ -158,12 +160,12 @@ class MessagesRequest(InProcessRequest):
             if state is not None and not state.odd
             else None
         )
-        real = _real_segments(
+        real = real_segments(
             result.segments, view.places, split, known.real if known is not None else None
         )
         if RESENT.check and known is not None and known.real is not None:
             # what was taken must be what placing each one gives
-            if real[1] != [_real_segment(s, view.places) for s in result.segments]:
+            if real[1] != [real_segment(s, view.places) for s in result.segments]:
                 raise ChangedInPlace("a conversation's segments were placed otherwise")
         segments = real[1]
         if body.conversation is not None:
@@ -322,41 +324,6 @@ def _written(
     return messages, system
 
 
-def _real_segment(segment: Segment, places: list[Any]) -> Segment:
-    """`segment` (of a view message) at its real message's index."""
-    index = segment.message_index
-    place = places[index] if 0 <= index < len(places) else None
-    return evolve(segment, message_index=int(place[1]) if place else -1)
-
-
-_Placed = tuple[Sequence[Segment], Sequence[Segment], list[Segment], list[Segment]]
-"""A request's view segments, as (the texts' and results', the prunable ones), and each
-placed at its real message (`_real_segment`), in the same two parts."""
-
-
-def _real_segments(
-    segments: Sequence[Segment], places: list[Any], split: int | None, known: _Placed | None
-) -> tuple[_Placed | None, list[Segment]]:
-    """`segments` placed at their real messages, and what the next request takes of it.
-
-    The clamp's segments are the texts' and the results' (the first `split`), then the
-    prunable results (`caps.resume.segments`); a request resumed from the conversation's last
-    has, in each part, the very segments of last time first, then the new ones. Those are
-    placed as last time (`known`: the same view messages, so the same real ones): only the
-    new ones are placed, and each segment stays the same object every turn. `split` None
-    (a conversation clamped whole): every one is placed, nothing kept."""
-    if split is None:
-        return None, [_real_segment(s, places) for s in segments]
-    main, tail = segments[:split], segments[split:]
-    a = b = 0
-    if known is not None:
-        a = same_prefix(main, known[0], len(main))
-        b = same_prefix(tail, known[1], len(tail))
-    placed_main = (known[2][:a] if known else []) + [_real_segment(s, places) for s in main[a:]]
-    placed_tail = (known[3][:b] if known else []) + [_real_segment(s, places) for s in tail[b:]]
-    return (main, tail, placed_main, placed_tail), placed_main + placed_tail
-
-
 class _Viewed:
     """A Messages request's chat-shaped view, per item, as `Conversation.view` keeps it."""
 
@@ -381,7 +348,7 @@ class _Viewed:
         first_index: int,
         head: int,
         written: list[Any],
-        real: _Placed | None,
+        real: Placed | None,
         caps: tuple[Caps, ToolNames],
     ) -> None:
         self.system_raw = system_raw

@@ -26,17 +26,19 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, overload
 
 import orjson
 from cachetools import LRUCache
 
 from ctxbudget.caps import Caps, Clamp, Segment, ToolNames
+from ctxbudget.caps._kept import ChangedInPlace
 from ctxbudget.memory.inject import Placement, block
 from ctxbudget.memory.query import UserTurn, user_turn
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.config.settings import Settings
 from ctxbudget.proxy.errors import BadRequest, CtxBudgetError
 from ctxbudget.proxy.upstream.http import Body
@@ -48,7 +50,7 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.chat import openai_headers
-from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen, same_prefix
+from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -57,7 +59,16 @@ from ctxbudget.proxy.wire.types import (
     WireRequest,
     resumed,
 )
-from ctxbudget.proxy.wire.view import ChatView, set_item, set_part, set_texts, with_text
+from ctxbudget.proxy.wire.view import (
+    ChatView,
+    Placed,
+    real_segment,
+    real_segments,
+    set_item,
+    set_part,
+    set_texts,
+    with_text,
+)
 
 _EXAMPLE = '{"model": ..., "input": ...}'
 _SYSTEM_ROLES = ("system", "developer")
@@ -184,15 +195,8 @@ class ResponsesRequest(InProcessRequest):
                     if self.input
                     else None
                 )
-            else:  # items as chat messages: the text of each message, nothing for the rest
-                turn = user_turn(
-                    [
-                        {"role": item.get("role"), "content": text}
-                        if (text := _message_text(item)) is not None
-                        else {"role": item.get("type")}
-                        for item in self._items()
-                    ]
-                )
+            else:  # items as chat messages, each made as it is read (from the newest back)
+                turn = user_turn(_AsChat(self._items()))
             self._turn = (turn,)
         return self._turn[0]
 
@@ -204,104 +208,122 @@ class ResponsesRequest(InProcessRequest):
         return "".join(texts)
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
-        view = ChatView(owner=self.owner)
-        if isinstance(self.instructions, str):
-            view.system(self.instructions, ("instructions", -1))
-        items = self._items()
-        called = {
-            item["call_id"]
-            for item in items
-            if item.get("type") == "function_call" and isinstance(item.get("call_id"), str)
-        }
-        remembered: list[tuple[str, str, str]] = []
-        for item in items:  # results whose call is stored upstream (continuation)
-            if item.get("type") == "function_call_output" and item["call_id"] not in called:
-                found = self._names.get(self.owner, item["call_id"])
-                if found is not None:
-                    remembered.append((item["call_id"], *found))
-        view.calls(remembered)
-        first_user = True
-        for index, item in enumerate(items):
-            kind = item.get("type")
-            if item.get("role") == "user" and kind in (None, "message") and first_user:
-                first_user = False
-                content = item.get("content")
-                if isinstance(content, str):
-                    view.first_user([(-1, content)], ("user", index))
-                elif isinstance(content, list):
-                    texts = [(i, p["text"]) for i, p in enumerate(content) if _is_text(p)]
-                    view.first_user(texts, ("user", index))
-            elif item.get("role") == "user" and kind in (None, "message"):
-                content = item.get("content")  # what later calls are asked for
-                if isinstance(content, str):
-                    view.user([content])
-                elif isinstance(content, list):
-                    view.user([p["text"] for p in content if _is_text(p)])
-            elif item.get("role") in _SYSTEM_ROLES and kind in (None, "message"):
-                content = item.get("content")
-                if isinstance(content, str):
-                    view.system(content, ("item", index))
-                elif isinstance(content, list):
-                    for i, part in enumerate(content):
-                        if _is_text(part):
-                            view.system(part["text"], ("item", index, i))
-            elif kind == "function_call" and isinstance(item.get("call_id"), str):
-                arguments = item.get("arguments")
-                name = item.get("name")
-                if isinstance(name, str):
-                    args = arguments if isinstance(arguments, str) else ""
-                    view.calls([(item["call_id"], name, args)])
-            elif kind == "function_call_output":
-                view.result(item["call_id"], item.get("output"), ("output", index))
-        body = self._body
-        if self.input is self._input and self.instructions is self._instructions:
-            # the view messages are found by what they are made of (`view._VIEWS`): those of
-            # the items the conversation's last request had are the very objects, so the
-            # clamp resumes after them (`Conversation.clamp`)
-            extended = body.extended("input")
-            resume = None
-            if extended is not None and extended[0].clamp is not None:
-                last = extended[0].view
-                if isinstance(last, list):
-                    same = same_prefix(view.messages, last, len(view.messages))
-                    resume = (extended[0].clamp, same)
-            result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
-            if body.conversation is not None:
-                body.conversation.view = view.messages
-            segments, changes = view.outcome(result)
-        else:  # a second pass (pruning): its own
-            segments, changes = view.clamp(clamp, caps, tools)
-        if remembered:
-            ids = {call_id for call_id, _, _ in remembered}
-            named = "tool named by the earlier reply that called it"
-            segments = [
-                replace(s, note=f"{s.note}; {named}" if s.note else named)
-                if s.call_id in ids
-                else s
-                for s in segments
-            ]
         if self.continues:
             self.note = (
                 f"continues {self.continues}: the earlier turns are stored upstream, so only "
                 "this request's new input could be clamped"
             )
+        if self.input is not self._input or self.instructions is not self._instructions:
+            # a second pass (pruning) over what the first changed: the whole view, its own
+            view, remembered = self._view_whole()
+            segments, changes = view.clamp(clamp, caps, tools)
+            if apply:
+                for place, new in changes:
+                    self.input, self.instructions = _written(
+                        place, new, self.input, self.instructions
+                    )
+            return _named(segments, remembered)
+        body = self._body
+        items = self._items()
+        found = body.extended("input")
+        known: _Viewed | None = None
+        if found is not None and isinstance(found[0].view, _Viewed):
+            known = found[0].view
+            if (
+                known.instructions != self._instructions
+                or found[1] > len(known.ends)
+                or known.caps != (caps, tools)
+            ):
+                known = None
+        kept = found[1] if found is not None and known is not None else 0
+        if known is not None:
+            # the items the conversation's last request had are viewed as then: only the new
+            # ones are read (a 300-turn history read item by item was ~1 ms a request)
+            called = _called(items, kept, known.called)
+            if next(_uncalled(items, kept, called), None) is not None:
+                known, kept = None, 0  # a result whose call is stored upstream: made whole
+        if known is not None:
+            end = known.ends[kept - 1] if kept else known.head
+            view = ChatView(known.messages[:end], known.places[:end], owner=body.owner)
+            head, ends = known.head, known.ends[:kept]
+            first = known.first_index if known.first_index < kept else -1
+        else:
+            view, remembered = self._view_head(items)
+            if remembered:  # a continuation: its results named by the reply that called them
+                _view_items(view, items, 0, -1, [])
+                segments, changes = view.clamp(clamp, caps, tools)
+                if apply:
+                    for place, new in changes:
+                        self.input, self.instructions = _written(
+                            place, new, self.input, self.instructions
+                        )
+                return _named(segments, remembered)
+            head, ends, first, end = len(view.messages), [], -1, len(view.messages)
+            called = _called(items, 0, frozenset())
+        first = _view_items(view, items, kept, first, ends)
+        state = found[0].clamp if found is not None and known is not None else None
+        resume = (state, end) if state is not None else None
+        result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
+        # what the clamp changed: of the instructions, and of the items after those kept
+        new_at = ends[kept - 1] if kept else head
+        written: Any = known.written[:kept] + self._input[kept:] if known else self._input
+        instructions = self._instructions
+        out = result.request["messages"] if result.changed else view.messages
+        for i in (*range(head), *range(new_at, len(out))):
+            place = view.places[i]
+            if out[i] is not view.messages[i] and place is not None:
+                written, instructions = _written(
+                    place, out[i].get("content"), written, instructions
+                )
         if apply:
-            for place, new in changes:
-                self._write(place, new)
-        return segments
+            self.input, self.instructions = written, instructions
+        state = result.state
+        split = (
+            len(state.text_segments) + len(state.tool_segments)
+            if state is not None and not state.odd
+            else None
+        )
+        real = real_segments(
+            result.segments, view.places, split, known.real if known is not None else None
+        )
+        if RESENT.check and known is not None and known.real is not None:
+            # what was taken must be what placing each one gives
+            if real[1] != [real_segment(s, view.places) for s in result.segments]:
+                raise ChangedInPlace("a conversation's segments were placed otherwise")
+        if body.conversation is not None and isinstance(self._input, list):
+            body.conversation.view = _Viewed(
+                self._instructions,
+                view.messages,
+                view.places,
+                ends,
+                first,
+                head,
+                written,
+                real[0],
+                (caps, tools),
+                called,
+            )
+        return real[1]
 
-    def _write(self, place: tuple[Any, ...], new: Any) -> None:
-        match place:
-            case ("instructions", _):
-                self.instructions = new
-            case ("item", int(index)):
-                self.input = set_item(self.input, index, "content", new)
-            case ("item", int(index), int(i)):
-                self.input = set_part(self.input, index, i, "text", new)
-            case ("output", int(index)):
-                self.input = set_item(self.input, index, "output", new)
-            case ("user", int(index), tuple(parts)):
-                self.input = set_texts(self.input, index, parts, new)
+    def _view_head(self, items: list[Any]) -> tuple[ChatView, list[tuple[str, str, str]]]:
+        """The view of `instructions`, and the calls of the results whose `function_call` is
+        not in `input` (stored upstream: a continuation), named by the replies relayed."""
+        view = ChatView(owner=self.owner)
+        if isinstance(self.instructions, str):
+            view.system(self.instructions, ("instructions", -1))
+        remembered: list[tuple[str, str, str]] = []
+        for call_id in _uncalled(items, 0, _called(items, 0, frozenset())):
+            found = self._names.get(self.owner, call_id)
+            if found is not None:
+                remembered.append((call_id, *found))
+        view.calls(remembered)
+        return view, remembered
+
+    def _view_whole(self) -> tuple[ChatView, list[tuple[str, str, str]]]:
+        items = self._items()
+        view, remembered = self._view_head(items)
+        _view_items(view, items, 0, -1, [])
+        return view, remembered
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         if not lines:
@@ -376,6 +398,178 @@ class ResponsesRequest(InProcessRequest):
 
     def litellm_body(self) -> None:
         return None
+
+
+class _AsChat(Sequence[dict[str, Any]]):
+    """`input`'s items as chat messages (the text of each message, the type of the others),
+    each made when read: `user_turn` reads back from the newest item to the latest user's,
+    not every item of a 300-turn history."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [_as_chat(item) for item in self._items[index]]
+        return _as_chat(self._items[index])
+
+
+def _as_chat(item: Any) -> dict[str, Any]:
+    text = _message_text(item)
+    if text is None:
+        return {"role": item.get("type")}
+    return {"role": item.get("role"), "content": text}
+
+
+def _called(items: list[Any], start: int, before: frozenset[str]) -> frozenset[str]:
+    """The call ids of `items`' `function_call`s: `before` (those of the first `start`) and
+    the others'."""
+    new = {
+        item["call_id"]
+        for item in items[start:]
+        if item.get("type") == "function_call" and isinstance(item.get("call_id"), str)
+    }
+    return before | new if new else before
+
+
+def _uncalled(items: list[Any], start: int, called: frozenset[str]) -> Iterator[str]:
+    """The call ids of the results from `start` on whose call is not in `called`."""
+    for item in items[start:]:
+        if item.get("type") == "function_call_output" and item["call_id"] not in called:
+            yield item["call_id"]
+
+
+def _view_items(view: ChatView, items: list[Any], start: int, first: int, ends: list[int]) -> int:
+    """`view` with the items from `start` on (`first`: the first user message's index, -1
+    while none came), each one's view messages ending where `ends` says; the first user
+    message's index, -1 for none."""
+    first_user = first < 0
+    for index in range(start, len(items)):
+        item = items[index]
+        kind = item.get("type")
+        role = item.get("role")
+        if role == "user" and kind in (None, "message") and first_user:
+            first_user = False
+            first = index
+            content = item.get("content")
+            if isinstance(content, str):
+                view.first_user([(-1, content)], ("user", index))
+            elif isinstance(content, list):
+                texts = [(i, p["text"]) for i, p in enumerate(content) if _is_text(p)]
+                view.first_user(texts, ("user", index))
+        elif role == "user" and kind in (None, "message"):
+            content = item.get("content")  # what later calls are asked for
+            if isinstance(content, str):
+                view.user([content])
+            elif isinstance(content, list):
+                view.user([p["text"] for p in content if _is_text(p)])
+        elif role in _SYSTEM_ROLES and kind in (None, "message"):
+            content = item.get("content")
+            if isinstance(content, str):
+                view.system(content, ("item", index))
+            elif isinstance(content, list):
+                for i, part in enumerate(content):
+                    if _is_text(part):
+                        view.system(part["text"], ("item", index, i))
+        elif kind == "function_call" and isinstance(item.get("call_id"), str):
+            arguments = item.get("arguments")
+            name = item.get("name")
+            if isinstance(name, str):
+                args = arguments if isinstance(arguments, str) else ""
+                view.calls([(item["call_id"], name, args)])
+        elif kind == "function_call_output":
+            view.result(item["call_id"], item.get("output"), ("output", index))
+        ends.append(len(view.messages))
+    return first
+
+
+def _written(place: tuple[Any, ...], new: Any, items: Any, instructions: Any) -> tuple[Any, Any]:
+    """`items` and `instructions` with the text at `place` (a view message's) now `new`."""
+    match place:
+        case ("instructions", _):
+            instructions = new
+        case ("item", int(index)):
+            items = set_item(items, index, "content", new)
+        case ("item", int(index), int(i)):
+            items = set_part(items, index, i, "text", new)
+        case ("output", int(index)):
+            items = set_item(items, index, "output", new)
+        case ("user", int(index), tuple(parts)):
+            items = set_texts(items, index, parts, new)
+    return items, instructions
+
+
+def _named(segments: list[Segment], remembered: list[tuple[str, str, str]]) -> list[Segment]:
+    """`segments`, those of the results `remembered` names noted so."""
+    if not remembered:
+        return segments
+    ids = {call_id for call_id, _, _ in remembered}
+    named = "tool named by the earlier reply that called it"
+    return [
+        replace(s, note=f"{s.note}; {named}" if s.note else named) if s.call_id in ids else s
+        for s in segments
+    ]
+
+
+class _Viewed:
+    """A Responses request's chat-shaped view, per item, as `Conversation.view` keeps it."""
+
+    __slots__ = (
+        "instructions",
+        "messages",
+        "places",
+        "ends",
+        "first_index",
+        "head",
+        "written",
+        "real",
+        "caps",
+        "called",
+    )
+
+    def __init__(
+        self,
+        instructions: Any,
+        messages: list[Any],
+        places: list[Any],
+        ends: list[int],
+        first_index: int,
+        head: int,
+        written: list[Any],
+        real: Placed | None,
+        caps: tuple[Caps, ToolNames],
+        called: frozenset[str],
+    ) -> None:
+        self.instructions = instructions
+        """The `instructions` field: the view's first message is made of it."""
+        self.messages = messages
+        self.places = places
+        self.ends = ends
+        """How many view messages up to and including each item's."""
+        self.first_index = first_index
+        """The first user message's index; -1 for none."""
+        self.head = head
+        """The view messages of `instructions`, before any item's."""
+        self.written = written
+        """The items as the clamp's changes left them (whether or not applied)."""
+        self.real = real
+        """The view's segments and each at its real index (`real_segments`); None when the
+        conversation is clamped whole."""
+        self.caps = caps
+        """The caps and tool names `written` and `real` were clamped with: under others (the
+        config reloaded) the old items are clamped again."""
+        self.called = called
+        """The call ids of the items' `function_call`s (a result whose call is not among them
+        is a continuation's: its view is made whole)."""
 
 
 class OpenAIResponses:

@@ -28,6 +28,7 @@ from ctxbudget.caps import Caps, Clamp, ClampResult, Segment, ToolNames
 from ctxbudget.caps._kept import OfObjects
 from ctxbudget.caps.types import evolve
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.wire.conversations import same_prefix
 
 Place = tuple[Any, ...]
 """Where a view message's text lives in the real request: `(kind, real index, ...)`; the
@@ -105,6 +106,41 @@ class ChatView:
     def _real_index(self, index: int) -> int:
         place = self.places[index] if 0 <= index < len(self.places) else None
         return int(place[1]) if place is not None else -1
+
+
+def real_segment(segment: Segment, places: list[Any]) -> Segment:
+    """`segment` (of a view message) at its real message's index."""
+    index = segment.message_index
+    place = places[index] if 0 <= index < len(places) else None
+    return evolve(segment, message_index=int(place[1]) if place else -1)
+
+
+Placed = tuple[Sequence[Segment], Sequence[Segment], list[Segment], list[Segment]]
+"""A request's view segments, as (the texts' and results', the prunable ones), and each
+placed at its real message (`real_segment`), in the same two parts."""
+
+
+def real_segments(
+    segments: Sequence[Segment], places: list[Any], split: int | None, known: Placed | None
+) -> tuple[Placed | None, list[Segment]]:
+    """`segments` placed at their real messages, and what the next request takes of it.
+
+    The clamp's segments are the texts' and the results' (the first `split`), then the
+    prunable results (`caps.resume.segments`); a request resumed from the conversation's last
+    has, in each part, the very segments of last time first, then the new ones. Those are
+    placed as last time (`known`: the same view messages, so the same real ones): only the
+    new ones are placed, and each segment stays the same object every turn. `split` None
+    (a conversation clamped whole): every one is placed, nothing kept."""
+    if split is None:
+        return None, [real_segment(s, places) for s in segments]
+    main, tail = segments[:split], segments[split:]
+    a = b = 0
+    if known is not None:
+        a = same_prefix(main, known[0], len(main))
+        b = same_prefix(tail, known[1], len(tail))
+    placed_main = (known[2][:a] if known else []) + [real_segment(s, places) for s in main[a:]]
+    placed_tail = (known[3][:b] if known else []) + [real_segment(s, places) for s in tail[b:]]
+    return (main, tail, placed_main, placed_tail), placed_main + placed_tail
 
 
 _VIEWS = OfObjects(8 << 20)

@@ -387,3 +387,43 @@ def test_the_resent_check_finds_a_block_changed_in_place_under_the_mirror() -> N
     body["messages"][1]["content"] = "changed in place"
     with pytest.raises(ChangedInPlace, match="mirror groups"):
         mirrors.observe("o", "s", "openai", blocks, now=1.0, model="gpt-4o")
+
+
+def test_an_anthropic_history_is_counted_again_only_when_an_answer_moves_the_scale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # every Anthropic answer sets the session's scale (tokens a byte) from the provider's own
+    # count; each moved it a little, and every block of the history was counted again at the
+    # new scale on the next request (two copies of ~1,300 blocks at turn 300, O(turns) a
+    # request). A scale within `RELAY_SHARE` of the one the blocks are laid at keeps them
+    import ctxbudget.proxy.cache.layout as layout_module
+
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
+    scaled = [0]
+    original = layout_module.mul
+
+    def mul(a: float, b: int) -> float:
+        scaled[0] += 1
+        return original(a, b)
+
+    monkeypatch.setattr(layout_module, "mul", mul)
+    mirrors = Mirrors()
+    tools = b'[{"name":"t","cache_control":{"type":"ephemeral"}}]'
+    work, laid = [], []
+    for turn, body in enumerate(messages_requests(60)):
+        blocks = [Block("tools", memoryview(bytearray(tools)), memoryview(bytearray(tools)))]
+        blocks += [Block(f"messages[{i}]", m, m) for i, m in enumerate(body["messages"])]
+        scaled[0] = 0
+        view = mirrors.observe("o", "s", "anthropic", blocks, now=10.0 * turn, model="m")
+        assert view is not None
+        work.append(scaled[0])
+        laid.append(len(view.session.layouts[0].keys) if view.session.layouts else 0)
+        # the provider's count: 0.2% off the mirror's each answer, up and down in turn; one
+        # answer at turn 50 says 5% more
+        share = 1.05 if turn == 50 else 1.002 if turn % 2 else 0.998
+        view.settle(view.sent.read, round(view.sent.total * share))
+    # the new turn's blocks and the ones before them it changed, both copies; not the history
+    assert max(work[10:51]) <= 2 * 8, work
+    # a real move is followed: the next request counts every block again, once
+    assert work[51] >= 2 * laid[51] - 8, (work[51], laid[51])
+    assert max(work[52:]) <= 2 * 8, work

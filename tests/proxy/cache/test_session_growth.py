@@ -16,7 +16,7 @@ import pytest
 from ctxbudget.proxy.cache import sessions
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.pipeline import prune
-from ctxbudget.proxy.wire import messages
+from ctxbudget.proxy.wire import view
 from tests.fakes import FakeUpstream, answer_in
 from tests.inproc import Counted, InProcess, cutting_config, proxy_app, state_of
 
@@ -46,7 +46,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
     # as in production: the suite's re-check of every reuse works the whole list again
     monkeypatch.setattr(RESENT, "check", False)
     found.count(sessions, "Moved")  # a block the report prices (moved, or cached on one side)
-    found.count(messages, "_real_segment")  # a view segment placed at its real message
+    found.count(view, "real_segment")  # a view segment placed at its real message
     found.count(prune, "_key")  # a prunable result looked up among the decisions
     run = prune.PruneStage.run
 
@@ -77,5 +77,5 @@ def test_turn_n_compares_maps_and_prunes_only_its_new_blocks(
     assert int(reply.headers["x-context-budget-clamped"]) > 30
     assert counted.calls["prunable"] > 20, counted.calls
     assert counted.calls.get("Moved", 0) <= 6, counted.calls
-    assert counted.calls.get("_real_segment", 0) <= 8, counted.calls
+    assert counted.calls.get("real_segment", 0) <= 8, counted.calls
     assert counted.calls.get("_key", 0) <= 4, counted.calls

@@ -15,7 +15,7 @@ import pytest
 from ctxbudget.caps import question
 from ctxbudget.proxy.cache import prefix, sessions
 from ctxbudget.proxy.cache.resent import RESENT
-from ctxbudget.proxy.wire import body, chat, history, messages
+from ctxbudget.proxy.wire import body, chat, history, messages, responses, view
 from ctxbudget.proxy.wire.body import parse_object
 from ctxbudget.proxy.wire.conversations import Conversations
 from tests.fakes import FakeUpstream, answer_in
@@ -25,7 +25,7 @@ from tests.inproc import Counted, InProcess, cutting_config, proxy_app, state_of
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench._growing import BUILDERS  # noqa: E402
 
-PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 
 
 def _config(tmp_path: Path) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def _segments(client: InProcess, request_id: str) -> Any:
     return found["segments"]
 
 
-@pytest.mark.parametrize("wire", ["chat", "messages"])
+@pytest.mark.parametrize("wire", ["chat", "messages", "responses"])
 def test_a_grown_conversation_forwards_the_same_bytes_with_its_state_as_without(
     tmp_path: Path, wire: str
 ) -> None:
@@ -142,6 +142,44 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.calls.get("size_of", 0) <= 8, counted.calls
     # the list's items as sent: the new ones read, the old ones not sliced from the body
     assert counted.calls.get("__getitem__", 0) <= 12, counted.calls
+
+
+def test_a_responses_turn_views_only_its_new_items(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenClaw's Responses conversation (the system prompt as `input[0]`, a reasoning item,
+    a call and its output a turn): request N+1 reads, views, clamps, writes back and places
+    only what its turn added. Each request made a chat view of every item, wrote every
+    clamped output back into a new copy of the whole list, placed every segment again and
+    read every item for the user's turn: ~5 ms a request at turn 300."""
+    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
+    counted = Counted(monkeypatch)
+    counted.count(view.ChatView, "result")  # a tool result viewed
+    counted.count(view.ChatView, "calls")  # a call viewed
+    counted.count(responses, "set_item")  # an item written back (a copy of the list)
+    counted.count(view, "real_segment")  # a segment placed at its item
+    counted.count(responses, "_as_chat")  # an item read for the user's turn
+    bodies = BUILDERS["responses"][1](58)
+    with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, "responses", raw)
+        counted.calls.clear()
+        _send(client, fake, "responses", bodies[-1])
+        forwarded = json.loads(fake.last.body)
+    items = json.loads(bodies[-1])["input"]
+    assert len(items) > 150
+    # it clamped: the history's long outputs are forwarded cut
+    sent = sum(len(i.get("output", "")) for i in forwarded["input"])
+    assert sent < 0.8 * sum(len(i.get("output", "")) for i in items)
+    # the new turn: a reasoning item, a call and its output (every tenth turn, the answer
+    # and the user's next question too)
+    assert counted.calls.get("result", 0) <= 2, counted.calls
+    assert counted.calls.get("calls", 0) <= 2, counted.calls
+    assert counted.calls.get("set_item", 0) <= 2, counted.calls
+    assert counted.calls.get("real_segment", 0) <= 4, counted.calls
+    # back from the newest item to the latest user's (asked 8 turns ago, 3 items a turn),
+    # and the items after it again: not the history's 170
+    assert counted.calls.get("_as_chat", 0) <= 60, counted.calls
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(

@@ -114,7 +114,7 @@ class Conversation:
         """The list the clamp wrote (chat's messages, Messages' items as written back): the
         next request's clamp starts its own with the very items of this one, so its blocks
         are taken as made without comparing them (`InProcessRequest._paired`)."""
-        self.spliced: tuple[list[Any], list[Any], list[int], list[int]] | None = None
+        self.spliced: tuple[list[Any], list[Any], list[int], array[int]] | None = None
         """The list as last written back (`JsonBody.encode`): its items, the chunks its JSON
         was sent in (but the closing `]`), where each chunk ends, where each item ends."""
         self.tally: Any = None

@@ -84,6 +84,7 @@ class _Counted(Counted):
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         super().__init__(monkeypatch)
         self.checked = 0
+        self.compared = 0
 
     def check(self, owner: Any, name: str) -> None:
         """The messages a wire's check visits (those from its `start`)."""
@@ -95,9 +96,21 @@ class _Counted(Counted):
 
         self._patch.setattr(owner, name, counted)
 
+    def compare(self, owner: Any, name: str) -> None:
+        """The items a scan for the very objects of another list (`same_prefix`) went over."""
+        real = getattr(owner, name)
+
+        def counted(new: Any, old: Any, limit: int) -> int:
+            same = real(new, old, limit)
+            self.compared += same
+            return same
+
+        self._patch.setattr(owner, name, counted)
+
     def reset(self) -> None:
         self.calls.clear()
         self.checked = 0
+        self.compared = 0
 
 
 @pytest.fixture
@@ -112,6 +125,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
     found.count(history.Items, "__getitem__")  # an item's bytes (or a slice of them) taken
     found.check(chat, "_check_texts")
     found.check(messages, "_check_messages")
+    found.compare(body, "same_prefix")  # the list written back, against the last one's
+    found.count(body, "index_of")  # an item written back looked up among the client's
     yield found
 
 
@@ -142,6 +157,10 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.calls.get("size_of", 0) <= 8, counted.calls
     # the list's items as sent: the new ones read, the old ones not sliced from the body
     assert counted.calls.get("__getitem__", 0) <= 12, counted.calls
+    # the list written back: the last request's pieces taken for the items its clamp kept
+    # (a count handed along, not the lists compared item by item), the new ones looked up
+    assert counted.compared == 0, counted.compared
+    assert counted.calls.get("index_of", 0) <= 6, counted.calls
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(

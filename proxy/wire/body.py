@@ -149,7 +149,12 @@ class JsonBody:
         found = self.extended(key)
         if found is None or not isinstance(found[0].checked, Checked):
             return 0, None
-        return found[0].checked.at(found[1], lenient=lenient)
+        start, seen = found[0].checked.at(found[1], lenient=lenient)
+        if RESENT.check and seen is not None:  # the ids of the items before `start`, no other
+            firsts, calls = seen
+            if any(i >= start for i, _ in firsts) or calls != {c: i for i, c in firsts}:
+                raise ChangedInPlace("a conversation's check resumed with other call ids")
+        return start, seen
 
     def keep_checked(self, checked: Checked) -> None:
         """What this body's check passed, for the next request of its conversation."""

@@ -154,9 +154,15 @@ def same_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
 class Checked:
     """How far a format's check of a conversation's items went (`Conversation.checked`), and
     where each call id (a `tool_use`'s, a `function_call`'s) was first seen: what the next
-    request's check resumes from."""
+    request's check resumes from.
 
-    __slots__ = ("count", "firsts", "calls", "lenient")
+    The next request's check appends its new ids to these very lists (`at`), where it copied
+    them less the ids after the items it kept (~3 µs at turn 300, the lists of every call of
+    the history); so `known` says how many of `firsts` are this check's. A request that
+    extends one the next one already extended (a subagent's, a retry) finds more after them,
+    and copies its own. A check runs whole on the event loop, never two at once."""
+
+    __slots__ = ("count", "firsts", "calls", "known", "lenient")
 
     def __init__(
         self,
@@ -168,21 +174,26 @@ class Checked:
     ) -> None:
         self.count = count
         self.firsts = firsts
-        """(item index, id) of each id's first call, in order."""
+        """(item index, id) of each id's first call, in order; and those of the checks that
+        extended this one after `known`."""
         self.calls = calls
         """The same, by id: what a result is looked up in."""
+        self.known = len(firsts)
+        """How many of `firsts` (and `calls`) are this check's."""
         self.lenient = lenient
         """Checked letting a result answer a call not seen (a Responses continuation's):
         resumed only by a request checked so too."""
 
     def at(self, kept: int, *, lenient: bool = False) -> tuple[int, Seen | None]:
         """Where a request that repeats the first `kept` messages starts checking, and the ids
-        seen before it (from the start, with none, past what was checked): copies (a memcpy)
-        less the few ids of the messages after `kept`, where a set of every id of the
-        history was made again each request (~12 µs at turn 300)."""
+        seen before it (from the start, with none, past what was checked): the very lists,
+        for the check to go on appending to, when no id came after those items (nor from
+        another request); else copies (a memcpy) less the ids after them."""
         if kept > self.count or (self.lenient and not lenient):
             return 0, None
-        cut = bisect_left(self.firsts, (kept, ""))
+        cut = bisect_left(self.firsts, (kept, ""), 0, self.known)
+        if cut == len(self.firsts):
+            return kept, (self.firsts, self.calls)
         calls = self.calls.copy()
         for _, gone in self.firsts[cut:]:
             del calls[gone]

@@ -17,7 +17,7 @@ from ctxbudget.proxy.cache import prefix, sessions
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.wire import body, chat, history, messages
 from ctxbudget.proxy.wire.body import parse_object
-from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.conversations import Checked, Conversations
 from tests.fakes import FakeUpstream, answer_in
 from tests.held import SLACK, bound_of, held
 from tests.inproc import Counted, InProcess, cutting_config, proxy_app, state_of
@@ -85,6 +85,7 @@ class _Counted(Counted):
         super().__init__(monkeypatch)
         self.checked = 0
         self.compared = 0
+        self.copied = 0
 
     def check(self, owner: Any, name: str) -> None:
         """The messages a wire's check visits (those from its `start`)."""
@@ -107,10 +108,24 @@ class _Counted(Counted):
 
         self._patch.setattr(owner, name, counted)
 
+    def copies(self, owner: Any, name: str) -> None:
+        """The call ids a resumed check was handed in lists of its own (copied), not in its
+        conversation's (`Checked.at`)."""
+        real = getattr(owner, name)
+
+        def counted(checked: Any, *args: Any, **kwargs: Any) -> Any:
+            start, seen = real(checked, *args, **kwargs)
+            if seen is not None and seen[0] is not checked.firsts:
+                self.copied += len(seen[0]) + len(seen[1])
+            return start, seen
+
+        self._patch.setattr(owner, name, counted)
+
     def reset(self) -> None:
         self.calls.clear()
         self.checked = 0
         self.compared = 0
+        self.copied = 0
 
 
 @pytest.fixture
@@ -127,6 +142,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
     found.check(messages, "_check_messages")
     found.compare(body, "same_prefix")  # the list written back, against the last one's
     found.count(body, "index_of")  # an item written back looked up among the client's
+    found.copies(Checked, "at")  # the call ids a check resumes with
     yield found
 
 
@@ -161,6 +177,8 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     # (a count handed along, not the lists compared item by item), the new ones looked up
     assert counted.compared == 0, counted.compared
     assert counted.calls.get("index_of", 0) <= 6, counted.calls
+    # Messages' check: it appends the new items' tool_use ids to the last one's, not copied
+    assert counted.copied == 0, counted.copied
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(
@@ -404,3 +422,20 @@ def test_what_the_collector_walks_of_a_kept_conversation_is_its_items_objects() 
         len(gc.get_referents(o)) for o in gc.get_referents(found.history) if gc.is_tracked(o)
     )
     assert walked <= 600 + 20
+
+
+def test_a_check_resumed_twice_from_one_state_sees_only_its_own_call_ids() -> None:
+    """The next request's check appends its calls' ids to the lists of the check it resumes
+    (`Checked.at`): a second request resuming from that same check (a retry, a subagent's)
+    sees the ids of the items it repeats, not those the first one appended."""
+    last = Checked(2, [(0, "a")], {"a": 0})
+    start, seen = last.at(2)
+    assert start == 2 and seen is not None and seen[0] is last.firsts  # the very lists
+    seen[0].append((2, "x"))  # the first request's new call
+    seen[1]["x"] = 2
+    first = Checked(3, *seen)
+    start, other = last.at(2)
+    assert other == ([(0, "a")], {"a": 0})
+    assert other[0] is not last.firsts  # its own: what it appends is not the first one's
+    assert first.at(3)[1] == ([(0, "a"), (2, "x")], {"a": 0, "x": 2})
+    assert first.at(2)[1] == ([(0, "a")], {"a": 0})  # fewer items repeated: copied, less x

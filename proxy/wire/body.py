@@ -120,12 +120,19 @@ class JsonBody:
             return loads(memoryview(self._fields[key]))
         history = self._history
         if history is not None and history.key == key:
-            old = history.parsed
+            kept, last = history.kept, history.history
             if RESENT.check:
-                RESENT.verify(items[: len(old)], old, loads)
-            where = history.history.where
-            parsed = old + RESENT.parse(
-                items[len(old) :], self.owner, loads, taken=old, index=partial(index_of, where, old)
+                if len(last.parsed) != len(last.ends):
+                    raise ChangedInPlace("a conversation's list was changed in place")
+                RESENT.verify(items[:kept], last.parsed[:kept], loads)
+            # the request's list: the one copy of the old items' objects (it is its state's)
+            parsed = last.parsed[:kept]
+            parsed += RESENT.parse(
+                items[kept:],
+                self.owner,
+                loads,
+                taken=parsed,
+                index=partial(index_of, last.where, parsed),
             )
         else:
             parsed = RESENT.parse(items, self.owner, loads)
@@ -141,7 +148,7 @@ class JsonBody:
         history = self._history
         if history is None or history.key != key:
             return None
-        return history.history, len(history.parsed)
+        return history.history, history.kept
 
     def checked_from(self, key: str, *, lenient: bool = False) -> tuple[int, Seen | None]:
         """Where the format's check of list `key` starts, and the call ids seen before it:

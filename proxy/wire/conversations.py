@@ -16,7 +16,8 @@ owner; at most `keep_bytes` in all, the owner holding the most giving way first,
 tenant's long sessions never push out another's.
 
 A state is never changed once its request is read: a later request copies what it extends
-(two requests may extend one conversation, a subagent's and its parent's).
+(two requests may extend one conversation, a subagent's and its parent's), or appends past
+what is the state's and says how much is (`Checked.known`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class Conversation:
         self.structure = counts
         """`structure` from `start` to each item's end."""
         self.parsed = parsed
-        """The items' objects (`proxy/cache/resent.py`), shared by the owner's requests."""
+        """The items' objects (`proxy/cache/resent.py`), shared by the owner's requests: the
+        very list the request's parse made (`JsonBody._items_parsed`), not a copy."""
         self.where = where
         """Each of `parsed`'s objects' index, by its id, and ids of objects of the requests
         before (an item dropped since): an object is in `parsed[:k]` when its entry `j` is
@@ -277,7 +279,7 @@ class Conversations:
         found = self.find(raw, owner) if owner in self._by_owner else None
         if found is None:
             return TAILS.structure(raw, owner)
-        h, kept = found.history, len(found.parsed)
+        h, kept = found.history, found.kept
         end = h.ends[kept - 1]
         head = structure(raw, 0, h.start)
         if found.tail is None:
@@ -311,7 +313,7 @@ class Conversations:
             return None
         if found is not None and found.key == key:
             # the same head: the list starts where it did, its old items end where they did
-            h, kept = found.history, len(found.parsed)
+            h, kept = found.history, found.kept
             start, starts, ends = h.start, h.starts[:kept], h.ends[:kept]
             counts, weights = h.structure[:kept], h.weights[:kept]
             # past twice its items (a dropped item's id a request): made again, rarely
@@ -338,13 +340,15 @@ class Conversations:
                 found_weight if found_weight is not None else 8 * len(items[n])
             )
             weights.append(total)
-        new = Conversation(raw, key, start, starts, ends, counts, list(parsed), weights, where)
+        # the request's own list (`JsonBody._items_parsed` made it), not a copy: nothing
+        # changes a request's list in place (the wires and the clamp copy what they change)
+        new = Conversation(raw, key, start, starts, ends, counts, parsed, weights, where)
         if new.weight > self.keep_bytes:
             return None
         # the next turn of the conversation it extends takes its place; a request that only
         # starts the same (a subagent's, with its parent's system prompt) is one of its own
         replaced = None
-        if found is not None and 2 * len(found.parsed) >= len(found.history.ends):
+        if found is not None and 2 * found.kept >= len(found.history.ends):
             replaced = found.history
         before = self._by_owner.get(owner, [])
         newest = [new, *(c for c in before if c is not replaced)][: self._per_owner]

@@ -439,3 +439,29 @@ def test_a_check_resumed_twice_from_one_state_sees_only_its_own_call_ids() -> No
     assert other[0] is not last.firsts  # its own: what it appends is not the first one's
     assert first.at(3)[1] == ([(0, "a"), (2, "x")], {"a": 0, "x": 2})
     assert first.at(2)[1] == ([(0, "a")], {"a": 0})  # fewer items repeated: copied, less x
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_reading_turn_n_makes_one_list_of_the_old_items(wire: str) -> None:
+    """Request N+1's parse makes one list of the conversation's items, the request's, which
+    its state keeps too: not one for what it extends, one for the request and a third for
+    its state (three copies of ~700 references at turn 300, each touching every item)."""
+    import gc
+
+    kept = Conversations()
+    bodies = BUILDERS[wire][1](60)
+    owner = f"one-list-{wire}"  # what `RESENT` keeps of these items is this test's alone
+    for raw in bodies[:-1]:
+        _read(kept, raw, owner)
+    found = kept.find(bodies[-1], owner)
+    assert found is not None
+    old = len(found.parsed)
+    assert old > 100
+    last = found.history.parsed
+    first = last[0]
+    body = parse_object(bodies[-1], example="{}", owner=owner, conversations=kept)
+    items = body.get("messages")
+    gc.collect()  # what earlier requests left for the collector
+    lists = [o for o in gc.get_referrers(first) if type(o) is list and len(o) >= old]
+    assert sorted(map(id, lists)) == sorted((id(last), id(items))), len(lists)
+    assert body.conversation is not None and body.conversation.parsed is items

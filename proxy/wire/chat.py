@@ -135,7 +135,8 @@ class ChatCompletionsRequest(InProcessRequest):
             changes["messages"] = self.messages
         if self._options is not None:
             changes["stream_options"] = self._options
-        return self._body.encode(changes)
+        # what the clamp kept of the last request's list: written back as it was then
+        return self._body.encode(changes, clamped=self.__dict__.get("_clamped"))
 
     def litellm_body(self) -> dict[str, Any]:
         # litellm's own copy: its provider adapters may change messages in place, and these

@@ -16,7 +16,8 @@ owner; at most `keep_bytes` in all, the owner holding the most giving way first,
 tenant's long sessions never push out another's.
 
 A state is never changed once its request is read: a later request copies what it extends
-(two requests may extend one conversation, a subagent's and its parent's).
+(two requests may extend one conversation, a subagent's and its parent's), or appends past
+what is the state's and says how much is (`Checked.known`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class Conversation:
         self.structure = counts
         """`structure` from `start` to each item's end."""
         self.parsed = parsed
-        """The items' objects (`proxy/cache/resent.py`), shared by the owner's requests."""
+        """The items' objects (`proxy/cache/resent.py`), shared by the owner's requests: the
+        very list the request's parse made (`JsonBody._items_parsed`), not a copy."""
         self.where = where
         """Each of `parsed`'s objects' index, by its id, and ids of objects of the requests
         before (an item dropped since): an object is in `parsed[:k]` when its entry `j` is
@@ -114,7 +116,7 @@ class Conversation:
         """The list the clamp wrote (chat's messages, Messages' items as written back): the
         next request's clamp starts its own with the very items of this one, so its blocks
         are taken as made without comparing them (`InProcessRequest._paired`)."""
-        self.spliced: tuple[list[Any], list[Any], list[int], list[int]] | None = None
+        self.spliced: tuple[list[Any], list[Any], list[int], array[int]] | None = None
         """The list as last written back (`JsonBody.encode`): its items, the chunks its JSON
         was sent in (but the closing `]`), where each chunk ends, where each item ends."""
         self.tally: Any = None
@@ -154,9 +156,15 @@ def same_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
 class Checked:
     """How far a format's check of a conversation's items went (`Conversation.checked`), and
     where each call id (a `tool_use`'s, a `function_call`'s) was first seen: what the next
-    request's check resumes from."""
+    request's check resumes from.
 
-    __slots__ = ("count", "firsts", "calls", "lenient")
+    The next request's check appends its new ids to these very lists (`at`), where it copied
+    them less the ids after the items it kept (~3 µs at turn 300, the lists of every call of
+    the history); so `known` says how many of `firsts` are this check's. A request that
+    extends one the next one already extended (a subagent's, a retry) finds more after them,
+    and copies its own. A check runs whole on the event loop, never two at once."""
+
+    __slots__ = ("count", "firsts", "calls", "known", "lenient")
 
     def __init__(
         self,
@@ -168,21 +176,26 @@ class Checked:
     ) -> None:
         self.count = count
         self.firsts = firsts
-        """(item index, id) of each id's first call, in order."""
+        """(item index, id) of each id's first call, in order; and those of the checks that
+        extended this one after `known`."""
         self.calls = calls
         """The same, by id: what a result is looked up in."""
+        self.known = len(firsts)
+        """How many of `firsts` (and `calls`) are this check's."""
         self.lenient = lenient
         """Checked letting a result answer a call not seen (a Responses continuation's):
         resumed only by a request checked so too."""
 
     def at(self, kept: int, *, lenient: bool = False) -> tuple[int, Seen | None]:
         """Where a request that repeats the first `kept` messages starts checking, and the ids
-        seen before it (from the start, with none, past what was checked): copies (a memcpy)
-        less the few ids of the messages after `kept`, where a set of every id of the
-        history was made again each request (~12 µs at turn 300)."""
+        seen before it (from the start, with none, past what was checked): the very lists,
+        for the check to go on appending to, when no id came after those items (nor from
+        another request); else copies (a memcpy) less the ids after them."""
         if kept > self.count or (self.lenient and not lenient):
             return 0, None
-        cut = bisect_left(self.firsts, (kept, ""))
+        cut = bisect_left(self.firsts, (kept, ""), 0, self.known)
+        if cut == len(self.firsts):
+            return kept, (self.firsts, self.calls)
         calls = self.calls.copy()
         for _, gone in self.firsts[cut:]:
             del calls[gone]
@@ -266,7 +279,7 @@ class Conversations:
         found = self.find(raw, owner) if owner in self._by_owner else None
         if found is None:
             return TAILS.structure(raw, owner)
-        h, kept = found.history, len(found.parsed)
+        h, kept = found.history, found.kept
         end = h.ends[kept - 1]
         head = structure(raw, 0, h.start)
         if found.tail is None:
@@ -300,7 +313,7 @@ class Conversations:
             return None
         if found is not None and found.key == key:
             # the same head: the list starts where it did, its old items end where they did
-            h, kept = found.history, len(found.parsed)
+            h, kept = found.history, found.kept
             start, starts, ends = h.start, h.starts[:kept], h.ends[:kept]
             counts, weights = h.structure[:kept], h.weights[:kept]
             # past twice its items (a dropped item's id a request): made again, rarely
@@ -327,13 +340,15 @@ class Conversations:
                 found_weight if found_weight is not None else 8 * len(items[n])
             )
             weights.append(total)
-        new = Conversation(raw, key, start, starts, ends, counts, list(parsed), weights, where)
+        # the request's own list (`JsonBody._items_parsed` made it), not a copy: nothing
+        # changes a request's list in place (the wires and the clamp copy what they change)
+        new = Conversation(raw, key, start, starts, ends, counts, parsed, weights, where)
         if new.weight > self.keep_bytes:
             return None
         # the next turn of the conversation it extends takes its place; a request that only
         # starts the same (a subagent's, with its parent's system prompt) is one of its own
         replaced = None
-        if found is not None and 2 * len(found.parsed) >= len(found.history.ends):
+        if found is not None and 2 * found.kept >= len(found.history.ends):
             replaced = found.history
         before = self._by_owner.get(owner, [])
         newest = [new, *(c for c in before if c is not replaced)][: self._per_owner]

@@ -292,7 +292,8 @@ class MessagesRequest(InProcessRequest):
             changes["messages"] = self.messages
         if self.system is not self._system:
             changes["system"] = self.system
-        return self._body.encode(changes)
+        # what the clamp kept of the last request's list: written back as it was then
+        return self._body.encode(changes, clamped=self.__dict__.get("_clamped"))
 
     def ask_usage(self) -> bool:
         return False  # every reply of this format carries its usage

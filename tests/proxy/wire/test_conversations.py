@@ -17,7 +17,7 @@ from ctxbudget.proxy.cache import prefix, sessions
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.wire import body, chat, history, messages, responses, view
 from ctxbudget.proxy.wire.body import parse_object
-from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.conversations import Checked, Conversations
 from tests.fakes import FakeUpstream, answer_in
 from tests.held import SLACK, bound_of, held
 from tests.inproc import Counted, InProcess, cutting_config, proxy_app, state_of
@@ -84,6 +84,8 @@ class _Counted(Counted):
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         super().__init__(monkeypatch)
         self.checked = 0
+        self.compared = 0
+        self.copied = 0
 
     def check(self, owner: Any, name: str) -> None:
         """The messages a wire's check visits (those from its `start`)."""
@@ -95,9 +97,35 @@ class _Counted(Counted):
 
         self._patch.setattr(owner, name, counted)
 
+    def compare(self, owner: Any, name: str) -> None:
+        """The items a scan for the very objects of another list (`same_prefix`) went over."""
+        real = getattr(owner, name)
+
+        def counted(new: Any, old: Any, limit: int) -> int:
+            same = real(new, old, limit)
+            self.compared += same
+            return same
+
+        self._patch.setattr(owner, name, counted)
+
+    def copies(self, owner: Any, name: str) -> None:
+        """The call ids a resumed check was handed in lists of its own (copied), not in its
+        conversation's (`Checked.at`)."""
+        real = getattr(owner, name)
+
+        def counted(checked: Any, *args: Any, **kwargs: Any) -> Any:
+            start, seen = real(checked, *args, **kwargs)
+            if seen is not None and seen[0] is not checked.firsts:
+                self.copied += len(seen[0]) + len(seen[1])
+            return start, seen
+
+        self._patch.setattr(owner, name, counted)
+
     def reset(self) -> None:
         self.calls.clear()
         self.checked = 0
+        self.compared = 0
+        self.copied = 0
 
 
 @pytest.fixture
@@ -112,6 +140,9 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counted]:
     found.count(history.Items, "__getitem__")  # an item's bytes (or a slice of them) taken
     found.check(chat, "_check_texts")
     found.check(messages, "_check_messages")
+    found.compare(body, "same_prefix")  # the list written back, against the last one's
+    found.count(body, "index_of")  # an item written back looked up among the client's
+    found.copies(Checked, "at")  # the call ids a check resumes with
     yield found
 
 
@@ -142,6 +173,13 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.calls.get("size_of", 0) <= 8, counted.calls
     # the list's items as sent: the new ones read, the old ones not sliced from the body
     assert counted.calls.get("__getitem__", 0) <= 12, counted.calls
+    # the list written back: the last request's pieces taken for the items its clamp kept
+    # (a count handed along, not the lists compared item by item), the new ones looked up
+    # (and, in the parse, those of them found kept: `RESENT`)
+    assert counted.compared == 0, counted.compared
+    assert counted.calls.get("index_of", 0) <= 12, counted.calls
+    # Messages' check: it appends the new items' tool_use ids to the last one's, not copied
+    assert counted.copied == 0, counted.copied
 
 
 def test_a_responses_turn_views_only_its_new_items(
@@ -423,3 +461,46 @@ def test_what_the_collector_walks_of_a_kept_conversation_is_its_items_objects() 
         len(gc.get_referents(o)) for o in gc.get_referents(found.history) if gc.is_tracked(o)
     )
     assert walked <= 600 + 20
+
+
+def test_a_check_resumed_twice_from_one_state_sees_only_its_own_call_ids() -> None:
+    """The next request's check appends its calls' ids to the lists of the check it resumes
+    (`Checked.at`): a second request resuming from that same check (a retry, a subagent's)
+    sees the ids of the items it repeats, not those the first one appended."""
+    last = Checked(2, [(0, "a")], {"a": 0})
+    start, seen = last.at(2)
+    assert start == 2 and seen is not None and seen[0] is last.firsts  # the very lists
+    seen[0].append((2, "x"))  # the first request's new call
+    seen[1]["x"] = 2
+    first = Checked(3, *seen)
+    start, other = last.at(2)
+    assert other == ([(0, "a")], {"a": 0})
+    assert other[0] is not last.firsts  # its own: what it appends is not the first one's
+    assert first.at(3)[1] == ([(0, "a"), (2, "x")], {"a": 0, "x": 2})
+    assert first.at(2)[1] == ([(0, "a")], {"a": 0})  # fewer items repeated: copied, less x
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_reading_turn_n_makes_one_list_of_the_old_items(wire: str) -> None:
+    """Request N+1's parse makes one list of the conversation's items, the request's, which
+    its state keeps too: not one for what it extends, one for the request and a third for
+    its state (three copies of ~700 references at turn 300, each touching every item)."""
+    import gc
+
+    kept = Conversations()
+    bodies = BUILDERS[wire][1](60)
+    owner = f"one-list-{wire}"  # what `RESENT` keeps of these items is this test's alone
+    for raw in bodies[:-1]:
+        _read(kept, raw, owner)
+    found = kept.find(bodies[-1], owner)
+    assert found is not None
+    old = len(found.parsed)
+    assert old > 100
+    last = found.history.parsed
+    first = last[0]
+    body = parse_object(bodies[-1], example="{}", owner=owner, conversations=kept)
+    items = body.get("messages")
+    gc.collect()  # what earlier requests left for the collector
+    lists = [o for o in gc.get_referrers(first) if type(o) is list and len(o) >= old]
+    assert sorted(map(id, lists)) == sorted((id(last), id(items))), len(lists)
+    assert body.conversation is not None and body.conversation.parsed is items

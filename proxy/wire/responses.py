@@ -277,6 +277,11 @@ class ResponsesRequest(InProcessRequest):
                 )
         if apply:
             self.input, self.instructions = written, instructions
+            if written is not self._input:
+                # what the write-back and the blocks resume from (`Conversation.clamped`)
+                self._clamped = (written, kept)
+                if body.conversation is not None:
+                    body.conversation.clamped = written
         state = result.state
         split = (
             len(state.text_segments) + len(state.tool_segments)
@@ -388,7 +393,7 @@ class ResponsesRequest(InProcessRequest):
             changes["input"] = self.input
         if self.instructions is not self._instructions:
             changes["instructions"] = self.instructions
-        return self._body.encode(changes)
+        return self._body.encode(changes, clamped=self.__dict__.get("_clamped"))
 
     def ask_usage(self) -> bool:
         return False  # every reply of this format carries its usage

@@ -182,16 +182,12 @@ def test_turn_n_works_only_its_new_items(tmp_path: Path, wire: str, counted: _Co
     assert counted.copied == 0, counted.copied
 
 
-def test_a_responses_turn_views_only_its_new_items(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_responses_turn_views_only_its_new_items(tmp_path: Path, counted: _Counted) -> None:
     """OpenClaw's Responses conversation (the system prompt as `input[0]`, a reasoning item,
     a call and its output a turn): request N+1 reads, views, clamps, writes back and places
     only what its turn added. Each request made a chat view of every item, wrote every
     clamped output back into a new copy of the whole list, placed every segment again and
     read every item for the user's turn: ~5 ms a request at turn 300."""
-    monkeypatch.setattr(RESENT, "check", False)  # as in production: no whole re-check
-    counted = Counted(monkeypatch)
     counted.count(view.ChatView, "result")  # a tool result viewed
     counted.count(view.ChatView, "calls")  # a call viewed
     counted.count(responses, "set_item")  # an item written back (a copy of the list)
@@ -201,7 +197,7 @@ def test_a_responses_turn_views_only_its_new_items(
     with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
         for raw in bodies[:-1]:
             _send(client, fake, "responses", raw)
-        counted.calls.clear()
+        counted.reset()
         _send(client, fake, "responses", bodies[-1])
         forwarded = json.loads(fake.last.body)
     items = json.loads(bodies[-1])["input"]
@@ -218,6 +214,8 @@ def test_a_responses_turn_views_only_its_new_items(
     # back from the newest item to the latest user's (asked 8 turns ago, 3 items a turn),
     # and the items after it again: not the history's 170
     assert counted.calls.get("_as_chat", 0) <= 60, counted.calls
+    # the list written back from the clamp's count, not compared with the last one's
+    assert counted.compared == 0, counted.compared
 
 
 def test_two_owners_with_the_same_conversation_share_no_state(

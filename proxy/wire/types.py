@@ -28,6 +28,7 @@ from ctxbudget.caps import (
     ToolNames,
 )
 from ctxbudget.caps._kept import ChangedInPlace, footprint
+from ctxbudget.caps.resume import decisions
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache.blocks import Block
@@ -294,6 +295,12 @@ def resumed(
                 result.changed,
             ):
                 raise ChangedInPlace("a conversation's clamp resumed to another result")
+            if (
+                whole.state is not None
+                and result.state is not None
+                and decisions(whole.state) != decisions(result.state)
+            ):
+                raise ChangedInPlace("a conversation's clamp state resumed to other decisions")
     conversation = body.conversation
     if conversation is not None and result.state is not None and body.conversations is not None:
         conversation.clamp = result.state

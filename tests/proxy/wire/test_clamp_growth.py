@@ -1,0 +1,112 @@
+"""The clamp and the client's blocks of request N+1 work only its new items (issue 34): what
+was decided for the items request N had is taken as it was, not copied item by item, and the
+system prompt a Messages request repeats is neither serialised nor hashed again."""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxbudget.caps import ClampState
+from ctxbudget.caps import clamp as clamp_module
+from ctxbudget.proxy.cache.resent import RESENT
+from tests.fakes import answer_in
+from tests.inproc import InProcess, cutting_config, proxy_app, state_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from bench._growing import BUILDERS  # noqa: E402
+
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
+def _send(client: InProcess, fake: Any, wire: str, raw: bytes) -> None:
+    answer_in(fake, wire)
+    r = client.post(PATHS[wire], content=raw)
+    assert r.status_code == 200, r.text
+
+
+def _lists(state: ClampState) -> dict[str, Any]:
+    """The state's per-message and per-segment lists, by slot."""
+    return {
+        name: value
+        for name in ClampState.__slots__
+        if isinstance(value := getattr(state, name), list | array)
+    }
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ClampState]]:
+    """The clamp states the resumed clamp makes, in order."""
+    found: list[ClampState] = []
+    real = clamp_module._resume.extend
+
+    def extend(*args: Any, **kwargs: Any) -> ClampState | None:
+        state = real(*args, **kwargs)
+        if state is not None and kwargs.get("resume", args[4] if len(args) > 4 else None):
+            found.append(state)
+        return state
+
+    # as in production: the suite's re-check runs the whole clamp too (a state of its own)
+    monkeypatch.setattr(RESENT, "check", False)
+    monkeypatch.setattr(clamp_module._resume, "extend", extend)
+    yield found
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_turn_n_extends_the_clamp_state_of_turn_n_minus_1_in_place(
+    tmp_path: Path, wire: str, made: list[ClampState]
+) -> None:
+    """The clamp's decisions for a 100-message history are request N's very lists, extended
+    by the new turn's few: no list as long as the conversation is copied (~10 of them, each
+    request, where OpenClaw drops its context message from the next request)."""
+    bodies = BUILDERS[wire][1](58)
+    with proxy_app(tmp_path, cutting_config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        found = state_of(client).conversations.find(bodies[-1], "default")
+        assert found is not None and found.history.clamp is not None
+        before = found.history.clamp
+        lists, n = _lists(before), len(before)
+        assert n > 100
+        made.clear()
+        _send(client, fake, wire, bodies[-1])
+    assert len(made) == 1
+    after = made[0]
+    # the items request N had, but OpenClaw's context message (Messages: and the results
+    # from the one its marker moved off), taken as they were
+    assert len(after) > after.kept >= n - 4
+    same = {name for name, value in _lists(after).items() if value is lists[name]}
+    assert same == set(lists), set(lists) - same
+
+
+def test_a_spent_clamp_state_resumed_again_is_clamped_from_the_start() -> None:
+    """Two requests that extend the same conversation (a retry, two in flight at once): the
+    first takes the state's lists, the second works its messages from the first one and gets
+    the same result as a whole clamp."""
+    from ctxbudget.caps import Caps, Memo, ToolNames, clamp_request
+
+    caps, tools = Caps(tool_output_max_chars=200), ToolNames()
+    result = {"role": "tool", "tool_call_id": "c1", "content": "line\n" * 600}
+    call = {
+        "role": "assistant",
+        "tool_calls": [{"id": "c1", "function": {"name": "exec", "arguments": "{}"}}],
+    }
+    base = [{"role": "user", "content": "make it build"}, call, result]
+    first = clamp_request({"messages": base}, caps, tools=tools, memo=Memo())
+    assert first.state is not None
+    grown = [*base, {"role": "assistant", "content": "ok"}]
+    other = [*base, {"role": "user", "content": "and test"}]
+    whole = clamp_request({"messages": other}, caps, tools=tools)
+    one = clamp_request({"messages": grown}, caps, tools=tools, resume=first.state.upto(3))
+    assert one.state is not None and not one.state.odd
+    resumed = first.state.upto(3)
+    two = clamp_request({"messages": other}, caps, tools=tools, resume=resumed)
+    assert (two.segments, two.request, two.changed) == (whole.segments, whole.request, True)
+    assert two.state is not None and not two.state.odd
+    again = clamp_request({"messages": grown}, caps, tools=tools)
+    assert (one.segments, one.request) == (again.segments, again.request)

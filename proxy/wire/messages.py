@@ -20,7 +20,7 @@ Only `system` and `messages` are ever re-serialised, and only when they changed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -142,7 +142,14 @@ class MessagesRequest(InProcessRequest):
         messages = known.written[:kept] + self._messages[kept:] if known else self._messages
         system = self._system
         out = result.request["messages"] if result.changed else view.messages
-        for i in (*range(head), *range(new_at, len(out))):
+        changes: Iterable[int] = (*range(head), *range(new_at, len(out)))
+        if known is not None:
+            # the same system texts, clamped the same (the very view messages resumed): the
+            # system as written then, the same object every turn (its serial kept by it)
+            changes = range(new_at, len(out))
+            if known.system is not None:
+                system = known.system
+        for i in changes:
             place = view.places[i]
             if out[i] is not view.messages[i] and place is not None:
                 messages, system = _written(place, out[i].get("content"), messages, system)
@@ -177,6 +184,7 @@ class MessagesRequest(InProcessRequest):
                 messages,
                 real[0],
                 (caps, tools),
+                system if system is not self._system else None,
             )
         return segments
 
@@ -268,7 +276,11 @@ class MessagesRequest(InProcessRequest):
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._system is not None:
-            head.append(Block("system", self._system, self.system))
+            # with its bytes as sent: found by them (`ClientPrefix`), not serialised again
+            # (OpenClaw's 26 KB of text blocks, and their cache markers taken out, each turn)
+            sent = self._body.raw_field("system")
+            sent = sent if isinstance(sent, bytes) else None
+            head.append(Block("system", self._system, self.system, sent))
         return head + self._paired(self._messages, self.messages)
 
     def place_memory(self, index: int, text: str) -> None:
@@ -370,6 +382,7 @@ class _Viewed:
         "written",
         "real",
         "caps",
+        "system",
     )
 
     def __init__(
@@ -383,6 +396,7 @@ class _Viewed:
         written: list[Any],
         real: _Placed | None,
         caps: tuple[Caps, ToolNames],
+        system: Any = None,
     ) -> None:
         self.system_raw = system_raw
         """The `system` field as sent: the view's first messages are made of it."""
@@ -402,6 +416,9 @@ class _Viewed:
         self.caps = caps
         """The caps and tool names `written` and `real` were clamped with: under others (the
         config reloaded) the old items are clamped again."""
+        self.system = system
+        """`system` as the clamp's changes left it (whether or not applied); None when they
+        left it as sent."""
 
 
 class AnthropicMessages:

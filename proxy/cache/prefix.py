@@ -130,8 +130,9 @@ class ClientPrefix:
     ) -> None:
         """`reuse`: (an earlier request's prefix, start, stop) whose blocks `start:stop` hold
         the very client objects these do (a conversation's items: `Conversation.client`),
-        taken as serialised and hashed then."""
-        self.blocks = list(blocks)
+        taken as serialised and hashed then. A list of `blocks` is kept as it is (a wire's
+        blocks are never changed in place)."""
+        self.blocks = blocks if isinstance(blocks, list) else list(blocks)
         self.owner = owner
         self.observed: Observed | None = None
         """What `SessionTracker.observe` made of these blocks as forwarded (set by it)."""

@@ -137,3 +137,42 @@ def test_a_messages_system_prompt_resent_is_not_serialised_again(
         serialised.clear()
         _send(client, fake, "messages", bodies[-1])
     assert list not in serialised, serialised
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_a_request_makes_its_blocks_once_for_every_stage(
+    tmp_path: Path, wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client prefix, recall, the session, the mirror and pruning each ask for the
+    request's blocks (a list as long as the conversation): one list as sent and one as
+    changed, each made once and shared (nothing changes one in place), not a copy for each
+    asker (five copies of ~600 blocks a request at turn 300)."""
+    from ctxbudget.proxy.wire import types
+
+    bodies = BUILDERS[wire][1](30)
+    lists: list[list[Any]] = []
+    real = types.InProcessRequest._blocks_of
+
+    def blocks_of(self: Any, sources: Any, make: Any) -> list[Any]:
+        found: list[Any] = real(self, sources, make)
+        lists.append(found)
+        return found
+
+    monkeypatch.setattr(types.InProcessRequest, "_blocks_of", blocks_of)
+    prefixes: list[Any] = []
+    real_prefix = types.InProcessRequest.client_prefix
+
+    def client_prefix(self: Any, owner: str) -> Any:
+        prefixes.append(real_prefix(self, owner))
+        return prefixes[-1]
+
+    monkeypatch.setattr(types.InProcessRequest, "client_prefix", client_prefix)
+    with proxy_app(tmp_path, cutting_config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        lists.clear()
+        prefixes.clear()
+        _send(client, fake, wire, bodies[-1])
+    assert len(lists) >= 4
+    assert len({id(found) for found in lists}) <= 2
+    assert prefixes[0].blocks is lists[0]

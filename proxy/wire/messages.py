@@ -122,13 +122,15 @@ class MessagesRequest(InProcessRequest):
                 known.system_raw != system_raw
                 or found[1] > len(known.ends)
                 or known.caps != (caps, tools)
+                or known.spent
             ):
                 known = None
         kept = found[1] if found is not None and known is not None else 0
         if known is not None:
             end = known.ends[kept - 1] if kept else known.head
-            view = ChatView(known.messages[:end], known.places[:end], owner=body.owner)
-            head, ends = known.head, known.ends[:kept]
+            view_messages, places, ends = known.take(kept, end)
+            view = ChatView(view_messages, places, owner=body.owner)
+            head = known.head
             first = known.first_index if known.first_index < kept else -1
             state = found[0].clamp if found is not None else None
             resume = (state, end) if state is not None else None
@@ -136,6 +138,16 @@ class MessagesRequest(InProcessRequest):
             view = self._system_view()
             head, ends, first, resume = len(view.messages), [], -1, None
         first = self._view_items(view, kept, first, ends)
+        if RESENT.check and known is not None:  # what was taken must be what reading gives
+            whole, whole_ends = self._system_view(), list[int]()
+            whole_first = self._view_items(whole, 0, -1, whole_ends)
+            if (whole_first, whole.messages, whole.places, whole_ends) != (
+                first,
+                view.messages,
+                view.places,
+                ends,
+            ):
+                raise ChangedInPlace("a conversation's view differs from its items read again")
         result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
         # what the clamp changed: of the system texts, and of the items after those kept
         new_at = ends[kept - 1] if kept else head
@@ -383,6 +395,7 @@ class _Viewed:
         "real",
         "caps",
         "system",
+        "spent",
     )
 
     def __init__(
@@ -419,6 +432,18 @@ class _Viewed:
         self.system = system
         """`system` as the clamp's changes left it (whether or not applied); None when they
         left it as sent."""
+        self.spent = False
+        """Its lists were taken by the next request's view (`take`): that request's clamp
+        is the only reader of a conversation's view, so nothing reads them here again."""
+
+    def take(self, kept: int, end: int) -> tuple[list[Any], list[Any], list[int]]:
+        """The view messages, places and item ends of the first `kept` items (`end` view
+        messages): its own lists, cut in place and the caller's to extend (a long
+        conversation's three lists were copied every request); it is then spent, and a
+        second request extending the same conversation reads its items from the first."""
+        self.spent = True
+        del self.messages[end:], self.places[end:], self.ends[kept:]
+        return self.messages, self.places, self.ends
 
 
 class AnthropicMessages:

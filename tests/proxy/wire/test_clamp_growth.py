@@ -176,3 +176,27 @@ def test_a_request_makes_its_blocks_once_for_every_stage(
     assert len(lists) >= 4
     assert len({id(found) for found in lists}) <= 2
     assert prefixes[0].blocks is lists[0]
+
+
+def test_a_messages_turn_extends_the_view_of_the_last_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Messages request is clamped through a chat-shaped view of its items: request N+1's
+    view is request N's very lists (view messages, their places, where each item's end), cut
+    to the items it repeats and extended by its new ones, not copied (three lists as long as
+    the conversation, each request)."""
+    monkeypatch.setattr(RESENT, "check", False)
+    bodies = BUILDERS["messages"][1](58)
+    with proxy_app(tmp_path, cutting_config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, "messages", raw)
+        found = state_of(client).conversations.find(bodies[-1], "default")
+        assert found is not None and found.history.view is not None
+        before = found.history.view
+        lists = (before.messages, before.places, before.ends)
+        assert len(before.ends) > 100
+        _send(client, fake, "messages", bodies[-1])
+        after = state_of(client).conversations.find(bodies[-1] + b" ", "default")
+    assert after is not None and after.history.view is not before
+    view = after.history.view
+    assert all(a is b for a, b in zip((view.messages, view.places, view.ends), lists, strict=True))

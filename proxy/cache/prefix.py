@@ -116,6 +116,11 @@ class Observed(NamedTuple):
     """The list's blocks as the wire made them (`ClientPrefix.taken`), the same objects as
     `blocks` after the ones before the list: the next request's wire says how many of its
     blocks it took from these, so they are not compared again."""
+    takeable: list[bool] | None = None
+    """`[True]` until the next request's observe takes `forwarded_data`, `forwarded` and
+    `sizes` (cut and extended in place, where a long conversation's three lists were copied
+    each request): a cell shared by its `_replace` copies. A second request extending the
+    same conversation (a retry, two in flight) then makes its own. None: never taken."""
 
 
 class ClientPrefix:

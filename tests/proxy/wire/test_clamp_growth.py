@@ -200,3 +200,29 @@ def test_a_messages_turn_extends_the_view_of_the_last_in_place(
     assert after is not None and after.history.view is not before
     view = after.history.view
     assert all(a is b for a, b in zip((view.messages, view.places, view.ends), lists, strict=True))
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_the_session_of_turn_n_extends_what_turn_n_minus_1_forwarded_in_place(
+    tmp_path: Path, wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session stage keeps each forwarded block's bytes, digest and size for the next
+    request: request N+1 takes request N's very lists, cut to the blocks it repeats and
+    extended by its new ones, not copies (three lists as long as the conversation)."""
+    monkeypatch.setattr(RESENT, "check", False)
+    bodies = BUILDERS[wire][1](58)
+    with proxy_app(tmp_path, cutting_config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        found = state_of(client).conversations.find(bodies[-1], "default")
+        assert found is not None and found.history.client is not None
+        before = found.history.client[0].observed
+        assert before is not None and len(before.forwarded) > 100
+        lists = (before.forwarded_data, before.forwarded, before.sizes)
+        _send(client, fake, wire, bodies[-1])
+        after = state_of(client).conversations.find(bodies[-1] + b" ", "default")
+    assert after is not None and after.history.client is not None
+    seen = after.history.client[0].observed
+    assert seen is not None and seen is not before
+    taken = (seen.forwarded_data, seen.forwarded, seen.sizes)
+    assert all(a is b for a, b in zip(taken, lists, strict=True))

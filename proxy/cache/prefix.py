@@ -133,10 +133,10 @@ class ClientPrefix:
         *,
         reuse: tuple[ClientPrefix, int, int] | None = None,
     ) -> None:
-        """`reuse`: (an earlier request's prefix, start, stop) whose blocks `start:stop` hold
-        the very client objects these do (a conversation's items: `Conversation.client`),
-        taken as serialised and hashed then. A list of `blocks` is kept as it is (a wire's
-        blocks are never changed in place)."""
+        """`reuse`: (an earlier request's prefix, not `spent`, start, stop) whose blocks
+        `start:stop` hold the very client objects these do (a conversation's items:
+        `Conversation.client`), taken as serialised and hashed then. A list of `blocks` is
+        kept as it is (a wire's blocks are never changed in place)."""
         self.blocks = blocks if isinstance(blocks, list) else list(blocks)
         self.owner = owner
         self.observed: Observed | None = None
@@ -161,13 +161,24 @@ class ClientPrefix:
         """The list's blocks as the wire last made them for this request (`paired`), the
         conversation's last blocks it took some from (None: none), and how many: set by the
         wire, read by `SessionTracker.observe`."""
+        self.spent = False
+        """Its `data` and `digests` were taken by the next request's prefix (`reuse`): they
+        are that one's now, and nothing is reused from these again."""
         found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
         if reuse is not None:
-            # one copy of each: the earlier prefix's, its first `start` made again
+            # the earlier prefix's lists, its first `start` made again: taken (cut in place)
+            # once its request is done with them (observed: nothing reads them after), else
+            # one copy of each (a long conversation's two lists, copied each request)
             head_data, head_digests = self.data, self.digests
-            self.data, self.digests = reuse[0].data[:stop], reuse[0].digests[:stop]
+            earlier = reuse[0]
+            if earlier.observed is not None and not earlier.spent:
+                earlier.spent = True
+                self.data, self.digests = earlier.data, earlier.digests
+                del self.data[stop:], self.digests[stop:]
+            else:
+                self.data, self.digests = earlier.data[:stop], earlier.digests[:stop]
             self.data[:start], self.digests[:start] = head_data, head_digests
             found = [_client_serial(b, owner) for b in self.blocks[stop:]]
             self.data += [data for data, _ in found]

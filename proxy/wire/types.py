@@ -171,7 +171,7 @@ class InProcessRequest:
         prefix = None
         if found is not None and found[0].client is not None and head >= 0:
             (known, known_head), kept = found[0].client, found[1]
-            if known_head == head and head + kept <= len(known.blocks):
+            if known_head == head and head + kept <= len(known.blocks) and not known.spent:
                 prefix = ClientPrefix(blocks, owner, reuse=(known, head, head + kept))
                 if RESENT.check and prefix.digests != ClientPrefix(blocks, owner).digests:
                     raise ChangedInPlace("a conversation's client blocks differ from last time")

@@ -226,3 +226,33 @@ def test_the_session_of_turn_n_extends_what_turn_n_minus_1_forwarded_in_place(
     assert seen is not None and seen is not before
     taken = (seen.forwarded_data, seen.forwarded, seen.sizes)
     assert all(a is b for a, b in zip(taken, lists, strict=True))
+
+
+@pytest.mark.parametrize("wire", ["chat", "messages"])
+def test_the_client_blocks_of_turn_n_extend_those_of_turn_n_minus_1_in_place(
+    tmp_path: Path, wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request N+1's client blocks take request N's serials and digests as made (its very
+    lists, cut to the blocks it repeats and extended by its new ones), once request N's
+    session stage is done with them; request N sent again (a retry) finds its state taken,
+    and works its blocks again (the same digests)."""
+    monkeypatch.setattr(RESENT, "check", False)
+    bodies = BUILDERS[wire][1](58)
+    with proxy_app(tmp_path, cutting_config(tmp_path)) as (client, fake):
+        for raw in bodies[:-1]:
+            _send(client, fake, wire, raw)
+        found = state_of(client).conversations.find(bodies[-1], "default")
+        assert found is not None and found.history.client is not None
+        before = found.history.client[0]
+        lists, digests = (before.data, before.digests), list(before.digests)
+        assert len(digests) > 100
+        _send(client, fake, wire, bodies[-1])
+        after = state_of(client).conversations.find(bodies[-1] + b" ", "default")
+        assert after is not None and after.history.client is not None
+        prefix = after.history.client[0]
+        assert prefix is not before and before.spent
+        assert all(a is b for a, b in zip((prefix.data, prefix.digests), lists, strict=True))
+        _send(client, fake, wire, bodies[-2])
+        again = state_of(client).conversations.find(bodies[-2] + b" ", "default")
+        assert again is not None and again.history.client is not None
+        assert again.history.client[0].digests == digests

@@ -7,7 +7,10 @@ it — the first user message, the tool calls read so far, the user's latest tur
 strategy's question) — so the decisions for the first k messages of request N hold for
 request N+1, and only the new messages need working. `ClampState` is what was decided, per
 message, plus the running state after the last one; `ClampState.upto(k)` is the same for the
-first k (OpenClaw drops its trailing context message from the next request).
+first k (OpenClaw drops its trailing context message from the next request). The state resumed
+from hands its lists to the new one, which cuts and extends them in place: a request copies
+nothing of the history (a conversation's clamp is resumed from by its next request only; a
+second one resumed from the same state works its messages from the first).
 
 Two things the one-pass reading cannot know, which the whole-list clamp reads from the whole
 list: a result whose call comes *after* it, and a call id used twice (the later call names the
@@ -42,7 +45,8 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 class ClampState:
     """What `clamp_request` decided for each message of a request, and the running state after
     the last (the first user message's place, the calls read, the latest user turn), for the
-    same `caps` and `tools`. Never changed once made: resuming copies what it extends."""
+    same `caps` and `tools`. Changed only by the one state that resumes from it, which takes
+    its lists (it is then `spent`)."""
 
     __slots__ = (
         "caps",
@@ -62,8 +66,10 @@ class ClampState:
         "candidates",
         "prunable",
         "prunable_ends",
-        "handed",
         "kept",
+        "spent",
+        "source",
+        "at",
     )
 
     def __init__(self, caps: Caps, tools: ToolNames, *, odd: bool = False) -> None:
@@ -106,45 +112,62 @@ class ClampState:
         self.kept = 0
         """How many leading messages were taken from the state resumed from (`out`'s first
         ones are its very objects); 0 when none was."""
-        self.handed = False
-        """Made by `upto` for the one resume that follows (its lists its own): `extend` takes
-        them as they are instead of copying them again (a long conversation's ~10 lists of
-        ~600 items were copied twice a request), and the state is then spent: resumed from
-        again, it is clamped whole (`odd`), as its lists are another state's."""
+        self.spent = False
+        """Its lists were taken by the state that resumed from it, and extended in place (a
+        long conversation's ~10 lists of ~600 items were copied twice a request): resumed
+        from again (a retry, or a second request in flight on the same conversation), its
+        messages are clamped from the first (`upto` gives None)."""
+        self.source: ClampState | None = None
+        """Made by `upto`: the state whose first `at` messages' decisions these are, its
+        lists not copied (`extend` takes and cuts them)."""
+        self.at = 0
 
     def __len__(self) -> int:
-        return len(self.out)
+        return self.at if self.source is not None else len(self.out)
 
     def upto(self, k: int) -> ClampState | None:
-        """The state after the first `k` messages; None when it cannot be had (k past the end)."""
-        n = len(self.out)
+        """The state after the first `k` messages, for the one resume that follows (its
+        lists are then the new state's); None when it cannot be had (k past the end, or the
+        state spent already)."""
+        n = len(self)
+        if self.spent or self.source is not None:
+            return None
         if k == n or self.odd:
             return self
         if not 0 < k < n:
             return None
         state = ClampState(self.caps, self.tools)
-        state.out = self.out[:k]
-        state.changed = self.changed[:k]
-        state.text_ends = self.text_ends[:k]
-        state.text_segments = self.text_segments[: state.text_ends[-1]]
-        state.tool_ends = self.tool_ends[:k]
-        state.tool_segments = self.tool_segments[: state.tool_ends[-1]]
-        state.turns = self.turns[:k]
+        state.source, state.at = self, k
         state.first_user = self.first_user if self.first_user < k else -1
-        cut = bisect_left(self.called_at, (k, ""))
-        state.called_at = self.called_at[:cut]
-        if cut < len(self.called_at):  # calls of the messages let go: ids used once (not odd)
-            state.calls = dict(self.calls)
-            for _, call_id in self.called_at[cut:]:
-                del state.calls[call_id]
-        else:
-            state.calls = self.calls
         state.unanswered = self.unanswered  # more than needed: at worst a whole clamp later
-        j = bisect_left(self.candidates, k)
-        state.candidates = self.candidates[:j]
-        state.prunable_ends = self.prunable_ends[:j]
-        state.prunable = self.prunable[: state.prunable_ends[-1] if j else 0]
-        state.handed = True
+        return state
+
+    def _take(self, k: int) -> ClampState:
+        """Its lists cut to the first `k` messages' (in place: they are the caller's now), as
+        a state; it is spent."""
+        self.spent = True
+        state = ClampState(self.caps, self.tools)
+        state.first_user = self.first_user if self.first_user < k else -1
+        state.unanswered = self.unanswered
+        state.out, state.changed, state.turns = self.out, self.changed, self.turns
+        state.text_ends, state.tool_ends = self.text_ends, self.tool_ends
+        state.text_segments, state.tool_segments = self.text_segments, self.tool_segments
+        state.called_at, state.calls = self.called_at, self.calls
+        state.candidates, state.prunable_ends = self.candidates, self.prunable_ends
+        state.prunable = self.prunable
+        if k == len(self.out):
+            return state
+        del state.out[k:], state.changed[k:], state.turns[k:]
+        del state.text_ends[k:], state.tool_ends[k:]
+        del state.text_segments[state.text_ends[-1] :]
+        del state.tool_segments[state.tool_ends[-1] :]
+        cut = bisect_left(state.called_at, (k, ""))
+        for _, call_id in state.called_at[cut:]:  # ids used once (not odd)
+            del state.calls[call_id]
+        del state.called_at[cut:]
+        j = bisect_left(state.candidates, k)
+        del state.candidates[j:], state.prunable_ends[j:]
+        del state.prunable[state.prunable_ends[-1] if j else 0 :]
         return state
 
 
@@ -176,40 +199,29 @@ def extend(
     `len(resume)` messages, the very objects: the caller's word) or from nothing; None when
     the conversation must be clamped whole (`ClampState.odd`). The clamps themselves are
     `caps.clamp`'s, passed in."""
-    if resume is not None and (
-        resume.odd or len(resume) > len(messages) or resume.caps != caps or resume.tools != tools
-    ):
-        if resume.odd and resume.caps == caps and resume.tools == tools:
-            return None
-        resume = None
+    if resume is not None:
+        source = resume.source if resume.source is not None else resume
+        if resume.odd or resume.caps != caps or resume.tools != tools or source.spent:
+            if resume.odd and resume.caps == caps and resume.tools == tools:
+                return None
+            resume = None
+        elif len(resume) > len(messages):
+            resume = None
     state = ClampState(caps, tools)
     start = 0
     calls: dict[str, _Call] = {}
     turn: tuple[str, ...] | None = None
     unanswered: set[str] = set()
-    if resume is not None:
-        start = state.kept = len(resume)
-        # its own lists when `upto` made it for this resume (taken, and it is spent); else
-        # copies (it is a conversation's, never changed)
-        take: Callable[[Any], Any] = _taken if resume.handed else _copied
-        state.out = take(resume.out)
-        state.changed = take(resume.changed)
-        state.text_segments = take(resume.text_segments)
-        state.text_ends = take(resume.text_ends)
-        state.tool_segments = take(resume.tool_segments)
-        state.tool_ends = take(resume.tool_ends)
-        state.turns = take(resume.turns)
-        state.first_user = resume.first_user
-        state.called_at = take(resume.called_at)
-        state.candidates = take(resume.candidates)
-        state.prunable = take(resume.prunable)
-        state.prunable_ends = take(resume.prunable_ends)
-        if resume.handed:
-            resume.handed, resume.odd = False, True
-        calls = resume.calls
-        turn = resume.turns[-1] if resume.turns else None
-        unanswered = set(resume.unanswered)
     copied = False  # `calls` is the resumed state's until a call is added
+    if resume is not None:
+        start = len(resume)
+        # the lists of the state resumed from, cut to its first `start` messages and
+        # extended in place: it is spent (`ClampState.spent`)
+        state = (resume.source or resume)._take(start)
+        state.kept = start
+        calls, copied = state.calls, True
+        turn = state.turns[-1] if state.turns else None
+        unanswered = set(resume.unanswered)
     query = caps.strategy == "query"
     policy = caps.prune
     changed = state.changed[-1] if state.changed else 0
@@ -253,16 +265,6 @@ def extend(
     state.calls = calls
     state.unanswered = frozenset(unanswered)
     return state
-
-
-def _taken(items: Any) -> Any:
-    return items
-
-
-def _copied(items: Any) -> Any:
-    """A copy of the same type: a list's, or an array's (`list()` would make its ints
-    objects the collector walks again)."""
-    return items[:]
 
 
 def _tool(
@@ -311,6 +313,28 @@ def _candidate(
     if segment is not None:
         state.prunable.append(evolve(segment, message_index=index))
     state.prunable_ends.append(len(state.prunable))
+
+
+def decisions(state: ClampState) -> tuple[Any, ...]:
+    """What `state` decided, per message and per segment: the same for a state resumed (its
+    lists cut and extended in place) as for one made from the first message (the debug
+    mode's check, `CTXBUDGET_CHECK_RESENT`)."""
+    return (
+        state.odd,
+        state.out,
+        state.changed,
+        state.text_segments,
+        state.text_ends,
+        state.tool_segments,
+        state.tool_ends,
+        state.turns,
+        state.first_user,
+        state.calls,
+        state.called_at,
+        state.candidates,
+        state.prunable,
+        state.prunable_ends,
+    )
 
 
 def segments(state: ClampState) -> tuple[Segment, ...]:

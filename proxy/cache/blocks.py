@@ -240,8 +240,8 @@ def serial(value: Any) -> bytes:
     moves its marker to the newest tool result every turn, and the older prefix still hits)."""
     if isinstance(value, bytes):  # a field passed on unread (`tools`): its marker never moves
         return value
-    if isinstance(value, dict):  # a clamped message: the same object every turn
-        return _SERIAL_KEPT.get(_serial, value)
+    if isinstance(value, dict | list):  # a clamped message, or system: the same object
+        return _SERIAL_KEPT.get(_serial, value)  # every turn
     return _serial(value)
 
 

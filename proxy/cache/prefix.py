@@ -116,6 +116,11 @@ class Observed(NamedTuple):
     """The list's blocks as the wire made them (`ClientPrefix.taken`), the same objects as
     `blocks` after the ones before the list: the next request's wire says how many of its
     blocks it took from these, so they are not compared again."""
+    takeable: list[bool] | None = None
+    """`[True]` until the next request's observe takes `forwarded_data`, `forwarded` and
+    `sizes` (cut and extended in place, where a long conversation's three lists were copied
+    each request): a cell shared by its `_replace` copies. A second request extending the
+    same conversation (a retry, two in flight) then makes its own. None: never taken."""
 
 
 class ClientPrefix:
@@ -128,10 +133,11 @@ class ClientPrefix:
         *,
         reuse: tuple[ClientPrefix, int, int] | None = None,
     ) -> None:
-        """`reuse`: (an earlier request's prefix, start, stop) whose blocks `start:stop` hold
-        the very client objects these do (a conversation's items: `Conversation.client`),
-        taken as serialised and hashed then."""
-        self.blocks = list(blocks)
+        """`reuse`: (an earlier request's prefix, not `spent`, start, stop) whose blocks
+        `start:stop` hold the very client objects these do (a conversation's items:
+        `Conversation.client`), taken as serialised and hashed then. A list of `blocks` is
+        kept as it is (a wire's blocks are never changed in place)."""
+        self.blocks = blocks if isinstance(blocks, list) else list(blocks)
         self.owner = owner
         self.observed: Observed | None = None
         """What `SessionTracker.observe` made of these blocks as forwarded (set by it)."""
@@ -155,13 +161,24 @@ class ClientPrefix:
         """The list's blocks as the wire last made them for this request (`paired`), the
         conversation's last blocks it took some from (None: none), and how many: set by the
         wire, read by `SessionTracker.observe`."""
+        self.spent = False
+        """Its `data` and `digests` were taken by the next request's prefix (`reuse`): they
+        are that one's now, and nothing is reused from these again."""
         found = [_client_serial(b, owner) for b in self.blocks[:start]]
         self.data = [data for data, _ in found]
         self.digests = [digest for _, digest in found]
         if reuse is not None:
-            # one copy of each: the earlier prefix's, its first `start` made again
+            # the earlier prefix's lists, its first `start` made again: taken (cut in place)
+            # once its request is done with them (observed: nothing reads them after), else
+            # one copy of each (a long conversation's two lists, copied each request)
             head_data, head_digests = self.data, self.digests
-            self.data, self.digests = reuse[0].data[:stop], reuse[0].digests[:stop]
+            earlier = reuse[0]
+            if earlier.observed is not None and not earlier.spent:
+                earlier.spent = True
+                self.data, self.digests = earlier.data, earlier.digests
+                del self.data[stop:], self.digests[stop:]
+            else:
+                self.data, self.digests = earlier.data[:stop], earlier.digests[:stop]
             self.data[:start], self.digests[:start] = head_data, head_digests
             found = [_client_serial(b, owner) for b in self.blocks[stop:]]
             self.data += [data for data, _ in found]

@@ -436,7 +436,8 @@ def _observed(
         whole = _made(prefix.data, prefix.digests, blocks, None)[0]
         if whole[1:5] != seen[1:5] or whole.joined != seen.joined:
             raise ChangedInPlace("a session's forwarded blocks differ from last time")
-        if kept != _made(prefix.data, prefix.digests, blocks, before)[1]:
+        start = min(before[1], len(blocks))
+        if kept > start and kept != start + _same(list(blocks), before[0].blocks, start):
             raise ChangedInPlace("the wire took other blocks than it says")
     prefix.observed = seen
     return seen, None if before is None else (before[0], before[1], kept)
@@ -490,13 +491,14 @@ def _made(
             kept = head + taken[2]
         else:
             kept = head + _same(objects, old.blocks, head)
-        if kept > head:  # one copy of each list: the old one's, its first `head` made again
+        takeable = old.takeable
+        if not (takeable and takeable[0]):
+            kept = head  # its lists taken by another request: these made again
+        if kept > head and takeable:  # its lists, cut and extended in place (the first `head`
+            takeable[0] = False  # made again): it is the next request's only
             made = data, forwarded, sizes
-            data, forwarded, sizes = (
-                old.forwarded_data[:kept],
-                old.forwarded[:kept],
-                old.sizes[:kept],
-            )
+            data, forwarded, sizes = old.forwarded_data, old.forwarded, old.sizes
+            del data[kept:], forwarded[kept:], sizes[kept:]
             data[:head], forwarded[:head], sizes[:head] = made
             changed += old.changed[bisect_left(old.changed, head) : bisect_left(old.changed, kept)]
             if len(old.joined) >= min(kept, KEEP_BLOCKS) * DIGEST:
@@ -504,7 +506,10 @@ def _made(
     make(kept, len(blocks))
     source = taken[0] if taken is not None else None
     joined = _joined(forwarded, joined, head, kept)
-    return Observed(objects, data, forwarded, changed, sizes, source=source, joined=joined), kept
+    seen = Observed(
+        objects, data, forwarded, changed, sizes, source=source, joined=joined, takeable=[True]
+    )
+    return seen, kept
 
 
 def _joined(digests: list[bytes], old: bytes | None, head: int, kept: int) -> bytes:

@@ -207,7 +207,9 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
     # apart from what the client sent, which it would push out (no owner has a NUL)
     request = job.wire.parse(body, owner=job.owner + "\x00changed", conversations=conversations())
     start = request.blocks() if job.blocks else []
-    before = start
+    # the blocks before the first injection, when there was one (the very list `start` is
+    # when nothing changed between: `blocks()` is one list while the body is unchanged)
+    before: list[Block] | None = None
     pruned: list[Segment] = []
     for kind, first, second in job.changes:
         if kind == "place":
@@ -216,7 +218,7 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
             found = request.clamp(remembering(prune_request, memo()), first, second, apply=True)
             pruned += (replace(s, original="") for s in found)
         else:
-            if job.blocks and before is start:
+            if job.blocks and before is None:
                 before = request.blocks()
             request.inject(first, second)
     if job.ask_usage:
@@ -231,7 +233,7 @@ def finish(job: FinishJob, body: bytes) -> tuple[Any, bytes | None]:
         return _tokens().count(text, job.encoding, owner=job.owner)
 
     after = request.blocks()
-    added = memory_added(before, after) if before is not start else {}
+    added = memory_added(before, after) if before is not None else {}
     if len(after) != len(start):
         after = start  # no change adds blocks; be safe if one does
     blocks = tuple(

@@ -20,7 +20,7 @@ Only `system` and `messages` are ever re-serialised, and only when they changed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -124,13 +124,15 @@ class MessagesRequest(InProcessRequest):
                 known.system_raw != system_raw
                 or found[1] > len(known.ends)
                 or known.caps != (caps, tools)
+                or known.spent
             ):
                 known = None
         kept = found[1] if found is not None and known is not None else 0
         if known is not None:
             end = known.ends[kept - 1] if kept else known.head
-            view = ChatView(known.messages[:end], known.places[:end], owner=body.owner)
-            head, ends = known.head, known.ends[:kept]
+            view_messages, places, ends = known.take(kept, end)
+            view = ChatView(view_messages, places, owner=body.owner)
+            head = known.head
             first = known.first_index if known.first_index < kept else -1
             state = found[0].clamp if found is not None else None
             resume = (state, end) if state is not None else None
@@ -138,13 +140,30 @@ class MessagesRequest(InProcessRequest):
             view = self._system_view()
             head, ends, first, resume = len(view.messages), [], -1, None
         first = self._view_items(view, kept, first, ends)
+        if RESENT.check and known is not None:  # what was taken must be what reading gives
+            whole, whole_ends = self._system_view(), list[int]()
+            whole_first = self._view_items(whole, 0, -1, whole_ends)
+            if (whole_first, whole.messages, whole.places, whole_ends) != (
+                first,
+                view.messages,
+                view.places,
+                ends,
+            ):
+                raise ChangedInPlace("a conversation's view differs from its items read again")
         result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
         # what the clamp changed: of the system texts, and of the items after those kept
         new_at = ends[kept - 1] if kept else head
         messages = known.written[:kept] + self._messages[kept:] if known else self._messages
         system = self._system
         out = result.request["messages"] if result.changed else view.messages
-        for i in (*range(head), *range(new_at, len(out))):
+        changes: Iterable[int] = (*range(head), *range(new_at, len(out)))
+        if known is not None:
+            # the same system texts, clamped the same (the very view messages resumed): the
+            # system as written then, the same object every turn (its serial kept by it)
+            changes = range(new_at, len(out))
+            if known.system is not None:
+                system = known.system
+        for i in changes:
             place = view.places[i]
             if out[i] is not view.messages[i] and place is not None:
                 messages, system = _written(place, out[i].get("content"), messages, system)
@@ -179,6 +198,7 @@ class MessagesRequest(InProcessRequest):
                 messages,
                 real[0],
                 (caps, tools),
+                system if system is not self._system else None,
             )
         return segments
 
@@ -270,7 +290,11 @@ class MessagesRequest(InProcessRequest):
         tools = self._body.raw_field("tools")
         head = [Block("tools", tools, tools)] if tools is not None else []
         if self._system is not None:
-            head.append(Block("system", self._system, self.system))
+            # with its bytes as sent: found by them (`ClientPrefix`), not serialised again
+            # (OpenClaw's 26 KB of text blocks, and their cache markers taken out, each turn)
+            sent = self._body.raw_field("system")
+            sent = sent if isinstance(sent, bytes) else None
+            head.append(Block("system", self._system, self.system, sent))
         return head + self._paired(self._messages, self.messages)
 
     def place_memory(self, index: int, text: str) -> None:
@@ -338,6 +362,8 @@ class _Viewed:
         "written",
         "real",
         "caps",
+        "system",
+        "spent",
     )
 
     def __init__(
@@ -351,6 +377,7 @@ class _Viewed:
         written: list[Any],
         real: Placed | None,
         caps: tuple[Caps, ToolNames],
+        system: Any = None,
     ) -> None:
         self.system_raw = system_raw
         """The `system` field as sent: the view's first messages are made of it."""
@@ -370,6 +397,21 @@ class _Viewed:
         self.caps = caps
         """The caps and tool names `written` and `real` were clamped with: under others (the
         config reloaded) the old items are clamped again."""
+        self.system = system
+        """`system` as the clamp's changes left it (whether or not applied); None when they
+        left it as sent."""
+        self.spent = False
+        """Its lists were taken by the next request's view (`take`): that request's clamp
+        is the only reader of a conversation's view, so nothing reads them here again."""
+
+    def take(self, kept: int, end: int) -> tuple[list[Any], list[Any], list[int]]:
+        """The view messages, places and item ends of the first `kept` items (`end` view
+        messages): its own lists, cut in place and the caller's to extend (a long
+        conversation's three lists were copied every request); it is then spent, and a
+        second request extending the same conversation reads its items from the first."""
+        self.spent = True
+        del self.messages[end:], self.places[end:], self.ends[kept:]
+        return self.messages, self.places, self.ends
 
 
 class AnthropicMessages:

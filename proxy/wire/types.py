@@ -28,6 +28,7 @@ from ctxbudget.caps import (
     ToolNames,
 )
 from ctxbudget.caps._kept import ChangedInPlace, footprint
+from ctxbudget.caps.resume import decisions
 from ctxbudget.memory.inject import Placement
 from ctxbudget.memory.query import UserTurn
 from ctxbudget.proxy.cache.blocks import Block
@@ -102,7 +103,8 @@ class WireRequest(Protocol):
 
     def blocks(self) -> list[Block]:
         """The body's cached prefix in the provider's order (tools, system, each message or
-        item), each block as the client sent it and as it would be forwarded now."""
+        item), each block as the client sent it and as it would be forwarded now. The same
+        list to every caller while the body is unchanged: never changed in place."""
         ...
 
     def states(self) -> tuple[Conversation | None, Conversation | None]:
@@ -169,7 +171,7 @@ class InProcessRequest:
         prefix = None
         if found is not None and found[0].client is not None and head >= 0:
             (known, known_head), kept = found[0].client, found[1]
-            if known_head == head and head + kept <= len(known.blocks):
+            if known_head == head and head + kept <= len(known.blocks) and not known.spent:
                 prefix = ClientPrefix(blocks, owner, reuse=(known, head, head + kept))
                 if RESENT.check and prefix.digests != ClientPrefix(blocks, owner).digests:
                     raise ChangedInPlace("a conversation's client blocks differ from last time")
@@ -182,14 +184,16 @@ class InProcessRequest:
 
     def _blocks_of(self, sources: tuple[Any, ...], make: Callable[[], list[Block]]) -> list[Block]:
         """`make()`, made again only when one of `sources` (what the blocks show) is another
-        object since the last call: a request asks for its blocks up to three times (the
-        session's key, before recall, after it), and nothing changes a list in place."""
+        object since the last call: a request asks for its blocks up to five times (the
+        client prefix, before recall, the session, the mirror, pruning), and nothing changes a
+        list in place: each caller gets the same list (copied, a long conversation's ~600
+        blocks were copied five times a request)."""
         known: tuple[tuple[Any, ...], list[Block]] | None = self.__dict__.get("_known_blocks")
         if known is not None and all(a is b for a, b in zip(known[0], sources, strict=True)):
-            return list(known[1])
+            return known[1]
         blocks = make()
         self._known_blocks = (sources, blocks)
-        return list(blocks)
+        return blocks
 
     def _paired(self, client: list[Any], forwarded: list[Any]) -> list[Block]:
         """`paired` of the body's growing list: the blocks of the items the conversation's
@@ -294,6 +298,12 @@ def resumed(
                 result.changed,
             ):
                 raise ChangedInPlace("a conversation's clamp resumed to another result")
+            if (
+                whole.state is not None
+                and result.state is not None
+                and decisions(whole.state) != decisions(result.state)
+            ):
+                raise ChangedInPlace("a conversation's clamp state resumed to other decisions")
     conversation = body.conversation
     if conversation is not None and result.state is not None and body.conversations is not None:
         conversation.clamp = result.state

@@ -141,6 +141,12 @@ class PruneStage:
                 # cold by this worker's clock: another worker or instance may have served the
                 # session since; the report's database says when it last saw it
                 last = await self._call(self._ledger.last_seen, owner, session)
+                if decided:
+                    # a prune is a request of the session too, its decisions written before
+                    # it went upstream: the report's writer may not have written it yet
+                    # (another worker just pruned after the gap: warm again since)
+                    at = await self._call(self._ledger.pruned_at, owner, conversation)
+                    last = at if last is None or (at is not None and at > last) else last
                 warm = last is not None and now - last <= ttl
                 if last is None and timing is None:
                     fresh = []  # never seen anywhere: its first request, nothing cached

@@ -61,3 +61,31 @@ def test_a_request_after_a_prune_looks_only_at_its_new_turn(
     assert counted.calls.get("applied", 0) <= 4, counted.calls
     assert counted.calls.get("_key", 0) <= 4, counted.calls
     assert counted.calls.get("result", 0) <= 4, counted.calls
+
+
+def test_a_new_turn_naming_a_decided_call_is_pruned_as_the_whole_pass_prunes(
+    tmp_path: Path,
+) -> None:
+    """A new turn whose result has a decided call id and the very text the decision was taken
+    for (a client numbering its calls `call_0`, … again) gets the decision, as a pass over the
+    whole list gives it: the carried pass works such a request whole."""
+    clock = Clock()
+    with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
+        for turns in (5, 6, 7):
+            clock.wait(600 if turns == 6 else 10)
+            _send(client, fake, PATHS["chat"], _chat(turns))
+        again = _chat(8)
+        repeated = [m for m in again["messages"] if m.get("tool_call_id") == "call_0"][0]
+        again["messages"] += [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_0", "type": "function",
+                 "function": {"name": "exec", "arguments": '{"cmd": "pytest"}'}}]},
+            dict(repeated),
+            {"role": "assistant", "content": "done"},
+        ]  # fmt: skip
+        clock.wait(10)
+        _send(client, fake, PATHS["chat"], again)
+        sent = orjson.loads(fake.last.body)
+    results = [m["content"] for m in sent["messages"] if m.get("tool_call_id") == "call_0"]
+    assert len(results) == 2 and results[0] == results[1]
+    assert "tool result pruned" in results[1]

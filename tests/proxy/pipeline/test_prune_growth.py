@@ -46,12 +46,12 @@ def test_a_request_after_a_prune_looks_only_at_its_new_turn(
     tmp_path: Path, wire: str, counted: Counted
 ) -> None:
     """A cold gap at turn 6 prunes the first results; the conversation then grows warm to turn
-    40: its last request sends the pruned results as decided, and what the prune's second pass
+    24: its last request sends the pruned results as decided, and what the prune's second pass
     looks at (the results it views, the messages it applies decisions to, the prunable results
-    it looks up) is the new turn's few, not the 80 messages of the history."""
+    it looks up) is the new turn's few, not the 48 messages of the history."""
     clock = Clock()
     with proxy_app(tmp_path, _config(tmp_path), clock=clock) as (client, fake):
-        for turns in range(1, 41):
+        for turns in range(1, 25):
             clock.wait(600 if turns == 6 else 10)
             counted.calls.clear()
             _send(client, fake, PATHS[wire], BUILD[wire](turns))

@@ -219,6 +219,9 @@ class Applied:
     """The `pruned` segments, in the list's order."""
     at: tuple[int, ...]
     """Each segment's item (its `message_index`)."""
+    changed_from: int
+    """The first item `out` holds another object for (`len(items)` when none: `out` is
+    `items`)."""
 
 
 def applied_key(caps: Caps) -> Hashable:
@@ -239,11 +242,12 @@ def applied(
         out,
         tuple(segments),
         tuple(s.message_index for s in segments),
+        len(items) if out is items else _same(out, items),
     )
 
 
 def carry(
-    items: Sequence[Any],
+    items: list[Any],
     caps: Caps,
     last: Applied | None,
     ids: Callable[[Any], Iterable[str]],
@@ -251,7 +255,8 @@ def carry(
     """The list and segments applying `caps.pruned` to `items` gives, carried from `last`
     (the pass over the conversation's last request) for the items `items` repeats; None when
     it cannot be (other decisions or policy, nothing repeated, a call or result of a decided
-    call id among the items added or dropped since: then it is worked whole). `ids(item)`:
+    call id among the items added or dropped since: then it is worked whole); `items`
+    itself when the pass changes none of them, as the whole pass gives it. `ids(item)`:
     the call ids of an item's calls and results (the format's own).
 
     What a decision does to a result depends on the result and its call id's tool name
@@ -269,6 +274,8 @@ def carry(
         if not decided.isdisjoint(ids(item)):
             return None
     kept = bisect_left(last.at, k)
+    if last.changed_from >= k:  # nothing it repeats was changed: the list goes as it came
+        return items, last.segments[:kept]
     return [*last.out[:k], *items[k:]], last.segments[:kept]
 
 

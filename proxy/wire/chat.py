@@ -125,7 +125,7 @@ class ChatCompletionsRequest(InProcessRequest):
             )
 
         out, segments = second_pass(self._body, "messages", messages, caps, whole, chat_ids)
-        if apply and out != messages:
+        if apply and out is not messages:
             self.messages = out
         return segments
 

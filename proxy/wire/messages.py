@@ -221,7 +221,7 @@ class MessagesRequest(InProcessRequest):
             return out, segments
 
         out, segments = second_pass(self._body, "messages", messages, caps, whole, messages_ids)
-        if apply:
+        if apply and out is not messages:
             self.messages = out
         return segments
 

@@ -48,7 +48,7 @@ def second_pass(
         out, segments = carried[0], list(carried[1])
         if RESENT.check:  # what was carried must be what the whole pass gives
             again = whole()
-            if again[0] != out or again[1] != segments:
+            if again[0] != out or (again[0] is items) != (out is items) or again[1] != segments:
                 raise ChangedInPlace("a conversation's prune carried to another result")
     conversation = body.conversation
     if conversation is not None:

@@ -211,9 +211,9 @@ class Applied:
     """The decisions and the policy applied (`applied_key`)."""
     decided: frozenset[str]
     """The call ids the decisions were taken for."""
-    items: Sequence[Any]
+    items: list[Any]
     """The list as it came to the pass."""
-    out: Sequence[Any]
+    out: list[Any]
     """The list as the pass left it (`items` itself when nothing changed)."""
     segments: tuple[Segment, ...]
     """The `pruned` segments, in the list's order."""
@@ -231,9 +231,7 @@ def applied_key(caps: Caps) -> Hashable:
     return (frozenset(caps.pruned), caps.pruned_now, caps.prune)
 
 
-def applied(
-    caps: Caps, items: Sequence[Any], out: Sequence[Any], segments: Sequence[Segment]
-) -> Applied:
+def applied(caps: Caps, items: list[Any], out: list[Any], segments: Sequence[Segment]) -> Applied:
     """`Applied` for the pass of `caps` over `items` that gave `out` and `segments`."""
     return Applied(
         applied_key(caps),
@@ -251,12 +249,12 @@ def carry(
     caps: Caps,
     last: Applied | None,
     ids: Callable[[Any], Iterable[str]],
-) -> tuple[list[Any], tuple[Segment, ...]] | None:
-    """The list and segments applying `caps.pruned` to `items` gives, carried from `last`
+) -> Applied | None:
+    """What applying `caps.pruned` to `items` gives (`out`, `segments`), carried from `last`
     (the pass over the conversation's last request) for the items `items` repeats; None when
     it cannot be (other decisions or policy, nothing repeated, a call or result of a decided
-    call id among the items added or dropped since: then it is worked whole); `items`
-    itself when the pass changes none of them, as the whole pass gives it. `ids(item)`:
+    call id among the items added or dropped since: then it is worked whole). Its `out` is
+    `items` itself when the pass changes none of them, as the whole pass gives it. `ids(item)`:
     the call ids of an item's calls and results (the format's own).
 
     What a decision does to a result depends on the result and its call id's tool name
@@ -275,8 +273,12 @@ def carry(
             return None
     kept = bisect_left(last.at, k)
     if last.changed_from >= k:  # nothing it repeats was changed: the list goes as it came
-        return items, last.segments[:kept]
-    return [*last.out[:k], *items[k:]], last.segments[:kept]
+        out, changed_from = items, len(items)
+    else:
+        out, changed_from = [*last.out[:k], *items[k:]], last.changed_from
+    return Applied(
+        last.key, decided, items, out, last.segments[:kept], last.at[:kept], changed_from
+    )
 
 
 def _same(new: Sequence[Any], old: Sequence[Any]) -> int:

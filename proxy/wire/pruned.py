@@ -44,19 +44,21 @@ def second_pass(
     )
     if carried is None:
         out, segments = whole()
+        made = caps_prune.applied(caps, items, out, segments)
     else:
-        out, segments = carried[0], list(carried[1])
+        made = carried
+        out, segments = carried.out, list(carried.segments)
         if RESENT.check:  # what was carried must be what the whole pass gives
             again = whole()
             if again[0] != out or (again[0] is items) != (out is items) or again[1] != segments:
                 raise ChangedInPlace("a conversation's prune carried to another result")
     conversation = body.conversation
     if conversation is not None:
-        conversation.pruned = caps_prune.applied(caps, items, out, segments)
+        conversation.pruned = made
         if body.conversations is not None:
-            made = 0 if carried is not None else sum(len(s.clamped or "") for s in segments)
+            new = 0 if carried is not None else sum(len(s.clamped or "") for s in segments)
             body.conversations.grew(
-                body.owner, conversation, APPLIED_BYTES_AN_ITEM * len(out) + 2 * made
+                body.owner, conversation, APPLIED_BYTES_AN_ITEM * len(out) + 2 * new
             )
     return out, segments
 

@@ -15,8 +15,14 @@ A function whose cost grows from the first window to the second is one that stil
 whole history each turn (issue 34: turn 300 within 1.3× of turn 30). The wrapping costs ~1 µs
 a call; `bench/stages.py --grow` measures without it.
 
+With `--prune`, pruning is on (`contextPruning`, `cache-ttl`, results of 1,000 chars and
+more prunable) on a simulated clock: a request every 10 s, and before turn `--prune-at` (15)
+an idle gap past the cache's lifetime, so the results older than the last three assistant
+turns are pruned then, and every later request (both windows) applies those decisions again.
+
     .venv/bin/python bench/growth.py chat        # ~40 s
     .venv/bin/python bench/growth.py messages
+    .venv/bin/python bench/growth.py messages --prune
 """
 
 from __future__ import annotations
@@ -37,6 +43,19 @@ sys.path.insert(0, str(ROOT))
 import bench.stages as stages  # noqa: E402
 
 WINDOWS = ((20, 40), (285, 305))
+PRUNING = {"mode": "cache-ttl", "ttl": "5m", "minPrunableToolChars": 1000}
+"""`--prune`'s `contextPruning`: most of the conversation's 1–4 KB results are prunable."""
+STEP_SECONDS, GAP_SECONDS = 10.0, 600.0
+
+
+class Clock:
+    """The app's simulated clock: `STEP_SECONDS` a request, `GAP_SECONDS` once."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Collections:
@@ -57,9 +76,14 @@ class Collections:
             self.runs[info["generation"]] += 1
 
 
-async def grow(fmt: str, turns: int) -> None:
+async def grow(fmt: str, turns: int, prune_at: int | None = None) -> None:
     ours_up, floor_up = stages.FakeUpstream(), stages.FakeUpstream()
-    app, _ = stages.bench_app(ours_up)
+    clock = Clock()
+    if prune_at is None:
+        app, _ = stages.bench_app(ours_up)
+    else:
+        app, _ = stages.bench_app(ours_up, pruning=PRUNING, clock=clock)
+    pruned: list[int] = []
     floor = stages.floor_app(floor_up)
     spent: dict[str, int] = {}
     stages.time_functions(spent)
@@ -83,13 +107,14 @@ async def grow(fmt: str, turns: int) -> None:
             for turn, body in enumerate(build(turns), 1):
                 window = next((w for w in WINDOWS if w[0] <= turn <= w[1]), None)
                 reply = stages.sized_reply(route, len(body))
+                clock.now += GAP_SECONDS if turn == prune_at else STEP_SECONDS
                 if window is not None and turn == window[0]:
                     seen = {"ours": [], "floor": [], "writer": [], "gc": []}
                     spent.update(dict.fromkeys(spent, 0))
                     collections.runs = [0, 0, 0]
                 writer, collected = stages.writer_cpu(), collections.spent
                 start = time.process_time()
-                await stages.post_one(ours, ours_up, route, body, reply)
+                await stages.post_one(ours, ours_up, route, body, reply, pruned)
                 stages.flush(app)
                 middle = time.process_time()
                 gc_ns = collections.spent - collected
@@ -102,6 +127,8 @@ async def grow(fmt: str, turns: int) -> None:
                 seen["writer"].append(stages.writer_cpu() - writer)
                 seen["gc"].append(gc_ns / 1e9)
                 if turn == window[1]:
+                    if prune_at is not None:
+                        print(f"results pruned in the request of turn {window[1]}: {pruned[-1]}")
                     show(window, len(body), seen, spent)
                     print(
                         f"  collections (young, middle, full): {collections.runs}; objects the "
@@ -127,8 +154,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("format", choices=sorted(stages.BUILDERS))
     parser.add_argument("--turns", type=int, default=310)
+    parser.add_argument("--prune", action="store_true", help="pruning on, a prune early")
+    parser.add_argument("--prune-at", type=int, default=15, help="the turn after the idle gap")
     args = parser.parse_args()
-    asyncio.run(grow(args.format, args.turns))
+    asyncio.run(grow(args.format, args.turns, args.prune_at if args.prune else None))
 
 
 if __name__ == "__main__":

@@ -100,21 +100,31 @@ def capture(small: bool = False) -> tuple[str, bytes]:
     return name, json.dumps(body, ensure_ascii=False).encode()
 
 
-def bench_app(upstream: FakeUpstream, *, holdout: float = 0.0) -> tuple[Any, Path]:
-    """The real app on `upstream`, budget on, its stores in a new temporary folder (returned):
-    never ~/.ctxbudget."""
+def bench_app(
+    upstream: FakeUpstream,
+    *,
+    holdout: float = 0.0,
+    pruning: dict[str, Any] | None = None,
+    clock: Any = time.time,
+) -> tuple[Any, Path]:
+    """The real app on `upstream`, budget on (`pruning`: its `contextPruning`; `clock`: the
+    app's, a simulated one to drive the cache's lifetime), its stores in a new temporary
+    folder (returned): never ~/.ctxbudget."""
     tmp = Path(tempfile.mkdtemp(prefix="ctxbudget-bench-"))
     budget: dict[str, Any] = {"enabled": True}
     if holdout:
         budget["holdout"] = holdout
+    defaults: dict[str, Any] = {"contextBudget": budget}
+    if pruning is not None:
+        defaults["contextPruning"] = pruning
     config = {
-        "agents": {"defaults": {"contextBudget": budget}},
+        "agents": {"defaults": defaults},
         "memory": {"store": {"path": str(tmp / "memory.db")}},
         "report": {"path": str(tmp / "report.db")},
     }
     (tmp / "ctxbudget.json").write_text(json.dumps(config))
     source = ConfigSource(tmp / "ctxbudget.json", {}, {})
-    return create_app(source, upstream=upstream, env={}, run="bench"), tmp
+    return create_app(source, upstream=upstream, env={}, run="bench", clock=clock), tmp
 
 
 def floor_app(upstream: FakeUpstream) -> Starlette:
@@ -188,6 +198,13 @@ STAGE_FUNCTIONS = (
     ("ctxbudget.proxy.cache.prefix", "ClientPrefix.__init__"),
     ("ctxbudget.proxy.cache.sessions", "session_key"),
     ("ctxbudget.proxy.pipeline.prune", "PruneStage.run"),
+    ("ctxbudget.proxy.pipeline.work", "Here.prune"),
+    ("ctxbudget.caps.clamp", "prune_request"),
+    ("ctxbudget.proxy.wire.messages", "MessagesRequest._clamp_changed"),
+    ("ctxbudget.proxy.wire.pruned", "second_pass"),
+    ("ctxbudget.caps.prune", "carry"),
+    ("ctxbudget.caps.prune", "applied"),
+    ("ctxbudget.proxy.pipeline.prune", "_undecided"),
     ("ctxbudget.proxy.pipeline.stages", "Pipeline._recall"),
     ("ctxbudget.proxy.cache.sessions", "SessionTracker.placed_memory"),
     ("ctxbudget.proxy.pipeline.recall", "RecallStage.inject"),
@@ -307,12 +324,17 @@ async def post_one(
     route: str,
     body: bytes,
     reply: dict[str, Any] | None = None,
+    pruned: list[int] | None = None,
 ) -> None:
-    """One request answered whole by the canned upstream (`reply`, else `REPLIES`)."""
+    """One request answered whole by the canned upstream (`reply`, else `REPLIES`);
+    `pruned`: where the number of pruned results it forwarded is appended."""
     upstream.answer_json(reply or REPLIES[route])
     r = await client.post(route, content=body, headers=HEADERS[route])
     if r.status_code != 200:
         raise SystemExit(f"{r.status_code}: {r.text[:300]}")
+    if pruned is not None:
+        sent = bytes(upstream.sent[-1].body or b"")
+        pruned.append(sent.count(b"tool result pruned") + sent.count(b"content cleared]"))
     # the canned upstream keeps what it was sent: a new 186 KB body a request grew
     # ctxbudget's heap (the floor sends the client's own bytes), and every request
     # paid ~45 page faults (~0.15 ms here) that no real upstream costs

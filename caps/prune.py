@@ -47,13 +47,16 @@ the same call id is left alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count, islice
+from operator import is_not
 from typing import TYPE_CHECKING, Any
 
 from ctxbudget.caps._text import utf16_head, utf16_len, utf16_tail
 from ctxbudget.caps.toolresults import tool_calls
-from ctxbudget.caps.types import Action, Message, PrunePolicy, Segment
+from ctxbudget.caps.types import Action, Caps, Message, PrunePolicy, Segment
 
 if TYPE_CHECKING:
     from ctxbudget.caps.memo import Memo
@@ -194,6 +197,95 @@ def apply(
         out = out if out is not None else list(messages)
         out[index] = {**message, "content": new}
     return (out if out is not None else messages), segments
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying one request's decisions did to its list (`apply`, through the caller's
+    view of it), carried to the next request of the conversation: a decision once applied
+    gives the same bytes every turn after, so the items that request repeats (the very
+    objects) come out as they did, and only its new ones are looked at (`carry`). Never
+    changed once made: the lists are the request's own, shared and never written to."""
+
+    key: Hashable
+    """The decisions and the policy applied (`applied_key`)."""
+    decided: frozenset[str]
+    """The call ids the decisions were taken for."""
+    items: list[Any]
+    """The list as it came to the pass."""
+    out: list[Any]
+    """The list as the pass left it (`items` itself when nothing changed)."""
+    segments: tuple[Segment, ...]
+    """The `pruned` segments, in the list's order."""
+    at: tuple[int, ...]
+    """Each segment's item (its `message_index`)."""
+    changed_from: int
+    """The first item `out` holds another object for (`len(items)` when none: `out` is
+    `items`)."""
+
+
+def applied_key(caps: Caps) -> Hashable:
+    """What the outcome of applying `caps.pruned` depends on besides the items: the decisions
+    (in any order), the ones taken now (their note) and the policy (a decision without its
+    text is the policy's)."""
+    return (frozenset(caps.pruned), caps.pruned_now, caps.prune)
+
+
+def applied(caps: Caps, items: list[Any], out: list[Any], segments: Sequence[Segment]) -> Applied:
+    """`Applied` for the pass of `caps` over `items` that gave `out` and `segments`."""
+    return Applied(
+        applied_key(caps),
+        frozenset(call_id for call_id, _, _ in caps.pruned),
+        items,
+        out,
+        tuple(segments),
+        tuple(s.message_index for s in segments),
+        len(items) if out is items else _same(out, items),
+    )
+
+
+def carry(
+    items: list[Any],
+    caps: Caps,
+    last: Applied | None,
+    ids: Callable[[Any], Iterable[str]],
+) -> Applied | None:
+    """What applying `caps.pruned` to `items` gives (`out`, `segments`), carried from `last`
+    (the pass over the conversation's last request) for the items `items` repeats; None when
+    it cannot be (other decisions or policy, nothing repeated, a call or result of a decided
+    call id among the items added or dropped since: then it is worked whole). Its `out` is
+    `items` itself when the pass changes none of them, as the whole pass gives it. `ids(item)`:
+    the call ids of an item's calls and results (the format's own).
+
+    What a decision does to a result depends on the result and its call id's tool name
+    (the calls of the whole list): the items repeated are the same objects, and a new or a
+    dropped item that names none of the decided call ids changes no name they read and has
+    nothing to apply: it goes as it came. Only the new items are looked at, and the first
+    ones found the same by a C scan (no Python per item)."""
+    if last is None or last.key != applied_key(caps):
+        return None
+    k = _same(items, last.items)
+    if k == 0:
+        return None
+    decided = last.decided
+    for item in (*items[k:], *last.items[k:]):
+        if not decided.isdisjoint(ids(item)):
+            return None
+    kept = bisect_left(last.at, k)
+    if last.changed_from >= k:  # nothing it repeats was changed: the list goes as it came
+        out, changed_from = items, len(items)
+    else:
+        out, changed_from = [*last.out[:k], *items[k:]], last.changed_from
+    return Applied(
+        last.key, decided, items, out, last.segments[:kept], last.at[:kept], changed_from
+    )
+
+
+def _same(new: Sequence[Any], old: Sequence[Any]) -> int:
+    """How many first items of `new` are the very objects of `old` (a C scan, ~20 ns an
+    item)."""
+    limit = min(len(new), len(old))
+    return next(compress(count(), islice(map(is_not, new, old), limit)), limit)
 
 
 def segment(

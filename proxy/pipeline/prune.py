@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -40,6 +41,7 @@ from ctxbudget.proxy.pipeline.work import Work
 from ctxbudget.proxy.report.billing import write_price
 from ctxbudget.proxy.report.ledger import Decisions, PruneLedger
 from ctxbudget.proxy.report.prices import Prices, prices
+from ctxbudget.proxy.wire.conversations import same_prefix
 from ctxbudget.proxy.wire.types import WireRequest
 
 log = logging.getLogger("ctxbudget.prune")
@@ -134,13 +136,17 @@ class PruneStage:
             if decided is None:
                 decided = await self._read(owner, conversation)
             # none decided yet (a conversation never pruned): every one is fresh, unread
-            fresh: Sequence[Segment] = (
-                [s for s in prunable if _key(s) not in decided] if decided else prunable
-            )
+            fresh: Sequence[Segment] = _undecided(work, prunable, decided) if decided else prunable
             if fresh and not warm:
                 # cold by this worker's clock: another worker or instance may have served the
                 # session since; the report's database says when it last saw it
                 last = await self._call(self._ledger.last_seen, owner, session)
+                if decided:
+                    # a prune is a request of the session too, its decisions written before
+                    # it went upstream: the report's writer may not have written it yet
+                    # (another worker just pruned after the gap: warm again since)
+                    at = await self._call(self._ledger.pruned_at, owner, conversation)
+                    last = at if last is None or (at is not None and at > last) else last
                 warm = last is not None and now - last <= ttl
                 if last is None and timing is None:
                     fresh = []  # never seen anywhere: its first request, nothing cached
@@ -330,6 +336,41 @@ class PruneStage:
         with mirror.lock:
             banked = mirror.direct_usd - mirror.billed_usd
         return horizon * saved * found.cache_read > rewrite and banked >= rewrite
+
+
+@dataclass(frozen=True, slots=True)
+class _Undecided:
+    """The prunable results of a request that no decision was taken for, carried to the next
+    request of its conversation (`Conversation.undecided`): never changed once made."""
+
+    decided: Decisions
+    prunable: Sequence[Segment]
+    fresh: list[Segment]
+    at: list[int]
+    """Each of `fresh`'s place in `prunable`."""
+
+
+def _undecided(work: Work, prunable: Sequence[Segment], decided: Decisions) -> list[Segment]:
+    """The results of `prunable` without a decision in `decided`. A pruned conversation's
+    prunable results grow with it, and the clamp hands the same segments again for the
+    results a request repeats: with the same decisions as its last request, only the new
+    ones are looked up (the first ones found the same by a C scan)."""
+    last, own = work.body.states()
+    known = last.undecided if last is not None else None
+    start, fresh, at = 0, [], []
+    if isinstance(known, _Undecided) and (known.decided is decided or known.decided == decided):
+        start = same_prefix(prunable, known.prunable, len(prunable))
+        kept = bisect_left(known.at, start)
+        fresh, at = known.fresh[:kept], known.at[:kept]
+    for i in range(start, len(prunable)):
+        if _key(prunable[i]) not in decided:
+            fresh.append(prunable[i])
+            at.append(i)
+    if RESENT.check and start and fresh != [s for s in prunable if _key(s) not in decided]:
+        raise ChangedInPlace("a conversation's undecided prunable results were carried wrong")
+    if own is not None:
+        own.undecided = _Undecided(decided, prunable, fresh, at)
+    return fresh
 
 
 def _plan(

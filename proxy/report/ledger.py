@@ -231,6 +231,17 @@ class PruneLedger:
             rows = self._db.fetchall(sql, args)
         return float(rows[0][0]) if rows else None
 
+    def pruned_at(self, owner: str, conversation: str) -> float | None:
+        """When the conversation's newest decision was taken, by any worker or instance:
+        a request of its session then, written at once where the report's writer lags
+        (from a thread when `waits`); None when it has none."""
+        sql = "SELECT max(at) FROM pruned WHERE owner = ? AND conversation = ?"
+        args = (owner, stored(conversation))
+        rows = peek(self._reader, sql, args) if self._reader else None
+        if rows is None:
+            rows = self._db.fetchall(sql, args)
+        return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
     def add(
         self, owner: str, conversation: str, decided: Mapping[tuple[str, str], str], *, at: float
     ) -> Decisions:

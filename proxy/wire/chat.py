@@ -24,6 +24,7 @@ from ctxbudget.proxy.errors import CtxBudgetError
 from ctxbudget.proxy.upstream.http import Body, forward_request_headers
 from ctxbudget.proxy.wire.body import ChatBody, check_text_part, parse_chat_body
 from ctxbudget.proxy.wire.conversations import Conversations
+from ctxbudget.proxy.wire.pruned import chat_ids, second_pass
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -96,6 +97,8 @@ class ChatCompletionsRequest(InProcessRequest):
         )
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        if caps.pruned:  # the second pass: pruning's decisions applied
+            return self._prune(clamp, caps, tools, apply=apply)
         if self.messages is self._body.messages:  # as parsed: the conversation's to resume
             found = self._body.extended("messages")
             state = found[0].clamp if found is not None else None
@@ -105,11 +108,26 @@ class ChatCompletionsRequest(InProcessRequest):
                 self.messages = result.request["messages"]
                 self._clamped_by(result.state, self.messages)
             return list(result.segments)
-        # a second pass (pruning): its own
+        # a second pass over what the first changed: its own
         result = clamp({"messages": self.messages}, caps, tools=tools)
         if apply and result.changed:
             self.messages = result.request["messages"]
         return list(result.segments)
+
+    def _prune(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        """Pruning's pass, carried from the conversation's last request (`second_pass`)."""
+        messages = self.messages
+
+        def whole() -> tuple[list[Any], list[Segment]]:
+            result = clamp({"messages": messages}, caps, tools=tools)
+            return (result.request["messages"] if result.changed else messages), list(
+                result.segments
+            )
+
+        out, segments = second_pass(self._body, "messages", messages, caps, whole, chat_ids)
+        if apply and out is not messages:
+            self.messages = out
+        return segments
 
     def inject(self, lines: Sequence[str], placement: Placement) -> None:
         self.messages = inject(self.messages, list(lines), placement)

@@ -61,6 +61,8 @@ class Conversation:
         "spliced",
         "clamped",
         "tally",
+        "pruned",
+        "undecided",
         "weights",
         "weight",
     )
@@ -122,6 +124,11 @@ class Conversation:
         self.tally: Any = None
         """The report's tally of the request's segments (`proxy/report/tally.py`): each
         one's tokens and entry, and their sums."""
+        self.pruned: Any = None
+        """What pruning's second pass did to the list (`caps.prune.Applied`): the next
+        request carries it for the items it repeats (`proxy/wire/pruned.py`)."""
+        self.undecided: Any = None
+        """The prunable results no decision was taken for (`proxy/pipeline/prune.py`)."""
         self.weights = weights
         """What the state holds for the items up to each one: its object (`footprint`) and
         `STATE_BYTES_AN_ITEM`.

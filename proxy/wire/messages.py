@@ -44,6 +44,7 @@ from ctxbudget.proxy.wire.body import (
     type_name,
 )
 from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen
+from ctxbudget.proxy.wire.pruned import messages_ids, second_pass
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -112,6 +113,8 @@ class MessagesRequest(InProcessRequest):
         return "".join(texts)
 
     def clamp(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        if caps.pruned:  # the second pass: pruning's decisions applied
+            return self._prune(clamp, caps, tools, apply=apply)
         if self.messages is not self._messages or self.system is not self._system:
             return self._clamp_changed(clamp, caps, tools, apply=apply)
         body = self._body
@@ -221,6 +224,27 @@ class MessagesRequest(InProcessRequest):
         if apply:
             for place, new in changes:
                 self.messages, self.system = _written(place, new, self.messages, self.system)
+        return segments
+
+    def _prune(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        """Pruning's pass, carried from the conversation's last request (`second_pass`): a
+        decision changes only a result's content, never the system texts."""
+        messages, system = self.messages, self.system
+
+        def whole() -> tuple[list[Any], list[Segment]]:
+            view = self._system_view()
+            self._view_items(view, 0, -1, [])
+            segments, changes = view.clamp(clamp, caps, tools)
+            out = messages
+            for place, new in changes:
+                out, kept = _written(place, new, out, system)
+                if kept is not system:
+                    raise ChangedInPlace("pruning changed a system text")
+            return out, segments
+
+        out, segments = second_pass(self._body, "messages", messages, caps, whole, messages_ids)
+        if apply and out is not messages:
+            self.messages = out
         return segments
 
     def _view_items(self, view: ChatView, start: int, first: int, ends: list[int]) -> int:

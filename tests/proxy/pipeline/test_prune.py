@@ -15,6 +15,7 @@ import pytest
 
 from ctxbudget.caps.prune import pruned_text
 from ctxbudget.caps.types import PrunePolicy
+from ctxbudget.proxy.report import ledger
 from ctxbudget.proxy.report.store import ReportStore
 from ctxbudget.proxy.upstream.http import Body
 from tests.conftest import Backend
@@ -290,6 +291,43 @@ def test_other_workers_and_a_restart_send_the_same_bytes(tmp_path: Path) -> None
     assert {i: other[i] for i in pruned} == pruned
 
 
+def test_another_worker_sees_a_prune_as_the_session_seen_with_the_report_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers on one database: a prune after an idle gap is a request of the session,
+    whatever the report's writer has written yet. The other worker, which last saw the
+    session before the gap, serves the next request warm: it takes no new prune (which would
+    bust the cache the prune just wrote, and report "pruned now" again)."""
+    clock = Clock()
+    config = _config(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with (
+        proxy_app(tmp_path / "a", config, clock=clock) as (a, fake_a),
+        proxy_app(tmp_path / "b", config, clock=clock) as (b, fake_b),
+    ):
+        for turns in (5, 6):
+            _send(b, fake_b, "/v1/chat/completions", _chat(turns))
+            clock.wait(10)
+        b.settle()
+        clock.wait(600)
+        # what each worker read of the decisions is as old as the gap (a real second)
+        monkeypatch.setattr(ledger, "FRESH_SECONDS", 0.0)
+        held: list[Any] = []  # worker a's report writer is behind: its records wait
+        monkeypatch.setattr(state_of(a).reports, "add", held.append)
+        _send(a, fake_a, "/v1/chat/completions", _chat(7))
+        pruned = {i: t for i, t in _results(fake_a).items() if _pruned(t)}
+        assert sorted(pruned) == ["call_0", "call_1", "call_2", "call_3"]
+        clock.wait(10)
+        _send(b, fake_b, "/v1/chat/completions", _chat(8))
+        later = _results(fake_b)
+        assert {i: later[i] for i in pruned} == pruned
+        assert not _pruned(later["call_4"])  # warm: prunable since, but left alone
+        monkeypatch.undo()
+        for record in held:
+            state_of(a).reports.add(record)
+
+
 def test_a_large_body_is_pruned_as_in_process(tmp_path: Path) -> None:
     out = []
     for offload in (None, shared_offload(0)):
@@ -353,7 +391,9 @@ def test_a_summary_stands_for_a_long_result_once_pruned(tmp_path: Path) -> None:
             )
             assert results[f"call_{i}"].endswith("EOFError at line 40")
         assert _pruned(results["call_3"])  # no summary asked for it yet: the placeholder
-        state_of(client).reports.flush()
+        # call_3's summary is asked once this answer is done, in the background: its record
+        # is queued only when that ends (flushing the writer alone could come before it)
+        client.settle()
         report = client.get("/context/budget").json()
     summaries = [r for r in report["recent"] if r["route"] == "summarize"]
     assert len(summaries) == 4  # call_3, prunable from the last request on, asked too

@@ -51,6 +51,7 @@ from ctxbudget.proxy.wire.body import (
 )
 from ctxbudget.proxy.wire.chat import openai_headers
 from ctxbudget.proxy.wire.conversations import Checked, Conversations, Seen
+from ctxbudget.proxy.wire.pruned import second_pass
 from ctxbudget.proxy.wire.types import (
     Asker,
     InProcessRequest,
@@ -213,6 +214,8 @@ class ResponsesRequest(InProcessRequest):
                 f"continues {self.continues}: the earlier turns are stored upstream, so only "
                 "this request's new input could be clamped"
             )
+        if caps.pruned and isinstance(self.input, list):  # pruning's decisions applied
+            return self._prune(clamp, caps, tools, apply=apply)
         if self.input is not self._input or self.instructions is not self._instructions:
             # a second pass (pruning) over what the first changed: the whole view, its own
             view, remembered = self._view_whole()
@@ -309,6 +312,26 @@ class ResponsesRequest(InProcessRequest):
                 called,
             )
         return real[1]
+
+    def _prune(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
+        """Pruning's pass, carried from the conversation's last request (`second_pass`): a
+        decision changes only a result's output, never the instructions."""
+        items, instructions = self.input, self.instructions
+
+        def whole() -> tuple[list[Any], list[Segment]]:
+            view, remembered = self._view_whole()
+            segments, changes = view.clamp(clamp, caps, tools)
+            out = items
+            for place, new in changes:
+                out, kept = _written(place, new, out, instructions)
+                if kept is not instructions:
+                    raise ChangedInPlace("pruning changed the instructions")
+            return out, _named(segments, remembered)
+
+        out, segments = second_pass(self._body, "input", items, caps, whole, _call_ids)
+        if apply and out is not items:
+            self.input = out
+        return segments
 
     def _view_head(self, items: list[Any]) -> tuple[ChatView, list[tuple[str, str, str]]]:
         """The view of `instructions`, and the calls of the results whose `function_call` is
@@ -433,6 +456,12 @@ def _as_chat(item: Any) -> dict[str, Any]:
     if text is None:
         return {"role": item.get("type")}
     return {"role": item.get("role"), "content": text}
+
+
+def _call_ids(item: Any) -> Sequence[str]:
+    """The call id a `function_call` or `function_call_output` item names."""
+    found = item.get("call_id") if isinstance(item, dict) else None
+    return (found,) if isinstance(found, str) else ()
 
 
 def _called(items: list[Any], start: int, before: frozenset[str]) -> frozenset[str]:

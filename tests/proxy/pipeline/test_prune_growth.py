@@ -18,10 +18,17 @@ from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.pipeline import prune
 from ctxbudget.proxy.wire import view
 from tests.inproc import Counted, proxy_app
-from tests.proxy.pipeline.test_prune import Clock, _chat, _config, _messages, _send
+from tests.proxy.pipeline.test_prune import (
+    Clock,
+    _chat,
+    _config,
+    _messages,
+    _responses,
+    _send,
+)
 
-PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
-BUILD = {"chat": _chat, "messages": _messages}
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+BUILD = {"chat": _chat, "messages": _messages, "responses": _responses}
 
 
 @pytest.fixture
@@ -30,7 +37,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
     # as in production: the suite's re-check of every reuse works the whole list again
     monkeypatch.setattr(RESENT, "check", False)
     found.count(prune, "_key")  # a prunable result looked up among the decisions
-    found.count(view.ChatView, "result")  # a tool result put in the view of a Messages request
+    found.count(view.ChatView, "result")  # a tool result put in a Messages or Responses view
     apply = caps_prune.apply
 
     def applied(messages: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -41,7 +48,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
     yield found
 
 
-@pytest.mark.parametrize("wire", ["chat", "messages"])
+@pytest.mark.parametrize("wire", ["chat", "messages", "responses"])
 def test_a_request_after_a_prune_looks_only_at_its_new_turn(
     tmp_path: Path, wire: str, counted: Counted
 ) -> None:
@@ -56,7 +63,9 @@ def test_a_request_after_a_prune_looks_only_at_its_new_turn(
             counted.calls.clear()
             _send(client, fake, PATHS[wire], BUILD[wire](turns))
         sent = orjson.loads(fake.last.body)
-    texts = [str(m["content"]) for m in sent["messages"]]
+    texts = [
+        str(m.get("content", m.get("output"))) for m in sent.get("messages", sent.get("input"))
+    ]
     assert sum("tool result pruned" in t for t in texts) == 3  # the prune of turn 6 stands
     assert counted.calls.get("applied", 0) <= 4, counted.calls
     assert counted.calls.get("_key", 0) <= 4, counted.calls

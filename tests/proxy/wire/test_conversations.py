@@ -57,8 +57,9 @@ def test_a_grown_conversation_forwards_the_same_bytes_with_its_state_as_without(
     tmp_path: Path, wire: str
 ) -> None:
     """One app, which keeps the conversation's state, against a fresh app for each request,
-    which keeps nothing: every body forwarded and every report segment is the same."""
-    bodies = BUILDERS[wire][1](36)
+    which keeps nothing: every body forwarded and every report segment is the same (24 turns:
+    the user asks twice, and the Messages marker moves each request)."""
+    bodies = BUILDERS[wire][1](24)
     kept_bodies, kept_segments = [], []
     (tmp_path / "kept").mkdir()
     with proxy_app(tmp_path / "kept", _config(tmp_path / "kept")) as (client, fake):

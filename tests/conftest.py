@@ -25,6 +25,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -62,6 +63,37 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+IDLE_CORES_FOR_WORKERS = 1.75
+"""Cores idle (the affinity's, less the load average) from which the fast layer runs on two
+pytest-xdist workers: each worker collects and imports again (~4 s of CPU), which pays only
+when the two run at once."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The fast layer as a whole (`pytest -m "not e2e and not browser"`, no paths) asks
+    pytest-xdist, when installed, how many workers to run (`-n auto`): two when two cores are
+    idle, else none. A run given paths, `-n`, or the e2e layer (servers, ports, processes of
+    its own) runs as it is told."""
+    if (
+        config.pluginmanager.hasplugin("xdist")
+        and not hasattr(config, "workerinput")  # a worker: its controller decided
+        and config.getoption("numprocesses", None) is None
+        and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and "not e2e" in (config.getoption("markexpr") or "")
+        and not config.getoption("collectonly")
+    ):
+        config.option.numprocesses = "auto"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers when two cores are idle, else none (one busy core shared by
+    two workers is slower than one process: each collects and imports again)."""
+    idle = len(os.sched_getaffinity(0)) - os.getloadavg()[0]
+    return 2 if idle >= IDLE_CORES_FOR_WORKERS else 0
+
+
 _LITELLM_FIRST: list[str] = []
 """The test after which litellm was first found imported."""
 
@@ -71,21 +103,40 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str])
         _LITELLM_FIRST.append(nodeid)
 
 
+_LITELLM_FAILED: list[str] = []
+"""What the check of each xdist worker found (`pytest_testnodedown`), for its controller."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker sends its output
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The in-process layer never imports litellm: it costs a run ~5 s of CPU (on a thread
     the rest of the run shares the GIL with, when an app with a route preloads it) and
     ~165 MB. Routes through litellm are the e2e layer's; a run with no e2e test fails here,
-    naming the test that imported it."""
-    if not _LITELLM_FIRST or any(item.get_closest_marker("e2e") for item in session.items):
+    naming the test that imported it (an xdist worker hands what it found to its
+    controller, which fails the run)."""
+    found = list(_LITELLM_FAILED)
+    if _LITELLM_FIRST and not any(item.get_closest_marker("e2e") for item in session.items):
+        found.append(
+            f"litellm was imported by the in-process layer, first by {_LITELLM_FIRST[0]} "
+            "(~5 s, ~165 MB): leave routes through it to tests/e2e/"
+        )
+    if not found:
+        return
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["litellm"] = found
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(
-            f"litellm was imported by the in-process layer, first by {_LITELLM_FIRST[0]} "
-            "(~5 s, ~165 MB): leave routes through it to tests/e2e/",
-            red=True,
-        )
+        for line in found:
+            reporter.write_line(line, red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """An xdist worker done: what its litellm check found (`pytest_sessionfinish`)."""
+    _LITELLM_FAILED.extend(getattr(node, "workeroutput", {}).get("litellm", []))
 
 
 @pytest.fixture(scope="session", autouse=True)

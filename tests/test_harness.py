@@ -1,12 +1,17 @@
 """What the test run itself relies on to stay fast on a busy 2-core machine (issue 34): where
 its temporary files go, and that the in-process layer never imports litellm (checked at the
-end of every run: `tests/conftest.py` `pytest_sessionfinish`)."""
+end of every run: `tests/conftest.py` `pytest_sessionfinish`, on one process or on xdist's
+workers), and when the fast layer runs on two workers."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 
 def _room(root: str) -> int:
@@ -26,3 +31,41 @@ def test_temporary_files_are_in_memory_where_the_machine_has_room(tmp_path: Path
         return
     assert str(tmp_path).startswith("/dev/shm/")
     assert tempfile.gettempdir() == "/dev/shm"
+
+
+def test_the_fast_layer_takes_two_workers_only_when_two_cores_are_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each xdist worker collects and imports again (~4 s of CPU): on a busy machine two
+    # workers sharing one core are slower than one process
+    from tests import conftest
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for load, workers in ((0.1, 2), (0.9, 0), (1.5, 0), (6.0, 0)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert conftest.pytest_xdist_auto_num_workers(SimpleNamespace()) == workers, load
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert conftest.pytest_xdist_auto_num_workers(SimpleNamespace()) == 2  # never more
+
+
+def test_litellm_imported_in_an_xdist_worker_fails_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's own end of session cannot fail the run (its controller decides the exit
+    status): it hands what it found to the controller, whose end of session fails it."""
+    from tests import conftest
+
+    monkeypatch.setattr(conftest, "_LITELLM_FIRST", ["tests/x.py::test_routes_through_it"])
+    monkeypatch.setattr(conftest, "_LITELLM_FAILED", [])
+    output: dict[str, Any] = {}
+    worker = SimpleNamespace(items=[], config=SimpleNamespace(workeroutput=output), exitstatus=0)
+    conftest.pytest_sessionfinish(worker, 0)  # type: ignore[arg-type]
+    assert worker.exitstatus == 0 and "test_routes_through_it" in output["litellm"][0]
+
+    monkeypatch.setattr(conftest, "_LITELLM_FIRST", [])  # the controller runs no test
+    conftest.pytest_testnodedown(SimpleNamespace(workeroutput=output), None)
+    plugins = SimpleNamespace(get_plugin=lambda name: None)
+    controller = SimpleNamespace(items=[], config=SimpleNamespace(pluginmanager=plugins))
+    controller.exitstatus = 0
+    conftest.pytest_sessionfinish(controller, 0)  # type: ignore[arg-type]
+    assert controller.exitstatus == pytest.ExitCode.TESTS_FAILED

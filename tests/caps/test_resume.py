@@ -134,16 +134,17 @@ _COUNTS = ("changed", "text_ends", "tool_ends", "candidates", "prunable_ends")
 
 
 def test_what_the_collector_walks_of_a_clamp_state_is_its_messages() -> None:
-    """A 300-turn conversation's clamp state holds, for the garbage collector to walk, each
+    """A 120-turn conversation's clamp state holds, for the garbage collector to walk, each
     message as forwarded, its latest user turn, and the segments: the per-message counts and
     indexes are 8 bytes each in an array, not an int object in a list (five lists as long as
-    the conversation, walked by every young collection that found the newest state)."""
+    the conversation, walked by every young collection that found the newest state). What is
+    walked grows by the message, so 120 turns tell a list from an array as 300 would."""
     import gc
 
     caps, tools = _caps("query", _POLICY), ToolNames()
-    messages = _grown(300)[-1]
+    messages = json.loads(chat_bodies(120)[-1])["messages"]  # the last request alone
     state = clamp_request({"messages": messages}, caps, tools=tools).state
-    assert state is not None and len(state) == len(messages) > 600
+    assert state is not None and len(state) == len(messages) > 250
     walked = {
         name: len(gc.get_referents(value))
         for name in ClampState.__slots__

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -89,16 +90,33 @@ def test_openai_caches_1024_plus_128k_prefixes_per_key() -> None:
 # --- the stand-in, replayed ------------------------------------------------------------------
 
 
-def _blocks(kind_values: list[tuple[str, Any]], ttl_of: Any) -> list[MirrorBlock]:
+class _Blocks:
     """The blocks the stand-in bills, as the mirror takes them: a prefix digest of our own,
-    the stand-in's token count (tokens are the input, the rules are what is checked)."""
-    digest = hashlib.sha256()
-    out = []
-    for kind, value in kind_values:
-        text = canonical(kind, value)
-        digest.update(text.encode(errors="surrogatepass"))
-        out.append(MirrorBlock(digest.digest(), tokens_of(text), ttl_of(value)))
-    return out
+    the stand-in's token count (tokens are the input, the rules are what is checked).
+
+    A session's request starts with the blocks of the one before it: those equal to them
+    (compared, not written out as sorted JSON again: ~1 s of the fast layer's CPU) are the
+    last request's blocks, each with the digest of the prefix it ends."""
+
+    def __init__(self, ttl_of: Callable[[Any], str | None]) -> None:
+        self._ttl_of = ttl_of
+        self._parts: list[tuple[str, Any]] = []
+        self._blocks: list[MirrorBlock] = []
+        self._digests: list[Any] = []
+
+    def __call__(self, parts: list[tuple[str, Any]]) -> list[MirrorBlock]:
+        kept, most = 0, min(len(parts), len(self._parts))
+        while kept < most and parts[kept] == self._parts[kept]:
+            kept += 1
+        digest = self._digests[kept - 1].copy() if kept else hashlib.sha256()
+        blocks, digests = self._blocks[:kept], self._digests[:kept]
+        for kind, value in parts[kept:]:
+            text = canonical(kind, value)
+            digest.update(text.encode(errors="surrogatepass"))
+            blocks.append(MirrorBlock(digest.digest(), tokens_of(text), self._ttl_of(value)))
+            digests.append(digest.copy())
+        self._parts, self._blocks, self._digests = list(parts), blocks, digests
+        return blocks
 
 
 def _ttl(value: Any) -> str | None:
@@ -144,13 +162,14 @@ def test_the_anthropic_mirror_bills_a_recorded_session_as_the_stand_in(
         clock = SimClock()
         truth = AnthropicCache(clock)
         mirror = AnthropicMirror()
+        blocks_of = _Blocks(_ttl)
         waits = SCHEDULES[schedule].waits(session.requests)
         for i, (wait, r) in enumerate(zip(waits, session.requests, strict=True)):
             clock.advance(wait)
             data = _hour(r.json) if hour else r.json
             parts = _anthropic_blocks(data)
             billed = truth.bill(data["model"], parts)
-            got = mirror.bill(_blocks(parts, _ttl), now=clock.now(), model=data["model"])
+            got = mirror.bill(blocks_of(parts), now=clock.now(), model=data["model"])
             want = Predicted(
                 billed.input, billed.cache_read, billed.cache_write_5m, billed.cache_write_1h
             )
@@ -163,6 +182,7 @@ def test_the_openai_mirror_bills_a_recorded_session_as_the_stand_in(schedule: st
         clock = SimClock()
         truth = OpenAICache(clock)
         mirrors: dict[Any, OpenAIMirror] = {}
+        blocks_of = _Blocks(lambda _: None)
         off = total = 0
         waits = SCHEDULES[schedule].waits(session.requests)
         for i, (wait, r) in enumerate(zip(waits, session.requests, strict=True)):
@@ -179,7 +199,7 @@ def test_the_openai_mirror_bills_a_recorded_session_as_the_stand_in(schedule: st
             retention = data.get("prompt_cache_retention")
             billed = truth.bill(parts, key=key, retention=retention)
             mirror = mirrors.setdefault(key, OpenAIMirror())
-            got = mirror.bill(_blocks(parts, lambda _: None), now=clock.now(), retention=retention)
+            got = mirror.bill(blocks_of(parts), now=clock.now(), retention=retention)
             assert got.total == billed.total, (session.name, i)
             # prefixes are matched block by block: where the client changed the end of a block
             # it sent before, the provider still reads the tokens that block begins with, up

@@ -64,7 +64,9 @@ def test_turn_n_compares_maps_and_prunes_only_its_new_blocks(
 ) -> None:
     """Request N+1 is request N plus a turn: however many clamped blocks, segments and
     prunable results the history holds, the stages look at the new turn's few."""
-    bodies = BUILDERS[wire][1](68)  # a tool turn (every tenth, the user asks again)
+    # a tool turn (every tenth, the user asks again); what the stages would look at again
+    # grows by the block, so turn 38's ~23 clamped blocks and ~36 prunable results show it
+    bodies = BUILDERS[wire][1](38)
     with proxy_app(tmp_path, _config(tmp_path)) as (client, fake):
         for raw in bodies[:-1]:
             _send(client, fake, wire, raw)
@@ -74,7 +76,7 @@ def test_turn_n_compares_maps_and_prunes_only_its_new_blocks(
         record = state_of(client).reports.request(reply.headers["x-context-budget-request-id"])
     assert record is not None
     # the history is long, and most of it clamped and prunable: O(history) would show
-    assert int(reply.headers["x-context-budget-clamped"]) > 30
+    assert int(reply.headers["x-context-budget-clamped"]) > 20
     assert counted.calls["prunable"] > 20, counted.calls
     assert counted.calls.get("Moved", 0) <= 6, counted.calls
     assert counted.calls.get("real_segment", 0) <= 8, counted.calls

@@ -18,7 +18,7 @@ from ctxbudget.memory.pg import PgDatabase, migrate
 from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.report.record import RequestRecord, report_entry
 from ctxbudget.proxy.report.store import MIGRATIONS, ReportStore
-from ctxbudget.proxy.report.tally import STRIDE, tally
+from ctxbudget.proxy.report.tally import CHUNK, STRIDE, tally
 from ctxbudget.proxy.tokens import TokenCounter
 from tests.fakes import FakeUpstream, answer_in
 from tests.inproc import InProcess, cutting_config, proxy_app, state_of
@@ -149,11 +149,13 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Reads]:
 
 @pytest.mark.parametrize("wire", ["chat", "messages"])
 def test_turn_300_looks_only_at_its_new_segments(tmp_path: Path, wire: str, reads: _Reads) -> None:
-    """Request N+1 adds a tool call and its result to a conversation of ~300 messages and
-    ~150 clamped segments: its headers, token counts, report entry and totals look at the
-    new segment, not the ones request N had."""
+    """Request N+1 adds a tool call and its result to a conversation of ~140 messages and
+    ~55 segments: its headers, token counts, report entry and totals look at the new
+    segment, not the ones request N had (read again, they would be ~3 reads each: what is
+    looked at grows by the segment, so turn 66 shows it as turn 300 did, at a sixth of the
+    requests' bytes)."""
     # the last a command's output, over its cap (not a user's turn: every tenth)
-    bodies = BUILDERS[wire][1](146)
+    bodies = BUILDERS[wire][1](66)
     with proxy_app(tmp_path, _config(tmp_path, True)) as (client, fake):
         for raw in bodies[:-1]:
             _send(client, fake, wire, raw)
@@ -163,7 +165,7 @@ def test_turn_300_looks_only_at_its_new_segments(tmp_path: Path, wire: str, read
         state_of(client).reports.flush()
         looked = reads.count
         seen = _seen(client, request_id)
-    assert seen["segmentsSeen"] > 100 and seen["clamped"] > 50
+    assert seen["segmentsSeen"] > 50 and seen["clamped"] > 30
     assert looked > 0  # the new one was
     # the new segments (a result, and Messages' last newest one: its item is other bytes
     # now), each counted, described and summed; and at most a checkpoint's stride of old
@@ -181,8 +183,9 @@ def _rows(path: Path, sql: str, *args: object) -> list[Any]:
 def test_turn_300_writes_what_turn_30_does(tmp_path: Path, wire: str) -> None:
     """The stored row of request N+1 holds its newest segments only, however long the
     history: its first ones are in the conversation's chunks, written once (a row at turn
-    300 was 47 KB, at turn 30 7 KB); reading it gives the whole entry."""
-    bodies = BUILDERS[wire][1](146)
+    300 was 47 KB, at turn 30 7 KB); reading it gives the whole entry. Turn 66 has a chunk
+    and more of its ~55 segments: a row holding them all shows there as at turn 300."""
+    bodies = BUILDERS[wire][1](66)
     with proxy_app(tmp_path, _config(tmp_path, True)) as (client, fake):
         for raw in bodies[:-1]:
             _send(client, fake, wire, raw)
@@ -190,12 +193,14 @@ def test_turn_300_writes_what_turn_30_does(tmp_path: Path, wire: str) -> None:
         chunks = _rows(tmp_path / "report.db", "SELECT count(*) FROM segment_chunks")[0][0]
         request_id, _ = _send(client, fake, wire, bodies[-1])
         seen = _seen(client, request_id)
-        [(size,)] = _rows(
-            tmp_path / "report.db", "SELECT length(body) FROM requests WHERE id = ?", request_id
-        )
+        [(size, text)] = _rows(
+            tmp_path / "report.db", "SELECT length(body), body FROM requests WHERE id = ?",
+            request_id,
+        )  # fmt: skip
         more = _rows(tmp_path / "report.db", "SELECT count(*) FROM segment_chunks")[0][0]
-    assert len(seen["segments"]) == seen["segmentsSeen"] > 100
-    assert size < 16_000, size  # the entry's fields and fewer than CHUNK segments
+    assert len(seen["segments"]) == seen["segmentsSeen"] > CHUNK + 16
+    assert len(orjson.loads(text)["segments"]) < CHUNK  # the rest in the chunks
+    assert size < 12_000, size  # the entry's fields and fewer than CHUNK segments (all: ~16 KB)
     assert more - chunks <= 1  # at most the chunk it completed
 
 

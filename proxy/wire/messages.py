@@ -56,6 +56,7 @@ from ctxbudget.proxy.wire.types import (
 from ctxbudget.proxy.wire.view import (
     ChatView,
     Placed,
+    Viewed,
     arguments_json,
     real_segment,
     real_segments,
@@ -373,22 +374,10 @@ def _written(
     return messages, system
 
 
-class _Viewed:
+class _Viewed(Viewed):
     """A Messages request's chat-shaped view, per item, as `Conversation.view` keeps it."""
 
-    __slots__ = (
-        "system_raw",
-        "messages",
-        "places",
-        "ends",
-        "first_index",
-        "head",
-        "written",
-        "real",
-        "caps",
-        "system",
-        "spent",
-    )
+    __slots__ = ("system_raw", "system")
 
     def __init__(
         self,
@@ -403,39 +392,12 @@ class _Viewed:
         caps: tuple[Caps, ToolNames],
         system: Any = None,
     ) -> None:
+        super().__init__(messages, places, ends, first_index, head, written, real, caps)
         self.system_raw = system_raw
         """The `system` field as sent: the view's first messages are made of it."""
-        self.messages = messages
-        self.places = places
-        self.ends = ends
-        """How many view messages up to and including each item's."""
-        self.first_index = first_index
-        """The first user message's index; -1 for none."""
-        self.head = head
-        """The view messages of `system`, before any item's."""
-        self.written = written
-        """The messages as the clamp's changes left them (whether or not applied)."""
-        self.real = real
-        """The view's segments and each at its real index (`_real_segments`); None when the
-        conversation is clamped whole."""
-        self.caps = caps
-        """The caps and tool names `written` and `real` were clamped with: under others (the
-        config reloaded) the old items are clamped again."""
         self.system = system
         """`system` as the clamp's changes left it (whether or not applied); None when they
         left it as sent."""
-        self.spent = False
-        """Its lists were taken by the next request's view (`take`): that request's clamp
-        is the only reader of a conversation's view, so nothing reads them here again."""
-
-    def take(self, kept: int, end: int) -> tuple[list[Any], list[Any], list[int]]:
-        """The view messages, places and item ends of the first `kept` items (`end` view
-        messages): its own lists, cut in place and the caller's to extend (a long
-        conversation's three lists were copied every request); it is then spent, and a
-        second request extending the same conversation reads its items from the first."""
-        self.spent = True
-        del self.messages[end:], self.places[end:], self.ends[kept:]
-        return self.messages, self.places, self.ends
 
 
 class AnthropicMessages:

@@ -63,6 +63,7 @@ from ctxbudget.proxy.wire.types import (
 from ctxbudget.proxy.wire.view import (
     ChatView,
     Placed,
+    Viewed,
     real_segment,
     real_segments,
     set_item,
@@ -219,13 +220,7 @@ class ResponsesRequest(InProcessRequest):
         if self.input is not self._input or self.instructions is not self._instructions:
             # a second pass (pruning) over what the first changed: the whole view, its own
             view, remembered = self._view_whole()
-            segments, changes = view.clamp(clamp, caps, tools)
-            if apply:
-                for place, new in changes:
-                    self.input, self.instructions = _written(
-                        place, new, self.input, self.instructions
-                    )
-            return _named(segments, remembered)
+            return self._clamp_whole(clamp, caps, tools, view, remembered, apply=apply)
         body = self._body
         items = self._items()
         found = body.extended("input")
@@ -236,6 +231,7 @@ class ResponsesRequest(InProcessRequest):
                 known.instructions != self._instructions
                 or found[1] > len(known.ends)
                 or known.caps != (caps, tools)
+                or known.spent
             ):
                 known = None
         kept = found[1] if found is not None and known is not None else 0
@@ -247,29 +243,36 @@ class ResponsesRequest(InProcessRequest):
                 known, kept = None, 0  # a result whose call is stored upstream: made whole
         if known is not None:
             end = known.ends[kept - 1] if kept else known.head
-            view = ChatView(known.messages[:end], known.places[:end], owner=body.owner)
-            head, ends = known.head, known.ends[:kept]
+            written_then = known.written[:kept]
+            view_messages, places, ends = known.take(kept, end)
+            view = ChatView(view_messages, places, owner=body.owner)
+            head = known.head
             first = known.first_index if known.first_index < kept else -1
         else:
             view, remembered = self._view_head(items)
             if remembered:  # a continuation: its results named by the reply that called them
                 _view_items(view, items, 0, -1, [])
-                segments, changes = view.clamp(clamp, caps, tools)
-                if apply:
-                    for place, new in changes:
-                        self.input, self.instructions = _written(
-                            place, new, self.input, self.instructions
-                        )
-                return _named(segments, remembered)
+                return self._clamp_whole(clamp, caps, tools, view, remembered, apply=apply)
             head, ends, first, end = len(view.messages), [], -1, len(view.messages)
             called = _called(items, 0, frozenset())
         first = _view_items(view, items, kept, first, ends)
+        if RESENT.check and known is not None:  # what was taken must be what reading gives
+            whole, _ = self._view_head(items)
+            whole_ends: list[int] = []
+            whole_first = _view_items(whole, items, 0, -1, whole_ends)
+            if (whole_first, whole.messages, whole.places, whole_ends) != (
+                first,
+                view.messages,
+                view.places,
+                ends,
+            ):
+                raise ChangedInPlace("a conversation's view differs from its items read again")
         state = found[0].clamp if found is not None and known is not None else None
         resume = (state, end) if state is not None else None
         result = resumed(clamp, body, view.messages, caps, tools, resume=resume)
         # what the clamp changed: of the instructions, and of the items after those kept
         new_at = ends[kept - 1] if kept else head
-        written: Any = known.written[:kept] + self._input[kept:] if known else self._input
+        written: Any = written_then + self._input[kept:] if known else self._input
         instructions = self._instructions
         out = result.request["messages"] if result.changed else view.messages
         for i in (*range(head), *range(new_at, len(out))):
@@ -312,6 +315,23 @@ class ResponsesRequest(InProcessRequest):
                 called,
             )
         return real[1]
+
+    def _clamp_whole(
+        self,
+        clamp: Clamp,
+        caps: Caps,
+        tools: ToolNames,
+        view: ChatView,
+        remembered: list[tuple[str, str, str]],
+        *,
+        apply: bool,
+    ) -> list[Segment]:
+        """`view` (of every item) clamped, what it changed written back when `apply`."""
+        segments, changes = view.clamp(clamp, caps, tools)
+        if apply:
+            for place, new in changes:
+                self.input, self.instructions = _written(place, new, self.input, self.instructions)
+        return _named(segments, remembered)
 
     def _prune(self, clamp: Clamp, caps: Caps, tools: ToolNames, *, apply: bool) -> list[Segment]:
         """Pruning's pass, carried from the conversation's last request (`second_pass`): a
@@ -554,21 +574,10 @@ def _named(segments: list[Segment], remembered: list[tuple[str, str, str]]) -> l
     ]
 
 
-class _Viewed:
+class _Viewed(Viewed):
     """A Responses request's chat-shaped view, per item, as `Conversation.view` keeps it."""
 
-    __slots__ = (
-        "instructions",
-        "messages",
-        "places",
-        "ends",
-        "first_index",
-        "head",
-        "written",
-        "real",
-        "caps",
-        "called",
-    )
+    __slots__ = ("instructions", "called")
 
     def __init__(
         self,
@@ -583,24 +592,9 @@ class _Viewed:
         caps: tuple[Caps, ToolNames],
         called: frozenset[str],
     ) -> None:
+        super().__init__(messages, places, ends, first_index, head, written, real, caps)
         self.instructions = instructions
         """The `instructions` field: the view's first message is made of it."""
-        self.messages = messages
-        self.places = places
-        self.ends = ends
-        """How many view messages up to and including each item's."""
-        self.first_index = first_index
-        """The first user message's index; -1 for none."""
-        self.head = head
-        """The view messages of `instructions`, before any item's."""
-        self.written = written
-        """The items as the clamp's changes left them (whether or not applied)."""
-        self.real = real
-        """The view's segments and each at its real index (`real_segments`); None when the
-        conversation is clamped whole."""
-        self.caps = caps
-        """The caps and tool names `written` and `real` were clamped with: under others (the
-        config reloaded) the old items are clamped again."""
         self.called = called
         """The call ids of the items' `function_call`s (a result whose call is not among them
         is a continuation's: its view is made whole)."""

@@ -143,6 +143,54 @@ def real_segments(
     return (main, tail, placed_main, placed_tail), placed_main + placed_tail
 
 
+class Viewed:
+    """A request's chat-shaped view, per item, as `Conversation.view` keeps it (Messages' and
+    Responses' adapters; each adds what its head is made of)."""
+
+    __slots__ = ("messages", "places", "ends", "first_index", "head", "written", "real", "caps",
+                 "spent")  # fmt: skip
+
+    def __init__(
+        self,
+        messages: list[Any],
+        places: list[Any],
+        ends: list[int],
+        first_index: int,
+        head: int,
+        written: list[Any],
+        real: Placed | None,
+        caps: tuple[Caps, ToolNames],
+    ) -> None:
+        self.messages = messages
+        self.places = places
+        self.ends = ends
+        """How many view messages up to and including each item's."""
+        self.first_index = first_index
+        """The first user message's index; -1 for none."""
+        self.head = head
+        """The view messages of the fields before the items (`system`, `instructions`)."""
+        self.written = written
+        """The items as the clamp's changes left them (whether or not applied)."""
+        self.real = real
+        """The view's segments and each at its real index (`real_segments`); None when the
+        conversation is clamped whole."""
+        self.caps = caps
+        """The caps and tool names `written` and `real` were clamped with: under others (the
+        config reloaded) the old items are clamped again."""
+        self.spent = False
+        """Its lists were taken by the next request's view (`take`): that request's clamp
+        is the only reader of a conversation's view, so nothing reads them here again."""
+
+    def take(self, kept: int, end: int) -> tuple[list[Any], list[Any], list[int]]:
+        """The view messages, places and item ends of the first `kept` items (`end` view
+        messages): its own lists, cut in place and the caller's to extend (a long
+        conversation's three lists were copied every request); it is then spent, and a
+        second request extending the same conversation reads its items from the first."""
+        self.spent = True
+        del self.messages[end:], self.places[end:], self.ends[kept:]
+        return self.messages, self.places, self.ends
+
+
 _VIEWS = OfObjects(8 << 20)
 """View messages by what they were made of (the texts an agent resends are the same objects
 every turn, `resent`), so the clamps find them again (`caps._kept`): at most 8 MB."""

@@ -58,8 +58,7 @@ from ctxbudget.proxy.wire.view import (
     Placed,
     Viewed,
     arguments_json,
-    real_segment,
-    real_segments,
+    placed,
     set_item,
     set_part,
     set_texts,
@@ -177,19 +176,7 @@ class MessagesRequest(InProcessRequest):
                 self._clamped = (messages, kept if known is not None else 0)
                 if body.conversation is not None:
                     body.conversation.clamped = messages
-        state = result.state
-        split = (
-            len(state.text_segments) + len(state.tool_segments)
-            if state is not None and not state.odd
-            else None
-        )
-        real = real_segments(
-            result.segments, view.places, split, known.real if known is not None else None
-        )
-        if RESENT.check and known is not None and known.real is not None:
-            # what was taken must be what placing each one gives
-            if real[1] != [real_segment(s, view.places) for s in result.segments]:
-                raise ChangedInPlace("a conversation's segments were placed otherwise")
+        real = placed(result, view.places, known.real if known is not None else None)
         segments = real[1]
         if body.conversation is not None:
             body.conversation.view = _Viewed(

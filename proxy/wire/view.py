@@ -25,9 +25,10 @@ from typing import Any, Final
 import orjson
 
 from ctxbudget.caps import Caps, Clamp, ClampResult, Segment, ToolNames
-from ctxbudget.caps._kept import OfObjects
+from ctxbudget.caps._kept import ChangedInPlace, OfObjects
 from ctxbudget.caps.types import evolve
 from ctxbudget.proxy.cache.blocks import Block
+from ctxbudget.proxy.cache.resent import RESENT
 from ctxbudget.proxy.wire.conversations import same_prefix
 
 Place = tuple[Any, ...]
@@ -141,6 +142,25 @@ def real_segments(
     placed_main = (known[2][:a] if known else []) + [real_segment(s, places) for s in main[a:]]
     placed_tail = (known[3][:b] if known else []) + [real_segment(s, places) for s in tail[b:]]
     return (main, tail, placed_main, placed_tail), placed_main + placed_tail
+
+
+def placed(
+    result: ClampResult, places: list[Any], known: Placed | None
+) -> tuple[Placed | None, list[Segment]]:
+    """`real_segments` of a resumed clamp's `result`: the texts' and results' segments, then
+    the prunable ones (its state says where they split; none for a conversation clamped
+    whole); `known`, the conversation's last request's. The debug mode places each one again."""
+    state = result.state
+    split = (
+        len(state.text_segments) + len(state.tool_segments)
+        if state is not None and not state.odd
+        else None
+    )
+    real = real_segments(result.segments, places, split, known)
+    if RESENT.check and known is not None:  # what was taken must be what placing each gives
+        if real[1] != [real_segment(s, places) for s in result.segments]:
+            raise ChangedInPlace("a conversation's segments were placed otherwise")
+    return real
 
 
 class Viewed:
